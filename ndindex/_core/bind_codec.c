@@ -1,0 +1,318 @@
+/* Python binding of the block codec and crc32c: argument checks, buffers,
+ * exceptions.  Kernels live in codec.c and crc32c.c. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "bindings.h"
+#include "codec.h"
+#include "crc32c.h"
+
+/* Release the GIL for work above this many values. */
+#define GIL_RELEASE_VALUES 4096
+
+static PyObject *CorruptionError;
+
+static const char *status_text(long rc) {
+    switch (rc) {
+    case CODEC_BAD_CHECKSUM: return "checksum mismatch";
+    case CODEC_BAD_COUNT: return "impossible entry count";
+    case CODEC_OVERRUN: return "bitstream runs past the end of the block";
+    case CODEC_NOT_SORTED: return "decoded values do not increase";
+    case CODEC_BAD_CODE: return "invalid Huffman code";
+    case CODEC_BAD_PADDING: return "nonzero padding bits after the last entry";
+    default: return "unknown codec error";
+    }
+}
+
+/* Raise CorruptionError naming the block; returns NULL. */
+static PyObject *raise_block_error(long rc, Py_ssize_t block_index) {
+    PyObject *msg = PyUnicode_FromFormat("block %zd: %s", block_index, status_text(rc));
+    if (!msg)
+        return NULL;
+    PyObject *kw = Py_BuildValue("{s:s,s:n}", "database", "block", "offset",
+                                 block_index * (Py_ssize_t)BLOCK_BYTES);
+    PyObject *args = PyTuple_Pack(1, msg);
+    if (kw && args) {
+        PyObject *exc = PyObject_Call(CorruptionError, args, kw);
+        if (exc) {
+            PyErr_SetObject(CorruptionError, exc);
+            Py_DECREF(exc);
+        }
+    }
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_DECREF(msg);
+    return NULL;
+}
+
+/* Compiled codes travel as capsules: Python cannot forge one, so kernels
+ * can trust the tables without re-validating them on every call. */
+#define CODE_CAPSULE "ndindex._core.code"
+
+static void code_capsule_free(PyObject *cap) {
+    PyMem_Free(PyCapsule_GetPointer(cap, CODE_CAPSULE));
+}
+
+int ndx_get_code(PyObject *obj, const codec_code **code) {
+    *code = PyCapsule_GetPointer(obj, CODE_CAPSULE);
+    if (*code == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "code must come from compile_code()");
+        return -1;
+    }
+    return 0;
+}
+
+static int check_blocks(Py_buffer *b) {
+    if (b->len % BLOCK_BYTES != 0) {
+        PyErr_Format(PyExc_ValueError, "block data must be a multiple of %d bytes, got %zd",
+                     BLOCK_BYTES, b->len);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(compile_code_doc,
+             "compile_code(lengths, coding) -> capsule\n\n"
+             "Build the canonical code for 64 code lengths (bytes, each 1..12,\n"
+             "Kraft sum exactly 1) and a coding (0 = xor, 1 = delta).\n"
+             "Raises ValueError for an invalid code.");
+static PyObject *py_compile_code(PyObject *self, PyObject *args) {
+    Py_buffer lengths;
+    int coding;
+    if (!PyArg_ParseTuple(args, "y*i", &lengths, &coding))
+        return NULL;
+    PyObject *out = NULL;
+    if (lengths.len != CODE_SYMBOLS) {
+        PyErr_Format(PyExc_ValueError, "expected %d code lengths, got %zd", CODE_SYMBOLS,
+                     lengths.len);
+        goto done;
+    }
+    codec_code *c = PyMem_Malloc(sizeof *c);
+    if (!c) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (codec_compile(lengths.buf, coding, c) != CODEC_OK) {
+        PyMem_Free(c);
+        PyErr_SetString(PyExc_ValueError,
+                        "invalid code: lengths must be 1..12 with Kraft sum 1, coding 0 or 1");
+        goto done;
+    }
+    out = PyCapsule_New(c, CODE_CAPSULE, code_capsule_free);
+    if (!out)
+        PyMem_Free(c);
+done:
+    PyBuffer_Release(&lengths);
+    return out;
+}
+
+PyDoc_STRVAR(encode_doc,
+             "encode(code, values, out_blocks, out_keys) -> int\n\n"
+             "Encode strictly increasing uint64 values into 1024-byte blocks written\n"
+             "to out_blocks (writable); each block's last value goes to out_keys.\n"
+             "Returns the number of blocks.  Raises ValueError for unsorted or\n"
+             "duplicate values or too small outputs.");
+static PyObject *py_encode(PyObject *self, PyObject *args) {
+    PyObject *code;
+    Py_buffer values, blocks, keys;
+    if (!PyArg_ParseTuple(args, "Oy*w*w*", &code, &values, &blocks, &keys))
+        return NULL;
+    PyObject *res = NULL;
+    const codec_code *c;
+    if (ndx_get_code(code, &c) < 0)
+        goto done;
+    if (values.len % 8 || keys.len % 8 || check_blocks(&blocks) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "values and keys must be uint64 buffers");
+        goto done;
+    }
+    size_t n = (size_t)values.len / 8, cap = (size_t)blocks.len / BLOCK_BYTES;
+    if ((size_t)keys.len / 8 < cap) {
+        PyErr_SetString(PyExc_ValueError, "out_keys needs one slot per output block");
+        goto done;
+    }
+    long rc;
+    if (n >= GIL_RELEASE_VALUES) {
+        Py_BEGIN_ALLOW_THREADS rc = codec_encode(c, values.buf, n, blocks.buf, cap, keys.buf);
+        Py_END_ALLOW_THREADS
+    } else {
+        rc = codec_encode(c, values.buf, n, blocks.buf, cap, keys.buf);
+    }
+    if (rc == CODEC_UNSORTED_INPUT)
+        PyErr_SetString(PyExc_ValueError,
+                        "values must be strictly increasing (sorted, without duplicates)");
+    else if (rc < 0)
+        PyErr_SetString(PyExc_ValueError, "output buffer too small");
+    else
+        res = PyLong_FromLong(rc);
+done:
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&blocks);
+    PyBuffer_Release(&keys);
+    return res;
+}
+
+PyDoc_STRVAR(block_counts_doc,
+             "block_counts(blocks, out) -> None\n\n"
+             "Write each block's header entry count (not yet verified) to out\n"
+             "(writable uint16 buffer, one per block).");
+static PyObject *py_block_counts(PyObject *self, PyObject *args) {
+    Py_buffer blocks, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &blocks, &out))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_blocks(&blocks) < 0)
+        goto done;
+    size_t nb = (size_t)blocks.len / BLOCK_BYTES;
+    if ((size_t)out.len < nb * 2) {
+        PyErr_SetString(PyExc_ValueError, "out needs one uint16 per block");
+        goto done;
+    }
+    const uint8_t *b = blocks.buf;
+    uint16_t *o = out.buf;
+    for (size_t i = 0; i < nb; i++)
+        o[i] = (uint16_t)(b[i * BLOCK_BYTES + 4] | (b[i * BLOCK_BYTES + 5] << 8));
+    res = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&blocks);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+PyDoc_STRVAR(decode_doc,
+             "decode(code, blocks, out) -> int\n\n"
+             "Decode consecutive 1024-byte blocks into out (writable uint64 buffer)\n"
+             "and return the number of values.  Checks every checksum, bound,\n"
+             "ordering and padding; raises CorruptionError naming the first bad\n"
+             "block, ValueError when out is too small.");
+static PyObject *py_decode(PyObject *self, PyObject *args) {
+    PyObject *code;
+    Py_buffer blocks, out;
+    if (!PyArg_ParseTuple(args, "Oy*w*", &code, &blocks, &out))
+        return NULL;
+    PyObject *res = NULL;
+    const codec_code *c;
+    if (ndx_get_code(code, &c) < 0 || check_blocks(&blocks) < 0)
+        goto done;
+    size_t nb = (size_t)blocks.len / BLOCK_BYTES, cap = (size_t)out.len / 8, total = 0;
+    long rc = 0;
+    size_t bad = 0;
+    int release = nb * 128 >= GIL_RELEASE_VALUES;
+    PyThreadState *ts = release ? PyEval_SaveThread() : NULL;
+    for (size_t i = 0; i < nb; i++) {
+        rc = codec_decode(c, (const uint8_t *)blocks.buf + i * BLOCK_BYTES,
+                          (uint64_t *)out.buf + total, cap - total);
+        if (rc < 0) {
+            bad = i;
+            break;
+        }
+        total += (size_t)rc;
+    }
+    if (ts)
+        PyEval_RestoreThread(ts);
+    if (rc == CODEC_BAD_COUNT && cap - total < 1 + BLOCK_PAYLOAD_BITS) {
+        /* Could be a real bad count or just a short output: tell which. */
+        long cnt = codec_block_count((const uint8_t *)blocks.buf + bad * BLOCK_BYTES);
+        if (cnt > 0 && (size_t)cnt > cap - total) {
+            PyErr_SetString(PyExc_ValueError, "out is too small for the decoded values");
+            goto done;
+        }
+    }
+    if (rc < 0)
+        raise_block_error(rc, (Py_ssize_t)bad);
+    else
+        res = PyLong_FromSize_t(total);
+done:
+    PyBuffer_Release(&blocks);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+PyDoc_STRVAR(probe_doc,
+             "probe(code, block, q, p, k) -> list[int]\n\n"
+             "Entries x of one block whose top p bits equal q's and with\n"
+             "popcount(x ^ q) <= k, in increasing order.  Stops decoding past q's\n"
+             "prefix.  Raises CorruptionError for a bad block.");
+static PyObject *py_probe(PyObject *self, PyObject *args) {
+    PyObject *code;
+    Py_buffer block;
+    unsigned long long q;
+    int p, k;
+    if (!PyArg_ParseTuple(args, "Oy*Kii", &code, &block, &q, &p, &k))
+        return NULL;
+    PyObject *res = NULL;
+    const codec_code *c;
+    if (ndx_get_code(code, &c) < 0)
+        goto done;
+    if (block.len != BLOCK_BYTES) {
+        PyErr_Format(PyExc_ValueError, "a block is %d bytes, got %zd", BLOCK_BYTES, block.len);
+        goto done;
+    }
+    if (p < 0 || p > 64 || k < 0 || k > 64) {
+        PyErr_SetString(PyExc_ValueError, "p and k must be in 0..64");
+        goto done;
+    }
+    uint64_t found[1 + BLOCK_PAYLOAD_BITS];
+    long rc = codec_probe(c, block.buf, q, p, k, found, 1 + BLOCK_PAYLOAD_BITS);
+    if (rc < 0) {
+        raise_block_error(rc, 0);
+        goto done;
+    }
+    res = PyList_New(rc);
+    for (long i = 0; res && i < rc; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(found[i]);
+        if (!v) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, i, v);
+    }
+done:
+    PyBuffer_Release(&block);
+    return res;
+}
+
+PyDoc_STRVAR(crc32c_doc, "crc32c(data) -> int\n\nCRC-32C (Castagnoli) of a bytes-like object.");
+static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t c;
+    if (b.len >= 65536) {
+        Py_BEGIN_ALLOW_THREADS c = crc32c(b.buf, (size_t)b.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        c = crc32c(b.buf, (size_t)b.len);
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(c);
+}
+
+PyMethodDef codec_methods[] = {
+    {"compile_code", py_compile_code, METH_VARARGS, compile_code_doc},
+    {"encode", py_encode, METH_VARARGS, encode_doc},
+    {"block_counts", py_block_counts, METH_VARARGS, block_counts_doc},
+    {"decode", py_decode, METH_VARARGS, decode_doc},
+    {"probe", py_probe, METH_VARARGS, probe_doc},
+    {"crc32c", py_crc32c, METH_O, crc32c_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+int codec_module_init(PyObject *m) {
+    crc32c_init();
+    PyObject *errors = PyImport_ImportModule("ndindex.errors");
+    if (!errors)
+        return -1;
+    CorruptionError = PyObject_GetAttrString(errors, "CorruptionError");
+    Py_DECREF(errors);
+    if (!CorruptionError)
+        return -1;
+    if (PyModule_AddIntConstant(m, "BLOCK_BYTES", BLOCK_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_HEADER_BYTES", BLOCK_HEADER_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "CODE_MAX_BITS", CODE_MAX_BITS) < 0 ||
+        PyModule_AddIntConstant(m, "BLOCK_MIN_ENTRIES", BLOCK_MIN_ENTRIES) < 0 ||
+        PyModule_AddIntConstant(m, "COMPILED_CODE_BYTES", (long)sizeof(codec_code)) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,71 @@
+/* Huffman-delta blocks (format-spec/FORMAT.md, "Blocks").
+ *
+ * A block is BLOCK_BYTES bytes:
+ *   0  u32 LE  crc32c of bytes 4..BLOCK_BYTES-1
+ *   4  u16 LE  count of fingerprints, >= 1
+ *   6  u64 LE  first fingerprint
+ *  14  bitstream, MSB first: per next fingerprint, the canonical Huffman code
+ *      of h, then the h bits below the leading 1-bit of its delta
+ * Unused tail bits are zero.  The delta is b - a (CODING_DELTA) or b XOR a
+ * (CODING_XOR, Manku et al. 3.2); both leave the h low bits of b to store. */
+#ifndef NDINDEX_CODEC_H
+#define NDINDEX_CODEC_H
+#include <stddef.h>
+#include <stdint.h>
+
+#define BLOCK_BYTES 1024
+#define BLOCK_HEADER_BYTES 14
+#define BLOCK_PAYLOAD_BITS ((BLOCK_BYTES - BLOCK_HEADER_BYTES) * 8)
+#define CODE_SYMBOLS 64
+#define CODE_MAX_BITS 12
+#define CODING_XOR 0
+#define CODING_DELTA 1
+/* Each entry after the first costs at most CODE_MAX_BITS + 63 bits, so a
+ * block holds at least this many entries; sizes output buffers. */
+#define BLOCK_MIN_ENTRIES (1 + BLOCK_PAYLOAD_BITS / (CODE_MAX_BITS + 63))
+
+enum codec_status {
+    CODEC_OK = 0,
+    CODEC_BAD_CHECKSUM = -1,
+    CODEC_BAD_COUNT = -2,
+    CODEC_OVERRUN = -3,    /* bitstream runs past the block */
+    CODEC_NOT_SORTED = -4, /* a decoded value does not increase */
+    CODEC_BAD_CODE = -5,   /* invalid code table */
+    CODEC_BAD_PADDING = -6,
+    CODEC_UNSORTED_INPUT = -7, /* encode: input not strictly increasing */
+    CODEC_BAD_BLOCK_SIZE = -8,
+};
+
+/* A compiled code: what the kernels need, built once per table. */
+typedef struct {
+    uint8_t coding; /* CODING_XOR or CODING_DELTA */
+    uint8_t lengths[CODE_SYMBOLS];
+    uint16_t codes[CODE_SYMBOLS];
+    /* lut[first CODE_MAX_BITS bits] = symbol << 4 | code length */
+    uint16_t lut[1 << CODE_MAX_BITS];
+} codec_code;
+
+/* Build a canonical code from 64 code lengths.  CODEC_BAD_CODE unless every
+ * length is in 1..CODE_MAX_BITS and the code is complete (Kraft sum 1). */
+int codec_compile(const uint8_t *lengths, int coding, codec_code *out);
+
+/* Encode n strictly increasing values into blocks at out (capacity
+ * out_blocks blocks).  Writes each block's last value to keys and its count
+ * to counts; returns the number of blocks, or a negative status. */
+long codec_encode(const codec_code *c, const uint64_t *values, size_t n, uint8_t *out,
+                  size_t out_blocks, uint64_t *keys);
+
+/* Decode a block into out (capacity cap >= its count).  Returns the count or
+ * a negative status.  Checks the checksum, bounds, order and padding. */
+long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size_t cap);
+
+/* Probe: the entries x of a block with the same top p bits as q and
+ * popcount(x ^ q) <= k, in order.  Stops decoding once past q's prefix.
+ * Returns the number written (at most cap) or a negative status. */
+long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
+                 uint64_t *out, size_t cap);
+
+/* Count of a block without decoding (after checking its checksum). */
+long codec_block_count(const uint8_t *block);
+
+#endif

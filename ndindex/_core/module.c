@@ -1,0 +1,25 @@
+/* The ndindex._core extension module: hot loops only.
+ *
+ * Each area keeps its kernels (plain C on pointers and fixed-width ints) in
+ * its own .c file and its Python binding in a bind_*.c file that exports a
+ * method table; this file only stitches the tables into one module. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "bindings.h"
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT, "ndindex._core",
+    "Hot loops of ndindex (block codec, probes, feature hashing).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    PyObject *m = PyModule_Create(&core_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddFunctions(m, codec_methods) < 0 || codec_module_init(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,52 @@
+"""The exception tree of ndindex.
+
+Callers catch ``NdindexError`` for anything the library raises on purpose;
+the subclasses are the conditions a caller can act on.  Misuse (a wrong type,
+an out-of-range argument, a missing key) raises the built-in ``TypeError``,
+``ValueError`` or ``KeyError`` instead, as the standard library does.
+"""
+
+from __future__ import annotations
+
+
+class NdindexError(Exception):
+    """Base class of every error ndindex raises on purpose."""
+
+
+class FormatError(NdindexError):
+    """Not an ndindex file, or a format version this library cannot read."""
+
+
+class CorruptionError(NdindexError):
+    """A checksum failed or a stored value is impossible.
+
+    Attributes name where: ``database`` (the LMDB sub-database or "block"),
+    ``key`` (the record's key, or None) and ``offset`` (byte offset inside the
+    record, or None).
+    """
+
+    def __init__(self, message: str, *, database: str | None = None,
+                 key: bytes | None = None, offset: int | None = None):
+        where = []
+        if database is not None:
+            where.append(f"database={database}")
+        if key is not None:
+            where.append(f"key={key.hex()}")
+        if offset is not None:
+            where.append(f"offset={offset}")
+        super().__init__(message + (f" ({', '.join(where)})" if where else ""))
+        self.database = database
+        self.key = key
+        self.offset = offset
+
+
+class ClosedError(NdindexError):
+    """The index (or its store) was used after close()."""
+
+
+class CapacityError(NdindexError):
+    """The disk is full or the store cannot grow; nothing stored was lost."""
+
+
+class ReadOnlyError(NdindexError):
+    """A write was attempted on an index opened read-only."""
