@@ -1,0 +1,219 @@
+"""Unit tests of ndindex.codec and its C kernel (FORMAT.md "Blocks", "Huffman codes")."""
+
+import numpy as np
+import pytest
+
+from ndindex import _core, codec, codec_reference
+from ndindex.codec import CODING_DELTA, CODING_XOR, HuffmanCode
+from ndindex.errors import CorruptionError, FormatError
+
+U64_MAX = 2**64 - 1
+
+
+def random_table(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.unique(rng.integers(0, 2**64, size=n, dtype=np.uint64))
+
+
+@pytest.fixture(params=[CODING_DELTA, CODING_XOR], ids=["delta", "xor"])
+def coding(request):
+    return request.param
+
+
+def test_crc32c_check_value():
+    # [C1] CRC-32C check value from the Castagnoli parameters.
+    assert _core.crc32c(b"123456789") == 0xE3069283
+    assert codec_reference.crc32c(b"123456789") == 0xE3069283
+    assert _core.crc32c(b"") == 0
+
+
+def test_crc32c_matches_reference_on_odd_lengths():
+    data = bytes(range(256)) * 5
+    for n in (0, 1, 7, 8, 9, 63, 64, 65, 1020, 1280):
+        assert _core.crc32c(data[:n]) == codec_reference.crc32c(data[:n])
+
+
+def test_leading_bit_is_exact_at_powers_of_two():
+    vals = []
+    for h in range(64):
+        vals += [1 << h, (1 << (h + 1)) - 1]
+    got = codec.leading_bit(np.array(vals, dtype=np.uint64))
+    assert list(got) == [h for h in range(64) for _ in range(2)]
+
+
+def test_limited_code_lengths_complete_and_bounded():
+    freqs = [2**i for i in range(64)]  # would need 63-bit codes unlimited
+    lengths = codec.limited_code_lengths(freqs)
+    assert max(lengths) <= codec.CODE_MAX_BITS and min(lengths) >= 1
+    assert sum(2.0 ** -n for n in lengths) == 1.0
+
+
+def test_limited_code_lengths_gives_zero_frequency_symbols_a_code():
+    freqs = [0] * 64
+    freqs[40] = 1000
+    lengths = codec.limited_code_lengths(freqs)
+    assert all(1 <= n <= 12 for n in lengths)
+    assert lengths[40] == 1
+
+
+def test_round_trip_random(coding):
+    x = random_table(20000, seed=1)
+    code = HuffmanCode.from_values(x, coding)
+    enc = codec.encode(x, code)
+    assert enc.blocks.size == enc.n_blocks * codec.BLOCK_BYTES
+    np.testing.assert_array_equal(codec.decode(enc, code), x)
+
+
+def test_keys_are_last_value_of_each_block(coding):
+    x = random_table(5000, seed=2)
+    code = HuffmanCode.from_values(x, coding)
+    enc = codec.encode(x, code)
+    counts = codec.block_counts(enc.blocks).astype(np.int64)
+    ends = np.cumsum(counts) - 1
+    np.testing.assert_array_equal(enc.keys, x[ends])
+    assert counts.sum() == len(x)
+
+
+def test_extremes_and_single_element(coding):
+    for values in ([0], [U64_MAX], [0, U64_MAX], [0, 1, 2, 2**63, U64_MAX - 1, U64_MAX]):
+        x = np.array(values, dtype=np.uint64)
+        code = HuffmanCode.for_density(1000, coding)
+        enc = codec.encode(x, code)
+        assert enc.n_blocks == 1
+        np.testing.assert_array_equal(codec.decode(enc, code), x)
+        assert codec_reference.decode_block(bytes(enc.block(0)), code.to_bytes()) == values
+
+
+def test_empty_input_gives_no_blocks():
+    code = HuffmanCode.for_density(10)
+    enc = codec.encode(np.array([], dtype=np.uint64), code)
+    assert enc.n_blocks == 0
+    assert len(codec.decode(enc.blocks, code)) == 0
+
+
+@pytest.mark.parametrize("values", [[5, 5], [1, 3, 2], [7, 7, 8]])
+def test_duplicates_and_unsorted_rejected(values):
+    code = HuffmanCode.for_density(1000)
+    with pytest.raises(ValueError, match="strictly increasing"):
+        codec.encode(np.array(values, dtype=np.uint64), code)
+
+
+def test_encode_rejects_float_input():
+    with pytest.raises(TypeError, match="uint64"):
+        codec.encode(np.array([1.5, 2.5]), HuffmanCode.for_density(10))
+
+
+def test_size_near_entropy_bound_delta():
+    # The delta coding sits within 2% of the bound, headers and tails included.
+    x = random_table(200_000, seed=3)
+    code = HuffmanCode.from_values(x, CODING_DELTA)
+    bits = codec.encode(x, code).blocks.size * 8 / len(x)
+    assert bits / codec.entropy_bound_bits(len(x)) < 1.02
+
+
+def test_xor_costs_more_than_delta_on_random_data():
+    x = random_table(100_000, seed=4)
+    sizes = {c: codec.encode(x, HuffmanCode.from_values(x, c)).blocks.size for c in (0, 1)}
+    assert sizes[CODING_XOR] > sizes[CODING_DELTA] * 1.02
+
+
+def test_code_record_round_trip(coding):
+    code = HuffmanCode.for_density(10**6, coding)
+    data = code.to_bytes()
+    assert len(data) == codec.CODE_RECORD_BYTES
+    assert HuffmanCode.from_bytes(data) == code
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda b: b[:10], "66"),
+    (lambda b: bytes([7]) + b[1:], "coding 7"),
+    (lambda b: b[:1] + bytes([11]) + b[2:], "max bits 11"),
+    (lambda b: b[:2] + bytes([0]) + b[3:], "h=0"),
+    (lambda b: b[:2] + bytes([13]) + b[3:], "h=0"),
+    (lambda b: b[:2] + bytes([b[2] + 1 if b[2] < 12 else b[2] - 1]) + b[3:], "not complete"),
+])
+def test_code_record_rejections(mutate, message):
+    good = HuffmanCode.for_density(10**6).to_bytes()
+    with pytest.raises(FormatError, match=message):
+        HuffmanCode.from_bytes(mutate(good))
+
+
+def test_compile_code_rejects_incomplete_code():
+    with pytest.raises(ValueError):
+        _core.compile_code(bytes([6] * 63 + [7]), 1)  # Kraft sum < 1
+    with pytest.raises(TypeError):
+        _core.decode(b"not a capsule", bytes(1024), np.empty(10, np.uint64))
+
+
+def corrupt(block: bytes, offset: int, xor: int = 0x01, fix_crc: bool = True) -> bytes:
+    b = bytearray(block)
+    b[offset] ^= xor
+    if fix_crc:
+        b[0:4] = _core.crc32c(bytes(b[4:])).to_bytes(4, "little")
+    return bytes(b)
+
+
+def one_block(coding=CODING_DELTA, n=100, seed=5):
+    x = random_table(n, seed)
+    code = HuffmanCode.from_values(x, coding)
+    enc = codec.encode(x, code)
+    return bytes(enc.block(0)), code, x
+
+
+def test_bad_checksum_raises_corruption_naming_block():
+    block, code, _ = one_block()
+    bad = corrupt(block, 500, fix_crc=False)
+    with pytest.raises(CorruptionError, match="checksum") as err:
+        codec.decode(block + bad, code)
+    assert err.value.offset == 1024 and err.value.database == "block"
+
+
+def test_zero_count_raises():
+    block, code, _ = one_block()
+    b = bytearray(block)
+    b[4:6] = b"\0\0"
+    b[0:4] = _core.crc32c(bytes(b[4:])).to_bytes(4, "little")
+    with pytest.raises(CorruptionError, match="count"):
+        codec.decode(bytes(b), code)
+
+
+def test_count_too_large_overruns():
+    block, code, x = one_block()
+    b = bytearray(block)
+    b[4:6] = (len(x) + 50).to_bytes(2, "little")
+    b[0:4] = _core.crc32c(bytes(b[4:])).to_bytes(4, "little")
+    with pytest.raises(CorruptionError):
+        codec.decode(bytes(b), code)
+    with pytest.raises(CorruptionError):
+        codec_reference.decode_block(bytes(b), code.to_bytes())
+
+
+def test_nonzero_padding_raises():
+    block, code, _ = one_block(n=20)
+    bad = corrupt(block, 1023, 0x01)
+    with pytest.raises(CorruptionError, match="padding"):
+        codec.decode(bad, code)
+    with pytest.raises(CorruptionError, match="padding"):
+        codec_reference.decode_block(bad, code.to_bytes())
+
+
+def test_decode_rejects_partial_block_buffer():
+    with pytest.raises(ValueError, match="multiple of 1024"):
+        codec.decode(bytes(1000), HuffmanCode.for_density(10))
+
+
+def test_probe_matches_brute_force(coding):
+    x = random_table(3000, seed=6)
+    code = HuffmanCode.from_values(x, coding)
+    enc = codec.encode(x, code)
+    rng = np.random.default_rng(7)
+    counts = codec.block_counts(enc.blocks).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for _ in range(200):
+        b = int(rng.integers(enc.n_blocks))
+        vals = x[starts[b]:starts[b] + counts[b]]
+        q = int(vals[rng.integers(len(vals))]) ^ int(rng.integers(0, 16))
+        p, k = int(rng.integers(0, 65)), int(rng.integers(0, 8))
+        mask = 0 if p == 0 else ((1 << 64) - 1) ^ ((1 << (64 - p)) - 1)
+        want = [int(v) for v in vals if int(v) & mask == q & mask and bin(int(v) ^ q).count("1") <= k]
+        assert codec.probe(enc.block(b), code, q, p, k) == want
