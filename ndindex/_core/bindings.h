@@ -11,4 +11,7 @@ extern PyMethodDef codec_methods[];
 int ndx_get_code(PyObject *obj, const codec_code **code);
 int codec_module_init(PyObject *m);
 
+extern PyMethodDef query_methods[];
+int query_module_init(PyObject *m);
+
 #endif
