@@ -345,7 +345,8 @@ def block_design(k: int, levels: Sequence[int]) -> Plan:
     their original relative order; the other bits follow in original order.
 
     Parameters: k >= 0; levels, block counts each > k and no larger than the
-    bits left at that level (an empty sequence with k = 0 gives the identity).
+    bits left at that level.  (k = 0, levels = (1,) is the identity with
+    p = 64; empty levels give one identity table with p = 0, a full scan.)
     Returns: the Plan.  Raises: ValueError for an impossible split or more
     than 255 tables.  Cost: O(64 t).
     """
@@ -378,7 +379,7 @@ def _chosen_bits(bits: int, r: int, k: int) -> tuple[int, int]:
 def _scheme_name(k: int, levels: Sequence[int]) -> str:
     """Name a design by its block sizes per level, e.g. "4x16 choose 1, then 4x12 choose 1"."""
     if not levels:
-        return "identity, whole fingerprint as prefix"
+        return "no blocks: one table, p = 0, a scan"
     parts, lo, hi = [], F_BITS, F_BITS   # range of bits left at this level over tables
     for r in levels:
         if lo == hi:
@@ -468,7 +469,7 @@ def _x(f: int, k: int, d: int, tau: int) -> float:
 @functools.lru_cache(maxsize=None)
 def _candidates(k: int) -> tuple[Plan, ...]:
     if k == 0:
-        return (block_design(0, ()),)
+        return (block_design(0, (1,)),)   # one block, all of it chosen: p = 64
     found = []
 
     def fits(levels):
