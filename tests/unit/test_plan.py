@@ -3,14 +3,13 @@
 Statements [Pn] refer to format-spec/plan.md.
 """
 
-import itertools
 import math
 
 import numpy as np
 import pytest
 
 from ndindex.errors import FormatError
-from ndindex.plan import (BLOCK_ENTRIES, F_BITS, Plan, TableDesign, block_design,
+from ndindex.plan import (BLOCK_ENTRIES, Plan, TableDesign, block_design,
                           candidate_designs, choose_plan, example_3_1, x_tables)
 
 RNG = np.random.default_rng(20070508)
@@ -72,7 +71,8 @@ def test_example_3_1_blocks_are_cut_from_the_msb_and_keep_order():
     # 16 tables: table 5 = first-level block 1 (47..32), then second-level block 1 of the
     # remaining 48 bits (63..48, 31..0 -> blocks 63..52, 51..48+31..24, 23..12, 11..0).
     t5 = example_3_1(16).tables[5]
-    assert t5.permutation[:28] == tuple(range(47, 31, -1)) + (51, 50, 49, 48) + tuple(range(31, 23, -1))
+    assert t5.permutation[:28] == (tuple(range(47, 31, -1)) + (51, 50, 49, 48)
+                                   + tuple(range(31, 23, -1)))
     assert t5.permutation[28:] == tuple(range(63, 51, -1)) + tuple(range(23, -1, -1))
 
 
