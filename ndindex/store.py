@@ -45,7 +45,7 @@ META_FINGERPRINTER = b"fingerprinter"
 META_CODE_PREFIX = b"code:"
 
 HEADER = struct.Struct("<8sHHBBBBQ")  # magic, read_v, write_v, f, k, t, reserved, expected_n
-STATE = struct.Struct("<QQQQQ")  # tables_generation, log_next_seq, removed_generation, table_entries, code_n
+STATE = struct.Struct("<QQQQQQ")  # tables_gen, log_next_seq, removed_gen, table_entries, code_n, log_entries
 CRC = struct.Struct("<I")
 U64_BE = struct.Struct(">Q")
 

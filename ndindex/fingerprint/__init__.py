@@ -1,0 +1,1 @@
+"""Fingerprints from documents (simhash, MinHash)."""

@@ -1,0 +1,866 @@
+"""Index: the single-file near-duplicate index (add, query, remove, compact).
+
+An index file holds t permuted, sorted, compressed tables of distinct 64-bit
+fingerprints (ndindex.tables), an append log of fingerprints added since the
+last compaction, tombstones of removed fingerprints, and the document keys
+of each fingerprint (ndindex.store).  A query probes every table's blocks in
+place in the memory map and every table's sorted copy of the log, in one C
+call (ndindex._core.query), so its cost does not involve Python per table
+or per block.
+
+Concurrency follows LMDB: any number of reader threads and processes, one
+writer at a time.  Each call works on a *snapshot*: a read transaction plus
+the directory arrays built from it.  A snapshot is refreshed when the file
+has changed (a new LMDB transaction id), reusing the parts whose generation
+counters did not move, so a reader pays about a microsecond per call to
+notice that nothing changed.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import struct
+import threading
+import time
+from typing import Iterable, NamedTuple
+
+import numpy as np
+
+from ndindex import _core, codec, plan as plans, store as st, tables
+from ndindex.codec import CODING_DELTA, HuffmanCode
+from ndindex.errors import ClosedError, CorruptionError, FormatError, ReadOnlyError
+
+#: Default size of the append log, in fingerprints, before add() compacts.
+DEFAULT_LOG_LIMIT = 1 << 18
+#: A compaction that would touch more than this fraction of blocks rebuilds
+#: the whole table instead (and recomputes its code).
+FULL_REBUILD_FRACTION = 0.5
+#: A table's code is rebuilt once its size drifts this far from the size the
+#: code was made for: each doubling shifts the gap distribution by one bit.
+CODE_DRIFT_FACTOR = 2.0
+#: query_many splits batches of at least this many queries across threads.
+PARALLEL_QUERY_MIN = 4096
+LOG_HEAD = struct.Struct("<I")
+EMPTY_U64 = np.empty(0, dtype=np.uint64)
+
+
+class Match(NamedTuple):
+    """One query result: a stored fingerprint, its distance, its document keys."""
+
+    fingerprint: int
+    distance: int
+    keys: tuple
+
+
+MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
+
+
+@dataclasses.dataclass
+class State:
+    """The counters in meta/state (FORMAT.md 7.3)."""
+
+    tables_generation: int = 0
+    log_next_seq: int = 0
+    removed_generation: int = 0
+    table_entries: int = 0
+    code_n: int = 0
+    log_entries: int = 0
+
+    def pack(self) -> bytes:
+        return st.STATE.pack(self.tables_generation, self.log_next_seq, self.removed_generation,
+                             self.table_entries, self.code_n, self.log_entries)
+
+    @classmethod
+    def unpack(cls, payload: bytes) -> "State":
+        if len(payload) != st.STATE.size:
+            raise CorruptionError(f"state record is {len(payload)} bytes", database="meta", key=st.META_STATE)
+        return cls(*st.STATE.unpack(payload))
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """What queries read: a read transaction and the arrays derived from it."""
+
+    txn: object
+    txn_id: int
+    state: State
+    views: list           # tables.TableView per table
+    log_values: np.ndarray  # distinct unpermuted log fingerprints, sorted
+    log_tables: list      # per table: sorted permuted log
+    removed: np.ndarray   # sorted unpermuted tombstones
+    kernel: object        # _core snapshot capsule
+
+
+def _as_fingerprints(fps) -> np.ndarray:
+    """Return fingerprints as a contiguous uint64 array; TypeError/ValueError otherwise."""
+    if isinstance(fps, (int, np.integer)):
+        fps = [fps]
+    if isinstance(fps, np.ndarray):
+        if fps.dtype == np.uint64:
+            return np.ascontiguousarray(fps).reshape(-1)
+        if fps.dtype.kind in "iu":
+            if fps.size and fps.dtype.kind == "i" and fps.min() < 0:
+                raise ValueError("fingerprints must be in 0..2^64-1, got a negative value")
+            return np.ascontiguousarray(fps, dtype=np.uint64).reshape(-1)
+        raise TypeError(f"fingerprints must be unsigned 64-bit integers, got dtype {fps.dtype}")
+    if isinstance(fps, (str, bytes, float)):
+        raise TypeError(f"fingerprints must be integers, got {type(fps).__name__}")
+    out = []
+    for v in fps:
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
+            raise TypeError(f"fingerprints must be integers, got {type(v).__name__}")
+        if not 0 <= int(v) < 1 << 64:
+            raise ValueError(f"fingerprint {v} is outside 0..2^64-1")
+        out.append(int(v))
+    return np.array(out, dtype=np.uint64)
+
+
+def _check_fingerprint(fp) -> int:
+    if not isinstance(fp, (int, np.integer)) or isinstance(fp, bool):
+        raise TypeError(f"a fingerprint must be an int, got {type(fp).__name__}")
+    fp = int(fp)
+    if not 0 <= fp < 1 << 64:
+        raise ValueError(f"fingerprint {fp} is outside 0..2^64-1")
+    return fp
+
+
+class Index:
+    """A near-duplicate index in one file.  Open with :meth:`create` or :meth:`open`.
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, store: st.Store, header: dict, plan: plans.Plan, codes: list,
+                 log_limit: int):
+        self._store = store
+        self._header = header
+        self.plan = plan
+        self._codes = codes
+        self.log_limit = log_limit
+        self._snap: Snapshot | None = None
+        self._snap_lock = threading.Lock()
+        self._check_lock = threading.Lock()
+        self._pool = None
+        self._runs = [(t.runs(), _inverse_runs(t)) for t in plan.tables]
+
+    # -- opening and closing ----------------------------------------------
+
+    @classmethod
+    def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000, plan: plans.Plan | None = None,
+               coding: int = CODING_DELTA, log_limit: int = DEFAULT_LOG_LIMIT,
+               fingerprinter: bytes | None = None) -> "Index":
+        """Create a new index file at path.
+
+        Parameters: k, the largest Hamming distance queries may ask for;
+        expected_n, the expected number of distinct fingerprints (the planner
+        and the initial Huffman codes use it); plan, a table design (else
+        ``plan.choose_plan(expected_n, k)``); coding, the block coding;
+        log_limit, the append-log size that triggers compaction;
+        fingerprinter, serialised fingerprinting configuration kept in the
+        header.  Raises FileExistsError if path exists, ValueError for bad
+        parameters.
+        """
+        path = os.fspath(path)
+        if os.path.exists(path):
+            raise FileExistsError(f"{path}: already exists")
+        k = _check_k_value(k)
+        if not isinstance(expected_n, (int, np.integer)) or expected_n < 1:
+            raise ValueError(f"expected_n must be a positive int, got {expected_n!r}")
+        if plan is None:
+            plan = plans.choose_plan(int(expected_n), k)
+        elif not isinstance(plan, plans.Plan):
+            raise TypeError(f"plan must be an ndindex.plan.Plan, got {type(plan).__name__}")
+        if plan.k < k:
+            raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
+        if coding not in codec.CODING_NAMES:
+            raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
+        _check_log_limit(log_limit)
+        codes = [HuffmanCode.for_density(int(expected_n), coding) for _ in plan.tables]
+        store = st.Store.open(path, create=True)
+        try:
+            def init(txn):
+                store.put_framed(txn, st.DB_META, st.META_HEADER,
+                                 st.pack_header(k, len(plan.tables), int(expected_n)))
+                store.put_framed(txn, st.DB_META, st.META_PLAN, plan.to_bytes())
+                for i, code in enumerate(codes):
+                    store.put_framed(txn, st.DB_META, st.code_key(i), code.to_bytes())
+                store.put_framed(txn, st.DB_META, st.META_STATE, State(code_n=int(expected_n)).pack())
+                if fingerprinter is not None:
+                    store.put_framed(txn, st.DB_META, st.META_FINGERPRINTER, bytes(fingerprinter))
+            store.write(init)
+        except BaseException:
+            store.close()
+            raise
+        header = st.unpack_header(st.pack_header(k, len(plan.tables), int(expected_n)), path)
+        return cls(store, header, plan, codes, log_limit)
+
+    @classmethod
+    def open(cls, path, *, readonly: bool = False, log_limit: int = DEFAULT_LOG_LIMIT) -> "Index":
+        """Open an existing index file with its stored plan and codes.
+
+        Raises FileNotFoundError, FormatError (not an index, or a newer
+        format), CorruptionError (damaged records or a truncated file).  A
+        file whose write version is newer than this library opens only with
+        readonly=True.
+        """
+        _check_log_limit(log_limit)
+        store = st.Store.open(path, readonly=readonly)
+        try:
+            txn = store.begin_read()
+            try:
+                raw = store.get_framed(txn, st.DB_META, st.META_HEADER)
+                if raw is None:
+                    raise FormatError(f"{path}: not an ndindex file (no header record)")
+                header = st.unpack_header(raw, store.path)
+                if header["write_version"] > st.FORMAT_VERSION and not readonly:
+                    raise FormatError(f"{path}: header write version {header['write_version']} > "
+                                      f"supported {st.FORMAT_VERSION}; open it with readonly=True")
+                plan = plans.Plan.from_bytes(_required(store, txn, st.META_PLAN))
+                if len(plan.tables) != header["tables"]:
+                    raise CorruptionError(f"header names {header['tables']} tables, plan has "
+                                          f"{len(plan.tables)}", database="meta", key=st.META_PLAN)
+                codes = [HuffmanCode.from_bytes(_required(store, txn, st.code_key(i)))
+                         for i in range(len(plan.tables))]
+                State.unpack(_required(store, txn, st.META_STATE))
+            finally:
+                txn.abort()
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, header, plan, codes, log_limit)
+
+    def close(self) -> None:
+        """Close the index.  Idempotent; later calls raise ClosedError."""
+        with self._snap_lock:
+            self._snap = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def k(self) -> int:
+        """The largest distance this index answers."""
+        return self._header["k"]
+
+    @property
+    def path(self) -> str:
+        return self._store.path
+
+    @property
+    def readonly(self) -> bool:
+        return self._store.readonly
+
+    @property
+    def fingerprinter(self) -> bytes | None:
+        """The serialised fingerprinting configuration stored at creation, if any."""
+        txn = self._store.begin_read()
+        try:
+            return self._store.get_framed(txn, st.DB_META, st.META_FINGERPRINTER)
+        finally:
+            txn.abort()
+
+    # -- snapshots ----------------------------------------------------------
+
+    def _snapshot(self) -> Snapshot:
+        """Return a snapshot of the newest committed state, refreshed if the file changed."""
+        txn = self._store.begin_read()
+        old = self._snap
+        if old is not None and txn.id() == old.txn_id:
+            txn.abort()
+            return old
+        with self._snap_lock:
+            snap = self._build_snapshot(txn, self._snap)
+            self._snap = snap
+            return snap
+
+    def _build_snapshot(self, txn, old: Snapshot | None) -> Snapshot:
+        state = State.unpack(_required(self._store, txn, st.META_STATE))
+        same_tables = old is not None and old.state.tables_generation == state.tables_generation
+        if same_tables:
+            # The segments sub-database was not written since `old`, so its
+            # pages are the same pages in this newer snapshot: the block
+            # addresses stay valid for as long as `txn` lives.
+            views = old.views
+        else:
+            views = [tables.read_table(self._store, txn, i) for i in range(len(self.plan.tables))]
+            self._reload_codes(txn)
+        if same_tables and old.state.log_next_seq == state.log_next_seq:
+            log_values, log_tables = old.log_values, old.log_tables
+        else:
+            start = old.state.log_next_seq if same_tables else 0
+            fresh = self._read_log(txn, start)
+            base = old.log_values if same_tables else EMPTY_U64
+            log_values = np.union1d(base, fresh) if len(fresh) else base
+            log_tables = [np.sort(t.apply(log_values)) for t in self.plan.tables]
+        if old is not None and old.state.removed_generation == state.removed_generation \
+                and same_tables:
+            removed = old.removed
+        else:
+            removed = self._read_removed(txn)
+        kernel = _core.make_snapshot(
+            [(t.prefix_bits, fwd, inv, self._codes[i].compiled, views[i].keys, views[i].addresses,
+              log_tables[i]) for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
+            removed)
+        return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel)
+
+    def _reload_codes(self, txn) -> None:
+        self._codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
+                       for i in range(len(self.plan.tables))]
+
+    def _read_log(self, txn, start_seq: int) -> np.ndarray:
+        parts = []
+        cur = txn.cursor(db=self._store.dbs[st.DB_LOG])
+        try:
+            if cur.set_range(st.u64_key(start_seq)):
+                for key, value in cur:
+                    payload = st.unframe(value, st.DB_LOG, bytes(key))
+                    (count,) = LOG_HEAD.unpack_from(payload)
+                    if len(payload) != LOG_HEAD.size + 8 * count:
+                        raise CorruptionError(f"log record holds {len(payload)} bytes for {count} "
+                                              "fingerprints", database="log", key=bytes(key))
+                    parts.append(np.frombuffer(payload, dtype="<u8", offset=LOG_HEAD.size))
+        finally:
+            cur.close()
+        return np.unique(np.concatenate(parts)).astype(np.uint64) if parts else EMPTY_U64
+
+    def _read_removed(self, txn) -> np.ndarray:
+        cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
+        try:
+            keys = [bytes(k) for k in cur.iternext(keys=True, values=False)]
+        finally:
+            cur.close()
+        if not keys:
+            return EMPTY_U64
+        return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
+
+    def _drop_snapshot(self) -> None:
+        """Forget the cached snapshot (LMDB needs no live read txn to resize the map)."""
+        with self._snap_lock:
+            self._snap = None
+
+    # -- queries ------------------------------------------------------------
+
+    def _check_k(self, k) -> int:
+        if k is None:
+            return self.k
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+            raise TypeError(f"k must be an int, got {type(k).__name__}")
+        if not 0 <= k <= self.k:
+            raise ValueError(f"k={k} is outside 0..{self.k}, the largest distance this index answers")
+        return int(k)
+
+    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True) -> list[Match]:
+        """Return every stored fingerprint within Hamming distance k, nearest first.
+
+        Parameters: fingerprint, a 64-bit int; k, at most the index's k
+        (default: the index's k); keys, whether to fetch document keys.
+        Returns a list of Match(fingerprint, distance, keys), ordered by
+        (distance, fingerprint).  Raises TypeError/ValueError for bad
+        arguments, CorruptionError if a block read fails its checks.
+        Cost: one probe per table, each decoding about one block.
+        """
+        q = _check_fingerprint(fingerprint)
+        k = self._check_k(k)
+        snap = self._snapshot()
+        fp_bytes, dist_bytes = _core.query(snap.kernel, q, k)
+        fps = np.frombuffer(fp_bytes, dtype=np.uint64).tolist()
+        dists = list(dist_bytes)
+        if not keys or not fps:
+            return [Match(f, d, ()) for f, d in zip(fps, dists)]
+        return [Match(f, d, ks) for f, d, ks in zip(fps, dists, self._keys_of(fps))]
+
+    def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
+        """Answer query() for a batch; return one structured array of all matches.
+
+        The result has fields ``query`` (index into the batch),
+        ``fingerprint`` and ``distance``, grouped by query and ordered by
+        (distance, fingerprint) within each.  Large batches are split across
+        threads (the kernel releases the GIL).  Use :meth:`keys` for document
+        keys.
+        """
+        qs = _as_fingerprints(fingerprints)
+        k = self._check_k(k)
+        snap = self._snapshot()
+        workers = min(os.cpu_count() or 1, 8)
+        if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
+            return _to_matches(*_core.query_many(snap.kernel, qs, k), offset=0)
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
+        bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
+        futures = [self._pool.submit(_core.query_many, snap.kernel, qs[a:b], k)
+                   for a, b in zip(bounds[:-1], bounds[1:])]
+        parts = [_to_matches(*f.result(), offset=int(a)) for f, a in zip(futures, bounds[:-1])]
+        return np.concatenate(parts)
+
+    def keys(self, fingerprint: int) -> tuple:
+        """Return the document keys stored with a fingerprint (empty if none)."""
+        fp = _check_fingerprint(fingerprint)
+        return self._keys_of([fp])[0]
+
+    def _keys_of(self, fps) -> list[tuple]:
+        # A transaction of its own: the snapshot's may be in use by other
+        # threads, and LMDB transactions are single-threaded.
+        out = []
+        txn = self._store.begin_read()
+        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
+        try:
+            for fp in fps:
+                kb = st.u64_key(fp)
+                found = []
+                if cur.set_key(kb):
+                    for value in cur.iternext_dup():
+                        found.append(_unpack_doc_value(bytes(value), kb))
+                out.append(tuple(sorted(found, key=lambda v: (isinstance(v, str), v))))
+        finally:
+            cur.close()
+            txn.abort()
+        return out
+
+    def __contains__(self, fingerprint) -> bool:
+        fp = _check_fingerprint(fingerprint)
+        fps, _ = _core.query(self._snapshot().kernel, fp, 0)
+        return len(fps) > 0
+
+    def __len__(self) -> int:
+        """Number of distinct live fingerprints.  Cost: O(log + tombstones) exact probes."""
+        snap = self._snapshot()
+        # live = (tables | log) - removed
+        log_new = ~self._in_tables(snap, snap.log_values)
+        hidden = self._in_tables(snap, snap.removed) | np.isin(snap.removed, snap.log_values)
+        return snap.state.table_entries + int(log_new.sum()) - int(hidden.sum())
+
+    def _in_tables(self, snap: Snapshot, values: np.ndarray) -> np.ndarray:
+        """Boolean mask: which values are stored in the tables (ignoring log and tombstones)."""
+        if not len(values) or not snap.views[0].n_blocks:
+            return np.zeros(len(values), dtype=bool)
+        fwd, inv = self._runs[0]
+        table_only = _core.make_snapshot(
+            [(64, fwd, inv, self._codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
+              EMPTY_U64)], EMPTY_U64)
+        qidx, _, _ = _core.query_many(table_only, values, 0)
+        mask = np.zeros(len(values), dtype=bool)
+        mask[np.frombuffer(qidx, dtype=np.int64)] = True
+        return mask
+
+    # -- writes -------------------------------------------------------------
+
+    def add(self, fingerprints, keys=None) -> int:
+        """Add fingerprints (with optional document keys); durable when it returns.
+
+        Parameters: fingerprints, a uint64 array or an iterable of ints;
+        keys, None or one str/bytes key per fingerprint.  Equal fingerprints
+        share one table entry and keep all their keys.  Returns the number
+        of fingerprints given.  The batch goes to the append log in one
+        transaction; if the log then reaches ``log_limit`` the same
+        transaction merges it into the tables, so nothing is written twice.
+        Raises TypeError/ValueError for bad input (nothing is written),
+        CapacityError if the disk is full (nothing is lost).
+        """
+        self._check_writable()
+        fps = _as_fingerprints(fingerprints)
+        doc_items = _doc_items(fps, keys)
+        if not len(fps):
+            return 0
+        distinct = np.unique(fps)
+
+        def body(txn):
+            state = State.unpack(_required(self._store, txn, st.META_STATE))
+            self._put_doc_items(txn, doc_items)
+            # Adding a removed fingerprint revives it: drop its tombstone.
+            removed = self._read_removed(txn)
+            revived = distinct[np.isin(distinct, removed)] if len(removed) else EMPTY_U64
+            for fp in revived:
+                txn.delete(st.u64_key(int(fp)), db=self._store.dbs[st.DB_REMOVED])
+            if len(revived):
+                state.removed_generation += 1
+            if state.log_entries + len(distinct) >= self.log_limit:
+                self._compact_txn(txn, state, extra=distinct, full=False)
+            else:
+                payload = LOG_HEAD.pack(len(distinct)) + distinct.astype("<u8").tobytes()
+                self._store.put_framed(txn, st.DB_LOG, st.u64_key(state.log_next_seq), payload)
+                state.log_next_seq += 1
+                state.log_entries += len(distinct)
+            self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
+
+        self._store.write(body, before_grow=self._drop_snapshot)
+        return len(fps)
+
+    def check_and_add(self, fingerprint: int, key=None, k: int | None = None) -> list[Match]:
+        """Return the near-duplicates of fingerprint; add it only if there are none.
+
+        The crawler's call: one query, then an add when the result is empty.
+        With several writers in one process the pair is atomic (one writer
+        lock); across processes another writer may add in between.
+        """
+        fp = _check_fingerprint(fingerprint)
+        k = self._check_k(k)
+        with self._check_lock:
+            found = self.query(fp, k)
+            if not found:
+                self.add([fp], None if key is None else [key])
+        return found
+
+    def remove(self, fingerprints=None, keys=None) -> int:
+        """Remove fingerprints, or document keys; removed entries never return in results.
+
+        By fingerprint: the fingerprint and all its keys go.  By key: the key
+        goes, and a fingerprint whose last key went is removed too.  Space
+        is reclaimed by the next compaction.  Returns the number of
+        fingerprints that became removed.  Unknown fingerprints or keys are
+        ignored.
+        """
+        self._check_writable()
+        if fingerprints is None and keys is None:
+            raise TypeError("remove() needs fingerprints= or keys=")
+        fps = _as_fingerprints(fingerprints) if fingerprints is not None else EMPTY_U64
+        key_list = [] if keys is None else ([keys] if isinstance(keys, (str, bytes)) else list(keys))
+        raw_keys = [st.encode_doc_key(key) for key in key_list]
+
+        def body(txn):
+            state = State.unpack(_required(self._store, txn, st.META_STATE))
+            gone = set(int(v) for v in fps)
+            for fp in gone:
+                self._delete_docs_of(txn, fp)
+            for raw in raw_keys:
+                for fp in self._fps_of_key(txn, raw):
+                    self._delete_doc(txn, fp, raw)
+                    if not txn.get(st.u64_key(fp), db=self._store.dbs[st.DB_DOCS]):
+                        gone.add(fp)
+            added = 0
+            db = self._store.dbs[st.DB_REMOVED]
+            for fp in gone:
+                kb = st.u64_key(fp)
+                if txn.put(kb, st.CRC.pack(_core.crc32c(kb)), db=db, overwrite=False):
+                    added += 1
+            if added:
+                state.removed_generation += 1
+                self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
+            return added
+
+        return self._store.write(body, before_grow=self._drop_snapshot)
+
+    def compact(self, full: bool = False) -> dict:
+        """Merge the append log and removals into the tables, in one transaction.
+
+        Rewrites only the blocks whose key range receives or loses entries,
+        unless most blocks would change, the table size drifted far from
+        what its Huffman code was built for, or full=True: then each table
+        is rebuilt and its code recomputed.  Readers see either the old or
+        the new tables, never a mix.  Returns a summary dict (entries,
+        blocks rewritten, seconds).
+        """
+        self._check_writable()
+        t0 = time.perf_counter()
+        report = {}
+
+        def body(txn):
+            state = State.unpack(_required(self._store, txn, st.META_STATE))
+            report.update(self._compact_txn(txn, state, extra=EMPTY_U64, full=full))
+            self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
+
+        self._store.write(body, before_grow=self._drop_snapshot)
+        report["seconds"] = time.perf_counter() - t0
+        return report
+
+    def _compact_txn(self, txn, state: State, extra: np.ndarray, full: bool) -> dict:
+        """Merge log + extra - removed into every table inside txn; update state."""
+        log_vals = self._read_log(txn, 0)
+        new = np.union1d(log_vals, extra) if len(extra) else log_vals
+        removed = self._read_removed(txn)
+        if len(removed):
+            new = new[~np.isin(new, removed)]
+        entries = state.table_entries
+        drift = entries and (entries + len(new)) / max(state.code_n, 1)
+        rebuild_codes = full or entries == 0 or (drift and not
+                                                 1 / CODE_DRIFT_FACTOR <= drift <= CODE_DRIFT_FACTOR)
+        rewritten = 0
+        full_tables = 0
+        new_entries = None
+        for i, design in enumerate(self.plan.tables):
+            view = tables.read_table(self._store, txn, i)
+            new_p = np.sort(design.apply(new)) if len(new) else EMPTY_U64
+            gone_p = np.sort(design.apply(removed)) if len(removed) else EMPTY_U64
+            if not len(new_p) and not len(gone_p) and not rebuild_codes:
+                new_entries = entries if new_entries is None else new_entries
+                continue
+            touched = _touched_blocks(view, new_p, gone_p)
+            if rebuild_codes or not view.n_blocks or touched > FULL_REBUILD_FRACTION * view.n_blocks:
+                existing = tables.decode_table(view, self._codes[i]) if view.n_blocks else EMPTY_U64
+                merged = tables.merge_sorted(existing, new_p, gone_p)
+                if rebuild_codes:
+                    self._codes[i] = HuffmanCode.from_values(merged, self._codes[i].coding,
+                                                             expected_n=self._header["expected_n"]
+                                                             if not len(merged) else None)
+                    self._store.put_framed(txn, st.DB_META, st.code_key(i), self._codes[i].to_bytes())
+                enc = codec.encode(merged, self._codes[i])
+                tables.delete_table(txn, self._store, i)
+                tables.write_blocks(txn, self._store, i, enc.keys, enc.blocks)
+                rewritten += enc.n_blocks
+                full_tables += 1
+                count = len(merged)
+            else:
+                n, delta = tables.rewrite_incremental(txn, self._store, i, view, self._codes[i],
+                                                      new_p, gone_p)
+                rewritten += n
+                count = entries + delta
+            if new_entries is None:
+                new_entries = count
+            elif new_entries != count:
+                raise CorruptionError(f"table {i} holds {count} entries after compaction, "
+                                      f"table 0 holds {new_entries}", database="segments")
+        # The log and the tombstones are now in the tables.
+        txn.drop(self._store.dbs[st.DB_LOG], delete=False)
+        txn.drop(self._store.dbs[st.DB_REMOVED], delete=False)
+        state.tables_generation += 1
+        state.removed_generation += 1
+        state.log_entries = 0
+        state.table_entries = int(new_entries if new_entries is not None else entries)
+        if rebuild_codes:
+            state.code_n = max(state.table_entries, 1)
+        return dict(entries=state.table_entries, blocks_rewritten=rewritten,
+                    tables_rebuilt=full_tables, codes_rebuilt=bool(rebuild_codes))
+
+    def _put_doc_items(self, txn, items) -> None:
+        if not items:
+            return
+        docs = txn.cursor(db=self._store.dbs[st.DB_DOCS])
+        keys = txn.cursor(db=self._store.dbs[st.DB_KEYS])
+        try:
+            docs.putmulti([(st.u64_key(fp), _pack_doc_value(st.u64_key(fp), raw)) for fp, raw in items],
+                          dupdata=True)
+            keys.putmulti([(raw, _pack_key_value(raw, fp)) for fp, raw in items], dupdata=True)
+        finally:
+            docs.close()
+            keys.close()
+
+    def _fps_of_key(self, txn, raw: bytes) -> list[int]:
+        cur = txn.cursor(db=self._store.dbs[st.DB_KEYS])
+        out = []
+        try:
+            if cur.set_key(raw):
+                for value in cur.iternext_dup():
+                    out.append(_unpack_key_value(bytes(value), raw))
+        finally:
+            cur.close()
+        return out
+
+    def _delete_doc(self, txn, fp: int, raw: bytes) -> None:
+        kb = st.u64_key(fp)
+        txn.delete(kb, _pack_doc_value(kb, raw), db=self._store.dbs[st.DB_DOCS])
+        txn.delete(raw, _pack_key_value(raw, fp), db=self._store.dbs[st.DB_KEYS])
+
+    def _delete_docs_of(self, txn, fp: int) -> None:
+        kb = st.u64_key(fp)
+        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
+        raws = []
+        try:
+            if cur.set_key(kb):
+                raws = [_unpack_doc_raw(bytes(v), kb) for v in cur.iternext_dup()]
+        finally:
+            cur.close()
+        for raw in raws:
+            self._delete_doc(txn, fp, raw)
+
+    def _check_writable(self) -> None:
+        if self._store.readonly:
+            raise ReadOnlyError(f"{self.path}: opened read-only")
+
+    # -- inspection ---------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Return counts, sizes and bits per fingerprint per table, log size and the plan."""
+        snap = self._snapshot()
+        n = snap.state.table_entries
+        per_table = []
+        for i, (design, view) in enumerate(zip(self.plan.tables, snap.views)):
+            value_bytes = sum(tables.SEGMENT_HEADER_BYTES + c * codec.BLOCK_BYTES
+                              for _, _, c in view.segments)
+            per_table.append(dict(
+                table=i, prefix_bits=design.prefix_bits, entries=n, blocks=view.n_blocks,
+                segments=len(view.segments), bytes=value_bytes,
+                bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
+                coding=codec.CODING_NAMES[self._codes[i].coding]))
+        file_bytes = self._store.file_bytes()
+        return dict(
+            path=self.path, k=self.k, fingerprints=len(self), table_entries=n,
+            log_entries=len(snap.log_values), removed_pending=len(snap.removed),
+            tables=per_table, file_bytes=file_bytes, used_bytes=self._store.used_bytes(),
+            file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
+            entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
+            plan=self.plan.describe())
+
+    def verify(self) -> dict:
+        """Check every checksum, ordering and directory entry; raise on the first problem.
+
+        Decodes every block of every table, checks that blocks and segments
+        are in order and that block keys match the directory, that all
+        tables hold the same fingerprints, and that the log, tombstones and
+        document records pass their checksums.  Raises CorruptionError
+        naming the first problem; returns a summary otherwise.  Cost: a full
+        read of the file.
+        """
+        txn = self._store.begin_read()
+        try:
+            state = State.unpack(_required(self._store, txn, st.META_STATE))
+            st.unpack_header(_required(self._store, txn, st.META_HEADER), self.path)
+            plans.Plan.from_bytes(_required(self._store, txn, st.META_PLAN))
+            reference = None
+            blocks = 0
+            for i, design in enumerate(self.plan.tables):
+                code = HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
+                view = tables.read_table(self._store, txn, i)
+                values = tables.decode_table(view, code)
+                if len(values) > 1 and not np.all(values[1:] > values[:-1]):
+                    raise CorruptionError(f"table {i}: values out of order across blocks",
+                                          database="segments")
+                counts = codec.block_counts(np.concatenate(
+                    [np.frombuffer(view.segment_blocks(s), np.uint8)
+                     for s in range(len(view.segments))]) if view.segments else np.empty(0, np.uint8))
+                ends = np.cumsum(counts.astype(np.int64)) - 1
+                if len(ends) and not np.array_equal(values[ends], view.keys):
+                    raise CorruptionError(f"table {i}: a directory key differs from its block's "
+                                          "last value", database="segments")
+                if len(values) != state.table_entries:
+                    raise CorruptionError(f"table {i} holds {len(values)} entries, state says "
+                                          f"{state.table_entries}", database="segments")
+                original = np.sort(design.invert(values))
+                if reference is None:
+                    reference = original
+                elif not np.array_equal(reference, original):
+                    raise CorruptionError(f"table {i} holds different fingerprints from table 0",
+                                          database="segments")
+                blocks += view.n_blocks
+            log_values = self._read_log(txn, 0)
+            removed = self._read_removed(txn)
+            self._verify_small_records(txn)
+            return dict(tables=len(self.plan.tables), blocks=blocks, table_entries=state.table_entries,
+                        log_entries=len(log_values), removed_pending=len(removed))
+        finally:
+            txn.abort()
+
+    def _verify_small_records(self, txn) -> None:
+        cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
+        try:
+            for key, value in cur:
+                if bytes(value) != st.CRC.pack(_core.crc32c(bytes(key))):
+                    raise CorruptionError("tombstone checksum mismatch", database="removed",
+                                          key=bytes(key))
+        finally:
+            cur.close()
+        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
+        try:
+            for key, value in cur:
+                _unpack_doc_value(bytes(value), bytes(key))
+        finally:
+            cur.close()
+        cur = txn.cursor(db=self._store.dbs[st.DB_KEYS])
+        try:
+            for key, value in cur:
+                _unpack_key_value(bytes(value), bytes(key))
+        finally:
+            cur.close()
+
+    def fingerprints(self) -> np.ndarray:
+        """Return every live fingerprint, sorted (decodes table 0)."""
+        snap = self._snapshot()
+        values = tables.decode_table(snap.views[0], self._codes[0]) if snap.views[0].n_blocks \
+            else EMPTY_U64
+        values = np.union1d(self.plan.tables[0].invert(values), snap.log_values)
+        return values[~np.isin(values, snap.removed)] if len(snap.removed) else values
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _required(store: st.Store, txn, key: bytes) -> bytes:
+    payload = store.get_framed(txn, st.DB_META, key)
+    if payload is None:
+        raise CorruptionError(f"required record {key.decode()!r} is missing", database="meta", key=key)
+    return payload
+
+
+def _check_k_value(k) -> int:
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 0 <= k <= plans.MAX_PLANNER_K:
+        raise ValueError(f"k must be in 0..{plans.MAX_PLANNER_K}, got {k}")
+    return int(k)
+
+
+def _check_log_limit(limit) -> None:
+    if not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise ValueError(f"log_limit must be a positive int, got {limit!r}")
+
+
+def _inverse_runs(design: plans.TableDesign):
+    return tuple((dst, src, n) for src, dst, n in design.runs())
+
+
+def _touched_blocks(view: tables.TableView, new_p: np.ndarray, gone_p: np.ndarray) -> int:
+    if not view.n_blocks:
+        return 0
+    at = np.minimum(np.searchsorted(view.keys, np.concatenate([new_p, gone_p])), view.n_blocks - 1)
+    return len(np.unique(at))
+
+
+def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarray:
+    out = np.empty(len(dists), dtype=MATCH_DTYPE)
+    out["query"] = np.frombuffer(qidx, dtype=np.int64) + offset
+    out["fingerprint"] = np.frombuffer(fps, dtype=np.uint64)
+    out["distance"] = np.frombuffer(dists, dtype=np.uint8)
+    return out
+
+
+def _doc_items(fps: np.ndarray, keys) -> list:
+    """Validate keys against fps; return [(fp, typed key bytes)] (no I/O)."""
+    if keys is None:
+        return []
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("keys must be a sequence with one key per fingerprint, not a single str/bytes")
+    keys = list(keys)
+    if len(keys) != len(fps):
+        raise ValueError(f"got {len(keys)} keys for {len(fps)} fingerprints")
+    return [(int(fp), st.encode_doc_key(key)) for fp, key in zip(fps, keys) if key is not None]
+
+
+def _pack_doc_value(fp_key: bytes, raw: bytes) -> bytes:
+    """docs value: CRC-32C of (fingerprint key + typed key), then the typed key (FORMAT.md 7.6)."""
+    return st.CRC.pack(_core.crc32c(fp_key + raw)) + raw
+
+
+def _unpack_doc_raw(value: bytes, fp_key: bytes) -> bytes:
+    raw = value[4:]
+    if len(value) < 6 or st.CRC.unpack(value[:4])[0] != _core.crc32c(fp_key + raw):
+        raise CorruptionError("document key record checksum mismatch", database="docs", key=fp_key)
+    return raw
+
+
+def _unpack_doc_value(value: bytes, fp_key: bytes):
+    return st.decode_doc_key(_unpack_doc_raw(value, fp_key))
+
+
+def _pack_key_value(raw: bytes, fp: int) -> bytes:
+    """keys value: the fingerprint (u64 BE), then CRC-32C of (typed key + fingerprint)."""
+    kb = st.u64_key(fp)
+    return kb + st.CRC.pack(_core.crc32c(raw + kb))
+
+
+def _unpack_key_value(value: bytes, raw: bytes) -> int:
+    if len(value) != 12 or st.CRC.unpack(value[8:])[0] != _core.crc32c(raw + value[:8]):
+        raise CorruptionError("key record checksum mismatch", database="keys", key=raw)
+    return st.U64_BE.unpack(value[:8])[0]
+
+
+def open(path, *, readonly: bool = False, **kwargs) -> Index:  # noqa: A001 - mirrors sqlite3/lmdb
+    """Open an existing index (ndindex.open), as Index.open."""
+    return Index.open(path, readonly=readonly, **kwargs)
