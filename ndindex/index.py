@@ -514,7 +514,8 @@ class Index:
         """Remove fingerprints, or document keys; removed entries never return in results.
 
         By fingerprint: the fingerprint and all its keys go.  By key: the key
-        goes, and a fingerprint whose last key went is removed too.  Space
+        goes, and a fingerprint whose last key went is removed too, even if
+        it was also added once without a key.  Space
         is reclaimed by the next compaction.  Returns the number of
         fingerprints that became removed.  Unknown fingerprints or keys are
         ignored.

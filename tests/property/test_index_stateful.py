@@ -1,0 +1,106 @@
+"""Hypothesis state machine: the index against an in-memory model.
+
+Operations: add (with and without keys), remove by fingerprint and by key,
+compact (incremental and full), reopen, query (one and many).  After every
+step queries equal brute force over the model, and verify() passes after
+mutations.  Values come from a few tight clusters, so near-duplicates,
+repeated adds and removals of present values are common.
+"""
+
+import shutil
+import tempfile
+
+import numpy as np
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from ndindex.index import Index
+from tests.oracle import brute_force
+
+CENTRES = [0x0123456789ABCDEF, 0xFEDCBA9876543210, 0x8000000000000001, 0x0, 0xFFFFFFFFFFFFFFFF]
+fingerprint = st.builds(lambda c, flips: CENTRES[c] ^ sum(1 << b for b in flips),
+                        st.integers(0, len(CENTRES) - 1),
+                        st.sets(st.integers(0, 63), max_size=4))
+doc_key = st.sampled_from(["a", "b", "c", b"d", "e"])
+
+
+class IndexMachine(RuleBasedStateMachine):
+    @initialize(log_limit=st.integers(3, 40))
+    def setup(self, log_limit):
+        self.dir = tempfile.mkdtemp()
+        self.path = f"{self.dir}/m.ndx"
+        self.log_limit = log_limit
+        self.ix = Index.create(self.path, k=3, expected_n=200, log_limit=log_limit)
+        self.keys = {}  # fingerprint -> set of keys (None marks a keyless add)
+
+    def live(self):
+        return np.array(sorted(self.keys), dtype=np.uint64)
+
+    @rule(fps=st.lists(fingerprint, min_size=1, max_size=12), with_keys=st.booleans(), data=st.data())
+    def add(self, fps, with_keys, data):
+        keys = [data.draw(doc_key) for _ in fps] if with_keys else None
+        self.ix.add(fps, keys=keys)
+        for i, fp in enumerate(fps):
+            self.keys.setdefault(fp, set()).add(keys[i] if keys else None)
+
+    @precondition(lambda self: self.keys)
+    @rule(data=st.data())
+    def remove_fingerprint(self, data):
+        fp = data.draw(st.sampled_from(sorted(self.keys)))
+        assert self.ix.remove(fingerprints=[fp]) == 1
+        del self.keys[fp]
+
+    @rule(key=doc_key)
+    def remove_key(self, key):
+        expected = 0
+        for fp in list(self.keys):
+            if key in self.keys[fp]:
+                self.keys[fp].discard(key)
+                # The documented rule: a fingerprint goes with its last key,
+                # even if it was also added without one.
+                if not self.keys[fp] - {None}:
+                    del self.keys[fp]
+                    expected += 1
+        assert self.ix.remove(keys=[key]) == expected
+
+    @rule(full=st.booleans())
+    def compact(self, full):
+        self.ix.compact(full=full)
+        self.ix.verify()
+
+    @rule()
+    def reopen(self):
+        self.ix.close()
+        self.ix = Index.open(self.path, log_limit=self.log_limit)
+
+    @rule(q=fingerprint, k=st.integers(0, 3))
+    def query(self, q, k):
+        want = brute_force(self.live(), q, k)
+        got = self.ix.query(q, k)
+        assert [(m.fingerprint, m.distance) for m in got] == want
+        for m in got:
+            assert set(m.keys) == {key for key in self.keys[m.fingerprint] if key is not None}
+
+    @rule(qs=st.lists(fingerprint, min_size=1, max_size=8))
+    def query_many(self, qs):
+        res = self.ix.query_many(qs, 3)
+        live = self.live()
+        for i, q in enumerate(qs):
+            rows = res[res["query"] == i]
+            assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == \
+                brute_force(live, q, 3)
+
+    @invariant()
+    def count(self):
+        if hasattr(self, "ix"):
+            assert len(self.ix) == len(self.keys)
+
+    def teardown(self):
+        if hasattr(self, "ix"):
+            self.ix.verify()
+            self.ix.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestIndexMachine = IndexMachine.TestCase
+TestIndexMachine.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)
