@@ -30,6 +30,7 @@ All functions here are pure: no I/O, no state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -191,6 +192,7 @@ class HuffmanCode:
         return hash((self.coding, self.lengths))
 
 
+@functools.lru_cache(maxsize=64)
 def _density_histogram(n: int, coding: int) -> np.ndarray:
     """Return the h histogram of a deterministic sample at the density of n random values."""
     m = min(n, _PRIOR_SAMPLE)
@@ -200,7 +202,9 @@ def _density_histogram(n: int, coding: int) -> np.ndarray:
     sample = np.unique((rng.random(m) * span).astype(np.uint64))
     if len(sample) < 2:
         sample = np.array([0, 1], dtype=np.uint64)
-    return np.bincount(delta_symbols(sample, coding), minlength=CODE_SYMBOLS).astype(np.float64)
+    hist = np.bincount(delta_symbols(sample, coding), minlength=CODE_SYMBOLS).astype(np.float64)
+    hist.flags.writeable = False  # shared through the cache
+    return hist
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,7 @@ from typing import Iterable, NamedTuple
 import numpy as np
 
 from ndindex import _core, codec, plan as plans, store as st, tables
+from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, merge_sorted, sorted_unique
 from ndindex.codec import CODING_DELTA, HuffmanCode
 from ndindex.errors import ClosedError, CorruptionError, FormatError, ReadOnlyError
 
@@ -44,7 +45,6 @@ CODE_DRIFT_FACTOR = 2.0
 #: query_many splits batches of at least this many queries across threads.
 PARALLEL_QUERY_MIN = 4096
 LOG_HEAD = struct.Struct("<I")
-EMPTY_U64 = np.empty(0, dtype=np.uint64)
 
 
 class Match(NamedTuple):
@@ -296,11 +296,16 @@ class Index:
             self._reload_codes(txn)
         if same_tables and old.state.log_next_seq == state.log_next_seq:
             log_values, log_tables = old.log_values, old.log_tables
+        elif same_tables:
+            # Only records after the last one seen are new: merge them into
+            # the sorted arrays (O(L) memmove) instead of re-sorting the log.
+            fresh = self._read_log(txn, old.state.log_next_seq)
+            fresh = fresh[~isin_sorted(fresh, old.log_values)]
+            log_values = insert_sorted(old.log_values, fresh)
+            log_tables = [insert_sorted(lt, np.sort(t.apply(fresh)))
+                          for lt, t in zip(old.log_tables, self.plan.tables)]
         else:
-            start = old.state.log_next_seq if same_tables else 0
-            fresh = self._read_log(txn, start)
-            base = old.log_values if same_tables else EMPTY_U64
-            log_values = np.union1d(base, fresh) if len(fresh) else base
+            log_values = self._read_log(txn, 0)
             log_tables = [np.sort(t.apply(log_values)) for t in self.plan.tables]
         if old is not None and old.state.removed_generation == state.removed_generation \
                 and same_tables:
@@ -331,7 +336,7 @@ class Index:
                     parts.append(np.frombuffer(payload, dtype="<u8", offset=LOG_HEAD.size))
         finally:
             cur.close()
-        return np.unique(np.concatenate(parts)).astype(np.uint64) if parts else EMPTY_U64
+        return sorted_unique(np.concatenate(parts)) if parts else EMPTY_U64
 
     def _read_removed(self, txn) -> np.ndarray:
         cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
@@ -436,7 +441,7 @@ class Index:
         snap = self._snapshot()
         # live = (tables | log) - removed
         log_new = ~self._in_tables(snap, snap.log_values)
-        hidden = self._in_tables(snap, snap.removed) | np.isin(snap.removed, snap.log_values)
+        hidden = self._in_tables(snap, snap.removed) | isin_sorted(snap.removed, snap.log_values)
         return snap.state.table_entries + int(log_new.sum()) - int(hidden.sum())
 
     def _in_tables(self, snap: Snapshot, values: np.ndarray) -> np.ndarray:
@@ -471,14 +476,14 @@ class Index:
         doc_items = _doc_items(fps, keys)
         if not len(fps):
             return 0
-        distinct = np.unique(fps)
+        distinct = sorted_unique(fps)
 
         def body(txn):
             state = State.unpack(_required(self._store, txn, st.META_STATE))
             self._put_doc_items(txn, doc_items)
             # Adding a removed fingerprint revives it: drop its tombstone.
             removed = self._read_removed(txn)
-            revived = distinct[np.isin(distinct, removed)] if len(removed) else EMPTY_U64
+            revived = distinct[isin_sorted(distinct, removed)]
             for fp in revived:
                 txn.delete(st.u64_key(int(fp)), db=self._store.dbs[st.DB_REMOVED])
             if len(revived):
@@ -576,10 +581,10 @@ class Index:
     def _compact_txn(self, txn, state: State, extra: np.ndarray, full: bool) -> dict:
         """Merge log + extra - removed into every table inside txn; update state."""
         log_vals = self._read_log(txn, 0)
-        new = np.union1d(log_vals, extra) if len(extra) else log_vals
+        new = sorted_unique(np.concatenate([log_vals, extra])) if len(extra) else log_vals
         removed = self._read_removed(txn)
         if len(removed):
-            new = new[~np.isin(new, removed)]
+            new = new[~isin_sorted(new, removed)]
         entries = state.table_entries
         drift = entries and (entries + len(new)) / max(state.code_n, 1)
         rebuild_codes = full or entries == 0 or (drift and not
@@ -597,7 +602,7 @@ class Index:
             touched = _touched_blocks(view, new_p, gone_p)
             if rebuild_codes or not view.n_blocks or touched > FULL_REBUILD_FRACTION * view.n_blocks:
                 existing = tables.decode_table(view, self._codes[i]) if view.n_blocks else EMPTY_U64
-                merged = tables.merge_sorted(existing, new_p, gone_p)
+                merged = merge_sorted(existing, new_p, gone_p)
                 if rebuild_codes:
                     self._codes[i] = HuffmanCode.from_values(merged, self._codes[i].coding,
                                                              expected_n=self._header["expected_n"]
@@ -776,8 +781,8 @@ class Index:
         snap = self._snapshot()
         values = tables.decode_table(snap.views[0], self._codes[0]) if snap.views[0].n_blocks \
             else EMPTY_U64
-        values = np.union1d(self.plan.tables[0].invert(values), snap.log_values)
-        return values[~np.isin(values, snap.removed)] if len(snap.removed) else values
+        values = merge_sorted(np.sort(self.plan.tables[0].invert(values)), snap.log_values, snap.removed)
+        return values
 
 
 # -- helpers -------------------------------------------------------------------

@@ -23,6 +23,7 @@ import struct
 import numpy as np
 
 from ndindex import _core, codec
+from ndindex.arrays import merge_sorted
 from ndindex.errors import CorruptionError
 from ndindex.store import DB_SEGMENTS, U64_BE, Store, segment_key
 
@@ -158,25 +159,6 @@ def delete_table(txn, store: Store, table: int) -> None:
                     break
     finally:
         cur.close()
-
-
-def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:
-    """Return sorted distinct (existing | new) minus gone; all inputs sorted, distinct.
-
-    Cost: O(n) after the searchsorted calls; no full sort of the union.
-    """
-    if len(new):
-        pos = np.searchsorted(existing, new)
-        present = (pos < len(existing)) & (existing[np.minimum(pos, len(existing) - 1)] == new) \
-            if len(existing) else np.zeros(len(new), bool)
-        new = new[~present]
-        if len(new):
-            existing = np.insert(existing, np.searchsorted(existing, new), new)
-    if len(gone) and len(existing):
-        pos = np.searchsorted(gone, existing)
-        hit = (pos < len(gone)) & (gone[np.minimum(pos, len(gone) - 1)] == existing)
-        existing = existing[~hit]
-    return existing
 
 
 def rewrite_incremental(txn, store: Store, table: int, view: TableView, code: codec.HuffmanCode,

@@ -1,0 +1,52 @@
+"""Set operations on sorted uint64 arrays, the currency of tables and logs.
+
+numpy's set routines sort (or, since numpy 2.3, hash) their inputs on every
+call; these take arrays that are already sorted and distinct and cost
+O(n log m) searches plus one O(n) pass.  ``sorted_unique`` exists because
+``np.unique`` on uint64 takes a hashing path that is several times slower
+than sorting and comparing neighbours.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+EMPTY_U64 = np.empty(0, dtype=np.uint64)
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Return the distinct values, sorted.  Cost: one sort."""
+    s = np.sort(np.asarray(values, dtype=np.uint64))
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
+def isin_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    """Return a mask of the values present in a sorted array."""
+    if not len(sorted_set) or not len(values):
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, values), len(sorted_set) - 1)
+    return sorted_set[pos] == values
+
+
+def insert_sorted(base: np.ndarray, new_sorted: np.ndarray) -> np.ndarray:
+    """Merge sorted new values (absent from base) into a sorted array."""
+    if not len(new_sorted):
+        return base
+    if not len(base):
+        return new_sorted
+    # np.insert beats a stable sort of the two runs (timsort merge) by ~2x.
+    return np.insert(base, np.searchsorted(base, new_sorted), new_sorted)
+
+
+def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:
+    """Return sorted distinct (existing | new) minus gone; all inputs sorted and distinct."""
+    new = new[~isin_sorted(new, existing)]
+    existing = insert_sorted(existing, new)
+    if len(gone):
+        existing = existing[~isin_sorted(existing, gone)]
+    return existing
