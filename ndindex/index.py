@@ -119,6 +119,8 @@ def _as_fingerprints(fps) -> np.ndarray:
 
 
 def _check_fingerprint(fp) -> int:
+    if type(fp) is int and 0 <= fp < 1 << 64:  # the common case, checked cheaply
+        return fp
     if not isinstance(fp, (int, np.integer)) or isinstance(fp, bool):
         raise TypeError(f"a fingerprint must be an int, got {type(fp).__name__}")
     fp = int(fp)
@@ -357,7 +359,7 @@ class Index:
 
     def _check_k(self, k) -> int:
         if k is None:
-            return self.k
+            return self._header["k"]
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
             raise TypeError(f"k must be an int, got {type(k).__name__}")
         if not 0 <= k <= self.k:
@@ -376,13 +378,12 @@ class Index:
         """
         q = _check_fingerprint(fingerprint)
         k = self._check_k(k)
-        snap = self._snapshot()
-        fp_bytes, dist_bytes = _core.query(snap.kernel, q, k)
-        fps = np.frombuffer(fp_bytes, dtype=np.uint64).tolist()
-        dists = list(dist_bytes)
-        if not keys or not fps:
-            return [Match(f, d, ()) for f, d in zip(fps, dists)]
-        return [Match(f, d, ks) for f, d, ks in zip(fps, dists, self._keys_of(fps))]
+        found = _core.query(self._snapshot().kernel, q, k)
+        if not found:
+            return []
+        if not keys:
+            return [Match(f, d, ()) for f, d in found]
+        return [Match(f, d, ks) for (f, d), ks in zip(found, self._keys_of([f for f, _ in found]))]
 
     def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
         """Answer query() for a batch; return one structured array of all matches.
@@ -433,8 +434,7 @@ class Index:
 
     def __contains__(self, fingerprint) -> bool:
         fp = _check_fingerprint(fingerprint)
-        fps, _ = _core.query(self._snapshot().kernel, fp, 0)
-        return len(fps) > 0
+        return bool(_core.query(self._snapshot().kernel, fp, 0))
 
     def __len__(self) -> int:
         """Number of distinct live fingerprints.  Cost: O(log + tombstones) exact probes."""

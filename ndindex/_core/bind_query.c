@@ -190,15 +190,13 @@ static PyObject *raise_query_error(int rc, int table, size_t block) {
     return NULL;
 }
 
-static PyObject *results_to_python(query_results *r, int with_qidx) {
+static PyObject *results_to_python(query_results *r) {
     PyObject *fp = PyBytes_FromStringAndSize((const char *)r->fp, (Py_ssize_t)(r->n * 8));
     PyObject *dist = PyBytes_FromStringAndSize((const char *)r->dist, (Py_ssize_t)r->n);
-    PyObject *qidx = with_qidx ? PyBytes_FromStringAndSize((const char *)r->qidx,
-                                                          (Py_ssize_t)(r->n * 8))
-                               : NULL;
+    PyObject *qidx = PyBytes_FromStringAndSize((const char *)r->qidx, (Py_ssize_t)(r->n * 8));
     PyObject *res = NULL;
-    if (fp && dist && (!with_qidx || qidx))
-        res = with_qidx ? PyTuple_Pack(3, qidx, fp, dist) : PyTuple_Pack(2, fp, dist);
+    if (fp && dist && qidx)
+        res = PyTuple_Pack(3, qidx, fp, dist);
     Py_XDECREF(fp);
     Py_XDECREF(dist);
     Py_XDECREF(qidx);
@@ -216,9 +214,9 @@ static query_snapshot *get_snapshot(PyObject *obj) {
 }
 
 PyDoc_STRVAR(query_doc,
-             "query(snapshot, q, k) -> (fingerprints: bytes, distances: bytes)\n\n"
-             "Every stored value within Hamming distance k of q, distinct, ordered\n"
-             "by (distance, value); uint64 and uint8 arrays as bytes.");
+             "query(snapshot, q, k) -> list[tuple[int, int]]\n\n"
+             "Every stored value within Hamming distance k of q, distinct, as\n"
+             "(value, distance) pairs ordered by (distance, value).");
 static PyObject *py_query(PyObject *self, PyObject *args) {
     PyObject *snap;
     unsigned long long q;
@@ -232,8 +230,19 @@ static PyObject *py_query(PyObject *self, PyObject *args) {
     int bad_table = 0;
     size_t bad_block = 0;
     int rc = query_one(s, q, k, 0, &r, &bad_table, &bad_block);
-    PyObject *res = rc < 0 ? raise_query_error(rc, bad_table, bad_block)
-                           : results_to_python(&r, 0);
+    PyObject *res = NULL;
+    if (rc < 0) {
+        raise_query_error(rc, bad_table, bad_block);
+    } else if ((res = PyList_New((Py_ssize_t)r.n)) != NULL) {
+        for (size_t i = 0; i < r.n; i++) {
+            PyObject *pair = Py_BuildValue("(Ki)", (unsigned long long)r.fp[i], (int)r.dist[i]);
+            if (!pair) {
+                Py_CLEAR(res);
+                break;
+            }
+            PyList_SET_ITEM(res, (Py_ssize_t)i, pair);
+        }
+    }
     query_results_free(&r);
     return res;
 }
@@ -267,7 +276,7 @@ static PyObject *py_query_many(PyObject *self, PyObject *args) {
     if (ts)
         PyEval_RestoreThread(ts);
     PyObject *res = rc < 0 ? raise_query_error(rc, bad_table, bad_block)
-                           : results_to_python(&r, 1);
+                           : results_to_python(&r);
     query_results_free(&r);
     PyBuffer_Release(&qs);
     return res;

@@ -75,8 +75,10 @@ int codec_compile(const uint8_t *lengths, int coding, codec_code *out) {
             out->codes[s] = (uint16_t)code;
             uint32_t first = code << (CODE_MAX_BITS - len);
             uint32_t span = 1u << (CODE_MAX_BITS - len);
-            for (uint32_t i = 0; i < span; i++)
-                out->lut[first + i] = (uint16_t)((s << 4) | len);
+            for (uint32_t i = 0; i < span; i++) {
+                out->lut[first + i].len = (uint8_t)len;
+                out->lut[first + i].h = (uint8_t)s;
+            }
             code++;
         }
         code <<= 1;
@@ -193,8 +195,8 @@ static inline int next_value(const codec_code *c, const uint8_t *s, size_t *pos,
                              uint64_t *out) {
     const size_t nbytes = BLOCK_BYTES - BLOCK_HEADER_BYTES;
     uint64_t w = peek64(s, nbytes, *pos);
-    uint16_t e = c->lut[w >> (64 - CODE_MAX_BITS)];
-    unsigned len = e & 15, h = (e >> 4) & 63;
+    unsigned len = c->lut[w >> (64 - CODE_MAX_BITS)].len;
+    unsigned h = c->lut[w >> (64 - CODE_MAX_BITS)].h;
     if (len == 0)
         return CODEC_BAD_CODE;
     size_t p = *pos + len;
@@ -250,16 +252,15 @@ long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size
     return (long)count;
 }
 
-long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
-                 uint64_t *out, size_t cap) {
-    unsigned count;
-    int rc = check_header(block, &count);
-    if (rc < 0)
-        return rc;
-    const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
+/* The probe loop, specialised per coding so the per-entry work has no
+ * coding branch.  It decodes from a zero-padded copy of the bitstream, so
+ * the 8-byte loads need no bounds check; overruns are still caught by the
+ * explicit position check against BLOCK_PAYLOAD_BITS. */
+#define PROBE_PAD_BYTES 16
+static inline long probe_loop(const codec_code *c, const uint8_t *s, unsigned count,
+                              uint64_t v, uint64_t q, uint64_t mask, int k, uint64_t *out,
+                              size_t cap, const int delta) {
     const uint64_t qp = q & mask;
-    const uint8_t *s = block + BLOCK_HEADER_BYTES;
-    uint64_t v = load_le64(block + 6);
     size_t pos = 0, found = 0;
     for (unsigned i = 0;;) {
         uint64_t vp = v & mask;
@@ -272,9 +273,55 @@ long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, i
         }
         if (++i >= count)
             break;
-        rc = next_value(c, s, &pos, v, &v);
-        if (rc < 0)
-            return rc;
+        uint64_t w;
+        memcpy(&w, s + (pos >> 3), 8);
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        w = __builtin_bswap64(w);
+#endif
+        w <<= pos & 7;
+        /* A compiled code is complete, so every entry has 1 <= len <= 12. */
+        unsigned len = c->lut[w >> (64 - CODE_MAX_BITS)].len;
+        unsigned h = c->lut[w >> (64 - CODE_MAX_BITS)].h;
+        pos += len;
+        if (pos + h > BLOCK_PAYLOAD_BITS)
+            return CODEC_OVERRUN;
+        uint64_t low;
+        if (h + len <= 57) {
+            /* (x >> 1) >> (63 - h) is x >> (64 - h) for h >= 1, and 0 for h = 0. */
+            low = ((w << len) >> 1) >> (63 - h);
+        } else {
+            low = read_bits(s, BLOCK_BYTES - BLOCK_HEADER_BYTES, pos, h);
+        }
+        pos += h;
+        uint64_t next;
+        if (delta) {
+            next = v + ((1ull << h) | low);
+            if (next <= v)
+                return CODEC_NOT_SORTED;
+        } else {
+            if ((v >> h) & 1)
+                return CODEC_NOT_SORTED;
+            next = (((v >> h) | 1) << h) | low;
+        }
+        v = next;
     }
     return (long)found;
+}
+
+HOT_KERNEL long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
+                            uint64_t *out, size_t cap) {
+    unsigned count;
+    int rc = check_header(block, &count);
+    if (rc < 0)
+        return rc;
+    const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
+    uint64_t first = load_le64(block + 6);
+    if ((first & mask) > (q & mask))
+        return 0; /* the whole block lies past q's prefix */
+    uint8_t s[BLOCK_BYTES - BLOCK_HEADER_BYTES + PROBE_PAD_BYTES];
+    memcpy(s, block + BLOCK_HEADER_BYTES, BLOCK_BYTES - BLOCK_HEADER_BYTES);
+    memset(s + BLOCK_BYTES - BLOCK_HEADER_BYTES, 0, PROBE_PAD_BYTES);
+    if (c->coding == CODING_DELTA)
+        return probe_loop(c, s, count, first, q, mask, k, out, cap, 1);
+    return probe_loop(c, s, count, first, q, mask, k, out, cap, 0);
 }

@@ -41,9 +41,19 @@ typedef struct {
     uint8_t coding; /* CODING_XOR or CODING_DELTA */
     uint8_t lengths[CODE_SYMBOLS];
     uint16_t codes[CODE_SYMBOLS];
-    /* lut[first CODE_MAX_BITS bits] = symbol << 4 | code length */
-    uint16_t lut[1 << CODE_MAX_BITS];
+    /* lut[next CODE_MAX_BITS bits] = the codeword there: its length and h */
+    struct {
+        uint8_t len, h;
+    } lut[1 << CODE_MAX_BITS];
 } codec_code;
+
+/* Hot kernels get a clone compiled for CPUs with POPCNT, chosen at load
+ * time (GNU ifunc); elsewhere they compile once, portably. */
+#if defined(__x86_64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define HOT_KERNEL __attribute__((target_clones("popcnt", "default")))
+#else
+#define HOT_KERNEL
+#endif
 
 /* Build a canonical code from 64 code lengths.  CODEC_BAD_CODE unless every
  * length is in 1..CODE_MAX_BITS and the code is complete (Kraft sum 1). */

@@ -64,8 +64,8 @@ static int add_candidate(query_results *r, uint64_t v) {
     return 0;
 }
 
-int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qidx, query_results *out,
-              int *bad_table, size_t *bad_block) {
+HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qidx,
+                         query_results *out, int *bad_table, size_t *bad_block) {
     size_t start = out->n;
     uint64_t found[1 + BLOCK_PAYLOAD_BITS];
     for (int t = 0; t < s->ntables; t++) {
