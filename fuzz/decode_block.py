@@ -32,7 +32,7 @@ try:
 except ImportError:  # replaying the corpus under pytest needs no fuzzer
     atheris = None
 
-if atheris is not None:
+if atheris is not None and __name__ == "__main__":  # only fuzzing needs coverage
     with atheris.instrument_imports(include=["ndindex", "harness"]):
         import harness
         from ndindex import codec, codec_reference
