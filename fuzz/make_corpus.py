@@ -51,6 +51,12 @@ def decode_block_seeds() -> dict[str, bytes]:
         blocks = codec.encode(values, code).blocks.tobytes()[:codec.BLOCK_BYTES]
         seeds[f"{name}-rawcode"] = (bytes([1, 0x81]) + bytes(ln - 1 for ln in code.lengths)
                                     + bytes(10) + blocks)
+    # The longest decode: 8081 entries of one bit each (h = 0 has a 1-bit code).
+    lengths = [7] * codec.CODE_SYMBOLS
+    lengths[0], lengths[32] = 1, 6
+    block = bytearray(codec.BLOCK_BYTES)
+    block[4:6] = (1 + (codec.BLOCK_BYTES - codec.BLOCK_HEADER_BYTES) * 8).to_bytes(2, "little")
+    seeds["max-count"] = bytes([1, 0x81]) + bytes(ln - 1 for ln in lengths) + bytes(10) + bytes(block)
     seeds["empty"] = b""
     return seeds
 
