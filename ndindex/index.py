@@ -580,8 +580,7 @@ class Index:
 
     def _compact_txn(self, txn, state: State, extra: np.ndarray, full: bool) -> dict:
         """Merge log + extra - removed into every table inside txn; update state."""
-        log_vals = self._read_log(txn, 0)
-        new = sorted_unique(np.concatenate([log_vals, extra])) if len(extra) else log_vals
+        new = merge_sorted(self._read_log(txn, 0), extra, EMPTY_U64)
         removed = self._read_removed(txn)
         if len(removed):
             new = new[~isin_sorted(new, removed)]
@@ -775,6 +774,27 @@ class Index:
                 _unpack_key_value(bytes(value), bytes(key))
         finally:
             cur.close()
+
+    def vacuum_into(self, dest) -> int:
+        """Write a compacted copy of the index to a new file; return its size in bytes.
+
+        LMDB never shrinks a file: pages freed by compaction (the old copy of
+        rewritten blocks, the emptied log) are kept for reuse, so after heavy
+        churn a file can hold up to one table set of free pages.  This writes
+        only the live pages, like SQLite's VACUUM INTO; replace the original
+        with it while no other process has the index open.  Raises
+        FileExistsError if dest exists.
+        """
+        dest = os.fspath(dest)
+        if os.path.exists(dest):
+            raise FileExistsError(f"{dest}: already exists")
+        try:
+            self._store.env.copy(dest, compact=True)
+        except Exception as exc:
+            if os.path.exists(dest):
+                os.unlink(dest)
+            raise st.translate_error(exc, dest) from exc
+        return os.path.getsize(dest)
 
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted (decodes table 0)."""

@@ -109,7 +109,7 @@ def decode_doc_key(raw: bytes):
     raise CorruptionError(f"document key type byte {raw[:1].hex()} unknown", database="docs")
 
 
-def _translate(exc: lmdb.Error, path: str) -> NdindexError:
+def translate_error(exc: Exception, path: str) -> Exception:
     """Map an LMDB error to the ndindex exception a caller can act on."""
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
@@ -123,6 +123,8 @@ def _translate(exc: lmdb.Error, path: str) -> NdindexError:
         return CorruptionError(f"{path}: LMDB reports corruption ({exc})", database="lmdb")
     if isinstance(exc, lmdb.ReadonlyError):
         return ReadOnlyError(f"{path}: opened read-only")
+    if not isinstance(exc, lmdb.Error):
+        return exc
     return NdindexError(f"{path}: {exc}")
 
 
@@ -179,7 +181,7 @@ class Store:
         except lmdb.NotFoundError as exc:
             raise FormatError(f"{path}: not an ndindex file (sub-database missing)") from exc
         except lmdb.Error as exc:
-            raise _translate(exc, path) from exc
+            raise translate_error(exc, path) from exc
 
     def close(self) -> None:
         """Close the environment; later use raises ClosedError."""
@@ -204,7 +206,7 @@ class Store:
             self.env.set_mapsize(0)
             return self.env.begin(buffers=True)
         except lmdb.Error as exc:
-            raise _translate(exc, self.path) from exc
+            raise translate_error(exc, self.path) from exc
 
     def write(self, body, before_grow=None):
         """Run body(txn) in one write transaction and commit it durably.
@@ -231,7 +233,7 @@ class Store:
                         before_grow()
                     self.env.set_mapsize(0)
                 except lmdb.Error as exc:
-                    raise _translate(exc, self.path) from exc
+                    raise translate_error(exc, self.path) from exc
             raise CapacityError(f"{self.path}: could not grow the map")
 
     # -- records -----------------------------------------------------------

@@ -182,3 +182,21 @@ def test_stats_fields(path):
         assert s["fingerprints"] == 499 and s["log_entries"] == 0
         assert len(s["tables"]) == len(ix.plan.tables)
         assert s["file_bytes"] > 0 and "table 0" in s["plan"]
+
+
+def test_vacuum_into_drops_free_pages(path, tmp_path):
+    rng = np.random.default_rng(7)
+    fps = rng.integers(0, 2**64, 40000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=40000, log_limit=10**9) as ix:
+        ix.add(fps)
+        ix.compact()
+        ix.add(rng.integers(0, 2**64, 2000, dtype=np.uint64))
+        ix.compact()  # rewrites most blocks: the old ones become free pages
+        dest = tmp_path / "copy.ndx"
+        size = ix.vacuum_into(dest)
+        assert size < ix.stats()["file_bytes"]
+        with pytest.raises(FileExistsError):
+            ix.vacuum_into(dest)
+    with Index.open(dest) as copy:
+        copy.verify()
+        assert len(copy) == len(np.unique(fps)) + 2000

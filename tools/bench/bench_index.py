@@ -6,9 +6,11 @@ Needs the bench extra (faiss-cpu, psutil):  pip install -e '.[bench]'
 Data: N random 64-bit fingerprints (seeded); Q queries, half of them a
 stored fingerprint with 1..3 bits flipped, half random; k = 3.  Engines:
 
-- ndindex: add() in batches of 1M into the append log, then compact();
-  single queries through Index.query(keys=False); batches through
-  Index.query_many (threads = cores).
+- ndindex: one add() of all N (a batch above log_limit compacts in the same
+  transaction, so nothing is written twice), then 1% more in batches of
+  10,000 through the append log and one compact(); single queries through
+  Index.query(keys=False); batches through Index.query_many (threads =
+  cores).
 - faiss MultiHash: IndexBinaryMultiHash(64, 4, 16), range_search with
   radius k+1 (FAISS reports distances strictly below the radius).
 - faiss Flat: IndexBinaryFlat(64), a brute-force scan; measured on a
@@ -37,7 +39,6 @@ import time
 import numpy as np
 
 K = 3
-BATCH = 1_000_000
 
 
 def make_data(n, n_queries, seed=7):
@@ -72,12 +73,19 @@ def run_ndindex(n, n_queries, subset, workdir):
     fps, queries = make_data(n, n_queries)
     path = os.path.join(workdir, f"bench-{n}.ndx")
     t0 = time.perf_counter()
-    ix = Index.create(path, k=K, expected_n=n, log_limit=n + 1)
-    for a in range(0, n, BATCH):
-        ix.add(fps[a:a + BATCH])
-    t_add = time.perf_counter() - t0
-    report = ix.compact()
+    ix = Index.create(path, k=K, expected_n=n)
+    ix.add(fps)  # one call: above log_limit, so it compacts in the same transaction
     t_ingest = time.perf_counter() - t0
+    bulk = ix.stats()
+    # Then the crawler's pattern: small batches through the log, one compaction.
+    extra = np.random.default_rng(11).integers(0, 2**64, size=n // 100, dtype=np.uint64)
+    t = time.perf_counter()
+    for a in range(0, len(extra), 10_000):
+        ix.add(extra[a:a + 10_000])
+    t_log = time.perf_counter() - t
+    report = ix.compact()
+    ix.remove(fingerprints=extra)  # back to the benchmark's data set for queries
+    ix.compact()
     ix.query(int(queries[0]), K, keys=False)  # build the snapshot
     lat = latencies(lambda q: ix.query(int(q), K, keys=False), queries)
     t = time.perf_counter()
@@ -89,11 +97,13 @@ def run_ndindex(n, n_queries, subset, workdir):
     ix.close()
     return dict(engine="ndindex", n=n, p50_us=float(np.percentile(lat, 50)),
                 p99_us=float(np.percentile(lat, 99)), many_qps=len(queries) / t_many,
-                ingest_fps=n / t_ingest, add_s=t_add, compact_s=report["seconds"],
-                file_bytes_per_fp=stats["file_bytes"] / n,
-                file_bits_per_fp_per_table=stats["file_bits_per_fingerprint_per_table"],
-                table_bits_per_fp=stats["tables"][0]["bits_per_fingerprint"],
-                bound_bits=stats["entropy_bound_bits"], tables=len(stats["tables"]),
+                ingest_fps=n / t_ingest, ingest_s=t_ingest,
+                log_add_fps=len(extra) / t_log, compact_s=report["seconds"],
+                file_bytes_per_fp=bulk["file_bytes"] / n,
+                file_bits_per_fp_per_table=bulk["file_bits_per_fingerprint_per_table"],
+                table_bits_per_fp=bulk["tables"][0]["bits_per_fingerprint"],
+                file_after_churn_bits=stats["file_bits_per_fingerprint_per_table"],
+                bound_bits=bulk["entropy_bound_bits"], tables=len(bulk["tables"]),
                 matches=len(res), pairs=pairs)
 
 
@@ -177,8 +187,12 @@ def main(argv=None):
             print(f"ndindex file: {nd['file_bytes_per_fp']:.2f} bytes/fp in {nd['tables']} tables = "
                   f"{nd['file_bits_per_fp_per_table']:.2f} bits/fp/table; bound "
                   f"{nd['bound_bits']:.2f} -> {nd['file_bits_per_fp_per_table'] / nd['bound_bits']:.3f}x "
-                  f"(table values alone {nd['table_bits_per_fp'] / nd['bound_bits']:.3f}x); "
-                  f"add {nd['add_s']:.2f}s + compact {nd['compact_s']:.2f}s")
+                  f"(table values alone {nd['table_bits_per_fp'] / nd['bound_bits']:.3f}x)")
+            print(f"ndindex ingest: one add() of {n:,} with its compaction {nd['ingest_s']:.2f}s; "
+                  f"then {n // 100:,} more in batches of 10,000 through the log at "
+                  f"{nd['log_add_fps']:,.0f} fp/s and compact() {nd['compact_s']:.2f}s; file then "
+                  f"{nd['file_after_churn_bits'] / nd['bound_bits']:.3f}x the bound (LMDB keeps "
+                  f"freed pages for reuse)")
             for r in res.values():
                 r.pop("pairs")
             rows.append(res)
