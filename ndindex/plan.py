@@ -245,7 +245,7 @@ class Plan:
     def to_bytes(self) -> bytes:
         """Serialise to the plan record: u8 f, u8 k, u8 t, u8 0, then t x (u8 p, 64 x u8).
 
-        See format-spec/plan.md.  Cost: O(64 t).
+        See format-spec/FORMAT.md section 6.  Cost: O(64 t).
         """
         out = bytearray((self.f, self.k, len(self.tables), 0))
         for table in self.tables:

@@ -1,6 +1,6 @@
 """Coverage of table designs: any <= k flipped bits leave some table's prefix intact.
 
-This is [P10] of format-spec/plan.md, checked through apply()/prefix() (what
+This is [P10] of format-spec/FORMAT.md section 6, checked through apply()/prefix() (what
 the index does on a probe), not only through Plan.covers().
 """
 

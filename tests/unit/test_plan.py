@@ -1,6 +1,6 @@
 """Unit tests for ndindex.plan: designs, permutations, the plan record, X, the planner.
 
-Statements [Pn] refer to format-spec/plan.md.
+Statements [Pn] refer to format-spec/FORMAT.md section 6.
 """
 
 import math
@@ -147,7 +147,7 @@ def test_prefix_is_top_bits_and_zero_for_p0():
 
 
 def test_worked_example_in_spec():
-    # format-spec/plan.md, "Worked example": F through the 4-table design, then a probe.
+    # format-spec/FORMAT.md section 6, "Worked example": F through the 4-table design, then a probe.
     plan = example_3_1(4)
     f = 0x0123456789ABCDEF
     assert [hex(t.apply(f)) for t in plan.tables] == [
