@@ -1,8 +1,10 @@
-/* Python binding of the block codec and crc32c: argument checks, buffers,
- * exceptions.  Kernels live in codec.c and crc32c.c. */
+/* Python binding of the block codec, crc32c and the table-building array
+ * kernels: argument checks, buffers, exceptions.  Kernels live in codec.c,
+ * crc32c.c and arrays.c. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include "arrays.h"
 #include "bindings.h"
 #include "codec.h"
 #include "crc32c.h"
@@ -289,7 +291,80 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+static int get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
+                                               : PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len % 8) {
+        PyErr_Format(PyExc_ValueError, "%s must be a uint64 buffer", what);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(permute_doc,
+             "permute(values, runs, out) -> None\n\n"
+             "out[i] = the permutation given by runs ((src_lo, dst_lo, length), covering\n"
+             "64 bits) of values[i]; out may be values itself.  GIL released.");
+static PyObject *py_permute(PyObject *self, PyObject *args) {
+    PyObject *values, *runs, *out;
+    if (!PyArg_ParseTuple(args, "OOO", &values, &runs, &out))
+        return NULL;
+    perm_runs r;
+    if (ndx_parse_runs(runs, &r) < 0)
+        return NULL;
+    Py_buffer in, o;
+    if (get_u64_buffer(values, &in, 0, "values") < 0)
+        return NULL;
+    if (get_u64_buffer(out, &o, 1, "out") < 0) {
+        PyBuffer_Release(&in);
+        return NULL;
+    }
+    PyObject *res = NULL;
+    if (o.len < in.len) {
+        PyErr_SetString(PyExc_ValueError, "out is shorter than values");
+    } else {
+        Py_BEGIN_ALLOW_THREADS permute_u64(&r, in.buf, o.buf, (size_t)in.len / 8);
+        Py_END_ALLOW_THREADS
+        res = Py_NewRef(Py_None);
+    }
+    PyBuffer_Release(&in);
+    PyBuffer_Release(&o);
+    return res;
+}
+
+PyDoc_STRVAR(delta_histogram_doc,
+             "delta_histogram(values, coding) -> list[int]\n\n"
+             "For sorted uint64 values: how many neighbours' deltas (coding 1) or\n"
+             "XORs (coding 0) have their leading 1-bit at each h in 0..63.");
+static PyObject *py_delta_histogram(PyObject *self, PyObject *args) {
+    PyObject *values;
+    int coding;
+    if (!PyArg_ParseTuple(args, "Oi", &values, &coding))
+        return NULL;
+    Py_buffer v;
+    if (get_u64_buffer(values, &v, 0, "values") < 0)
+        return NULL;
+    uint64_t counts[64] = {0};
+    Py_BEGIN_ALLOW_THREADS delta_histogram(v.buf, (size_t)v.len / 8, coding, counts);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    PyObject *res = PyList_New(64);
+    for (int h = 0; res && h < 64; h++) {
+        PyObject *c = PyLong_FromUnsignedLongLong(counts[h]);
+        if (!c) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, h, c);
+    }
+    return res;
+}
+
 PyMethodDef codec_methods[] = {
+    {"permute", py_permute, METH_VARARGS, permute_doc},
+    {"delta_histogram", py_delta_histogram, METH_VARARGS, delta_histogram_doc},
     {"compile_code", py_compile_code, METH_VARARGS, compile_code_doc},
     {"encode", py_encode, METH_VARARGS, encode_doc},
     {"block_counts", py_block_counts, METH_VARARGS, block_counts_doc},

@@ -31,7 +31,7 @@ static void snapshot_free(PyObject *cap) {
 }
 
 /* Parse a sequence of (src_lo, dst_lo, length) runs. */
-static int parse_runs(PyObject *seq, perm_runs *r) {
+int ndx_parse_runs(PyObject *seq, perm_runs *r) {
     PyObject *fast = PySequence_Fast(seq, "runs must be a sequence of (src, dst, length)");
     if (!fast)
         return -1;
@@ -118,7 +118,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_ValueError, "p must be in 0..64");
             goto fail;
         }
-        if (parse_runs(runs, &tb->fwd) < 0 || parse_runs(inv, &tb->inv) < 0)
+        if (ndx_parse_runs(runs, &tb->fwd) < 0 || ndx_parse_runs(inv, &tb->inv) < 0)
             goto fail;
         if (ndx_get_code(code, &tb->code) < 0)
             goto fail;
