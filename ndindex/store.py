@@ -116,7 +116,7 @@ def _translate(exc: lmdb.Error, path: str) -> NdindexError:
     if isinstance(exc, (lmdb.DiskError,)) or getattr(exc, "errno", None) == errno.ENOSPC \
             or "No space left" in str(exc):
         return CapacityError(f"{path}: disk full ({exc}); the last committed state is intact")
-    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError)):
+    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.IncompatibleError)):
         return FormatError(f"{path}: not an ndindex file ({exc})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError,
                         lmdb.PanicError)):
@@ -134,13 +134,16 @@ class Store:
     readers use :meth:`begin_read`.
     """
 
-    def __init__(self, path: str, env: lmdb.Environment, readonly: bool):
+    def __init__(self, path: str, env: lmdb.Environment, readonly: bool, create: bool = False):
         self.path = path
         self._env = env
         self.readonly = readonly
-        self.dbs = {name: env.open_db(name, create=False, dupsort=name in DUPSORT_DBS)
-                    for name in ALL_DBS} if readonly else {
-            name: env.open_db(name, dupsort=name in DUPSORT_DBS) for name in ALL_DBS}
+        # Sub-databases are created only with a new file: creating them in
+        # an existing one would write into a file that may not be ours
+        # before the header check can refuse it.
+        self.dbs = {name: env.open_db(name, create=create and not readonly,
+                                      dupsort=name in DUPSORT_DBS)
+                    for name in ALL_DBS}
         self._write_lock = threading.Lock()
 
     # -- opening -----------------------------------------------------------
@@ -175,7 +178,7 @@ class Store:
                 env = lmdb.open(path, lock=False, **kwargs)
             if exists:
                 _check_map_covers_file(env, path)
-            return cls(path, env, readonly)
+            return cls(path, env, readonly, create=not exists)
         except lmdb.NotFoundError as exc:
             raise FormatError(f"{path}: not an ndindex file (sub-database missing)") from exc
         except lmdb.Error as exc:
