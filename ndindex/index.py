@@ -334,9 +334,17 @@ class Index:
         return np.unique(np.concatenate(parts)).astype(np.uint64) if parts else EMPTY_U64
 
     def _read_removed(self, txn) -> np.ndarray:
+        # A tombstone's key is the removed fingerprint itself, so its
+        # checksum is checked before the key is used ([C3]): a flipped key
+        # bit would otherwise hide one fingerprint and revive another.
         cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
+        keys = []
         try:
-            keys = [bytes(k) for k in cur.iternext(keys=True, values=False)]
+            for key, value in cur:
+                key = bytes(key)
+                if bytes(value) != st.CRC.pack(_core.crc32c(key)):
+                    raise CorruptionError("tombstone checksum mismatch", database="removed", key=key)
+                keys.append(key)
         finally:
             cur.close()
         if not keys:
