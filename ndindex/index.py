@@ -145,6 +145,7 @@ class Index:
         self._check_lock = threading.Lock()
         self._pool = None
         self._runs = [(t.runs(), _inverse_runs(t)) for t in plan.tables]
+        store.before_remap = self._drop_snapshot
 
     # -- opening and closing ----------------------------------------------
 

@@ -145,6 +145,9 @@ class Store:
                                       dupsort=name in DUPSORT_DBS)
                     for name in ALL_DBS}
         self._write_lock = threading.Lock()
+        #: Called before the map is remapped at a new size, to drop every
+        #: buffer into the old map (Index sets it to drop its snapshot).
+        self.before_remap = None
 
     # -- opening -----------------------------------------------------------
 
@@ -203,7 +206,11 @@ class Store:
         try:
             return self.env.begin(buffers=True)
         except lmdb.MapResizedError:
-            # Another process grew the map: adopt its size and retry.
+            # Another process grew the map: adopt its size and retry.  The
+            # remap moves the map, so block addresses taken from the old one
+            # must go first (a reused snapshot would read unmapped pages).
+            if self.before_remap is not None:
+                self.before_remap()
             self.env.set_mapsize(0)
             return self.env.begin(buffers=True)
         except lmdb.Error as exc:
