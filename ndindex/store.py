@@ -114,7 +114,8 @@ def _translate(exc: lmdb.Error, path: str) -> NdindexError:
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
     if isinstance(exc, (lmdb.DiskError,)) or getattr(exc, "errno", None) == errno.ENOSPC \
-            or "No space left" in str(exc):
+            or "No space left" in str(exc) or os.strerror(errno.EFBIG) in str(exc) \
+            or (os.strerror(errno.EIO) in str(exc) and _out_of_space(path)):
         return CapacityError(f"{path}: disk full ({exc}); the last committed state is intact")
     if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.IncompatibleError)):
         return FormatError(f"{path}: not an ndindex file ({exc})")
@@ -124,6 +125,28 @@ def _translate(exc: lmdb.Error, path: str) -> NdindexError:
     if isinstance(exc, lmdb.ReadonlyError):
         return ReadOnlyError(f"{path}: opened read-only")
     return NdindexError(f"{path}: {exc}")
+
+
+#: A failed write with this little room left on the file system, or this
+#: close to the process's file size limit, is taken for a full disk.
+FULL_DISK_SLACK_BYTES = 1 << 20
+
+
+def _out_of_space(path: str) -> bool:
+    """Whether the file system or the file size limit (RLIMIT_FSIZE) is exhausted.
+
+    LMDB reports a short write as EIO rather than the ENOSPC or EFBIG that
+    caused it, so an EIO is read as a full disk only when the OS says so.
+    """
+    try:
+        vfs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        if vfs.f_bavail * vfs.f_frsize < FULL_DISK_SLACK_BYTES:
+            return True
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        return soft != resource.RLIM_INFINITY and os.path.getsize(path) + FULL_DISK_SLACK_BYTES > soft
+    except (OSError, ImportError, AttributeError):
+        return False
 
 
 class Store:
