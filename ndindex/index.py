@@ -595,6 +595,13 @@ class Index:
         rewritten = 0
         full_tables = 0
         new_entries = None
+        # The codes come from this transaction, not from self._codes: a
+        # retried or aborted transaction must not leave a code in memory
+        # that the file does not hold, and another process may have
+        # rebuilt the codes since this one last read them.  Snapshots
+        # reload the codes once the committed tables_generation moves.
+        codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
+                 for i in range(len(self.plan.tables))]
         for i, design in enumerate(self.plan.tables):
             view = tables.read_table(self._store, txn, i)
             new_p = np.sort(design.apply(new)) if len(new) else EMPTY_U64
@@ -604,21 +611,21 @@ class Index:
                 continue
             touched = _touched_blocks(view, new_p, gone_p)
             if rebuild_codes or not view.n_blocks or touched > FULL_REBUILD_FRACTION * view.n_blocks:
-                existing = tables.decode_table(view, self._codes[i]) if view.n_blocks else EMPTY_U64
+                existing = tables.decode_table(view, codes[i]) if view.n_blocks else EMPTY_U64
                 merged = tables.merge_sorted(existing, new_p, gone_p)
                 if rebuild_codes:
-                    self._codes[i] = HuffmanCode.from_values(merged, self._codes[i].coding,
-                                                             expected_n=self._header["expected_n"]
-                                                             if not len(merged) else None)
-                    self._store.put_framed(txn, st.DB_META, st.code_key(i), self._codes[i].to_bytes())
-                enc = codec.encode(merged, self._codes[i])
+                    codes[i] = HuffmanCode.from_values(merged, codes[i].coding,
+                                                       expected_n=self._header["expected_n"]
+                                                       if not len(merged) else None)
+                    self._store.put_framed(txn, st.DB_META, st.code_key(i), codes[i].to_bytes())
+                enc = codec.encode(merged, codes[i])
                 tables.delete_table(txn, self._store, i)
                 tables.write_blocks(txn, self._store, i, enc.keys, enc.blocks)
                 rewritten += enc.n_blocks
                 full_tables += 1
                 count = len(merged)
             else:
-                n, delta = tables.rewrite_incremental(txn, self._store, i, view, self._codes[i],
+                n, delta = tables.rewrite_incremental(txn, self._store, i, view, codes[i],
                                                       new_p, gone_p)
                 rewritten += n
                 count = entries + delta
