@@ -92,6 +92,9 @@ class Snapshot:
     log_tables: list      # per table: sorted permuted log
     removed: np.ndarray   # sorted unpermuted tombstones
     kernel: object        # _core snapshot capsule
+    #: Serialises cursors on ``txn``: threads share a snapshot, and an LMDB
+    #: transaction is used by one thread at a time (py-lmdb sets MDB_NOTLS).
+    txn_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _as_fingerprints(fps) -> np.ndarray:
@@ -386,7 +389,7 @@ class Index:
         dists = list(dist_bytes)
         if not keys or not fps:
             return [Match(f, d, ()) for f, d in zip(fps, dists)]
-        return [Match(f, d, ks) for f, d, ks in zip(fps, dists, self._keys_of(fps))]
+        return [Match(f, d, ks) for f, d, ks in zip(fps, dists, self._keys_of(fps, snap))]
 
     def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
         """Answer query() for a batch; return one structured array of all matches.
@@ -416,11 +419,22 @@ class Index:
         fp = _check_fingerprint(fingerprint)
         return self._keys_of([fp])[0]
 
-    def _keys_of(self, fps) -> list[tuple]:
-        # A transaction of its own: the snapshot's may be in use by other
-        # threads, and LMDB transactions are single-threaded.
-        out = []
+    def _keys_of(self, fps, snap: Snapshot | None = None) -> list[tuple]:
+        # With a snapshot, its own transaction, so that the keys belong to
+        # the same committed state as the fingerprints found in it (a fresh
+        # transaction could see a later remove or add); other threads may
+        # share the snapshot, so its lock is held while the cursor lives.
+        if snap is not None:
+            with snap.txn_lock:
+                return self._keys_in(snap.txn, fps)
         txn = self._store.begin_read()
+        try:
+            return self._keys_in(txn, fps)
+        finally:
+            txn.abort()
+
+    def _keys_in(self, txn, fps) -> list[tuple]:
+        out = []
         cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
         try:
             for fp in fps:
@@ -432,7 +446,6 @@ class Index:
                 out.append(tuple(sorted(found, key=lambda v: (isinstance(v, str), v))))
         finally:
             cur.close()
-            txn.abort()
         return out
 
     def __contains__(self, fingerprint) -> bool:
