@@ -27,7 +27,7 @@ import numpy as np
 from ndindex.index import Index
 
 N_BATCHES = 120
-N_READER_THREADS = 3
+N_READER_THREADS = 2
 
 
 def seeds() -> np.ndarray:
@@ -177,3 +177,39 @@ def test_readers_see_only_committed_states_while_writer_adds_removes_and_compact
     with Index.open(path) as final:
         final.verify()
         Checker().check(final.query_many(seeds(), k=2))
+
+
+def test_query_keys_come_from_the_same_snapshot_as_the_fingerprints(tmp_path):
+    # A writer removes and re-adds keyed fingerprints; a match must always
+    # carry its keys, never those of a later state (none, after a remove).
+    ix = Index.create(tmp_path / "keys.ndx", k=2, expected_n=1000, log_limit=1 << 20)
+    fps, keys = [1000, 1001, 1003], ["a", "b", "c"]
+    ix.add(fps, keys=keys)
+    stop, errors, seen = threading.Event(), [], [0]
+
+    def write():
+        try:
+            for _ in range(100):
+                ix.remove(fps)
+                ix.add(fps, keys=keys)
+        finally:
+            stop.set()
+
+    def read():
+        try:
+            while not stop.is_set():
+                for m in ix.query(1000, 2):
+                    assert m.keys == (keys[fps.index(m.fingerprint)],), m
+                    seen[0] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    ix.close()
+    if errors:
+        raise errors[0]
+    assert seen[0] > 0
