@@ -92,6 +92,9 @@ class Snapshot:
     log_tables: list      # per table: sorted permuted log
     removed: np.ndarray   # sorted unpermuted tombstones
     kernel: object        # _core snapshot capsule
+    #: Serialises cursors on ``txn``: threads share a snapshot, and an LMDB
+    #: transaction is used by one thread at a time (py-lmdb sets MDB_NOTLS).
+    txn_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def _as_fingerprints(fps) -> np.ndarray:
@@ -147,6 +150,7 @@ class Index:
         self._check_lock = threading.Lock()
         self._pool = None
         self._runs = [(t.runs(), _inverse_runs(t)) for t in plan.tables]
+        store.before_remap = self._drop_snapshot
 
     # -- opening and closing ----------------------------------------------
 
@@ -341,9 +345,17 @@ class Index:
         return sorted_unique(np.concatenate(parts)) if parts else EMPTY_U64
 
     def _read_removed(self, txn) -> np.ndarray:
+        # A tombstone's key is the removed fingerprint itself, so its
+        # checksum is checked before the key is used ([C3]): a flipped key
+        # bit would otherwise hide one fingerprint and revive another.
         cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
+        keys = []
         try:
-            keys = [bytes(k) for k in cur.iternext(keys=True, values=False)]
+            for key, value in cur:
+                key = bytes(key)
+                if bytes(value) != st.CRC.pack(_core.crc32c(key)):
+                    raise CorruptionError("tombstone checksum mismatch", database="removed", key=key)
+                keys.append(key)
         finally:
             cur.close()
         if not keys:
@@ -378,12 +390,13 @@ class Index:
         """
         q = _check_fingerprint(fingerprint)
         k = self._check_k(k)
-        found = _core.query(self._snapshot().kernel, q, k)
+        snap = self._snapshot()
+        found = _core.query(snap.kernel, q, k)
         if not found:
             return []
         if not keys:
             return [Match(f, d, ()) for f, d in found]
-        return [Match(f, d, ks) for (f, d), ks in zip(found, self._keys_of([f for f, _ in found]))]
+        return [Match(f, d, ks) for (f, d), ks in zip(found, self._keys_of([f for f, _ in found], snap))]
 
     def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
         """Answer query() for a batch; return one structured array of all matches.
@@ -413,11 +426,22 @@ class Index:
         fp = _check_fingerprint(fingerprint)
         return self._keys_of([fp])[0]
 
-    def _keys_of(self, fps) -> list[tuple]:
-        # A transaction of its own: the snapshot's may be in use by other
-        # threads, and LMDB transactions are single-threaded.
-        out = []
+    def _keys_of(self, fps, snap: Snapshot | None = None) -> list[tuple]:
+        # With a snapshot, its own transaction, so that the keys belong to
+        # the same committed state as the fingerprints found in it (a fresh
+        # transaction could see a later remove or add); other threads may
+        # share the snapshot, so its lock is held while the cursor lives.
+        if snap is not None:
+            with snap.txn_lock:
+                return self._keys_in(snap.txn, fps)
         txn = self._store.begin_read()
+        try:
+            return self._keys_in(txn, fps)
+        finally:
+            txn.abort()
+
+    def _keys_in(self, txn, fps) -> list[tuple]:
+        out = []
         cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
         try:
             for fp in fps:
@@ -429,7 +453,6 @@ class Index:
                 out.append(tuple(sorted(found, key=lambda v: (isinstance(v, str), v))))
         finally:
             cur.close()
-            txn.abort()
         return out
 
     def __contains__(self, fingerprint) -> bool:
@@ -591,6 +614,13 @@ class Index:
         rewritten = 0
         full_tables = 0
         new_entries = None
+        # The codes come from this transaction, not from self._codes: a
+        # retried or aborted transaction must not leave a code in memory
+        # that the file does not hold, and another process may have
+        # rebuilt the codes since this one last read them.  Snapshots
+        # reload the codes once the committed tables_generation moves.
+        codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
+                 for i in range(len(self.plan.tables))]
         for i, design in enumerate(self.plan.tables):
             view = tables.read_table(self._store, txn, i)
             new_p = np.sort(design.apply(new)) if len(new) else EMPTY_U64
@@ -600,21 +630,21 @@ class Index:
                 continue
             touched = _touched_blocks(view, new_p, gone_p)
             if rebuild_codes or not view.n_blocks or touched > FULL_REBUILD_FRACTION * view.n_blocks:
-                existing = tables.decode_table(view, self._codes[i]) if view.n_blocks else EMPTY_U64
+                existing = tables.decode_table(view, codes[i]) if view.n_blocks else EMPTY_U64
                 merged = merge_sorted(existing, new_p, gone_p)
                 if rebuild_codes:
-                    self._codes[i] = HuffmanCode.from_values(merged, self._codes[i].coding,
-                                                             expected_n=self._header["expected_n"]
-                                                             if not len(merged) else None)
-                    self._store.put_framed(txn, st.DB_META, st.code_key(i), self._codes[i].to_bytes())
-                enc = codec.encode(merged, self._codes[i])
+                    codes[i] = HuffmanCode.from_values(merged, codes[i].coding,
+                                                       expected_n=self._header["expected_n"]
+                                                       if not len(merged) else None)
+                    self._store.put_framed(txn, st.DB_META, st.code_key(i), codes[i].to_bytes())
+                enc = codec.encode(merged, codes[i])
                 tables.delete_table(txn, self._store, i)
                 tables.write_blocks(txn, self._store, i, enc.keys, enc.blocks)
                 rewritten += enc.n_blocks
                 full_tables += 1
                 count = len(merged)
             else:
-                n, delta = tables.rewrite_incremental(txn, self._store, i, view, self._codes[i],
+                n, delta = tables.rewrite_incremental(txn, self._store, i, view, codes[i],
                                                       new_p, gone_p)
                 rewritten += n
                 count = entries + delta

@@ -114,9 +114,10 @@ def translate_error(exc: Exception, path: str) -> Exception:
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
     if isinstance(exc, (lmdb.DiskError,)) or getattr(exc, "errno", None) == errno.ENOSPC \
-            or "No space left" in str(exc):
+            or "No space left" in str(exc) or os.strerror(errno.EFBIG) in str(exc) \
+            or (os.strerror(errno.EIO) in str(exc) and _out_of_space(path)):
         return CapacityError(f"{path}: disk full ({exc}); the last committed state is intact")
-    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError)):
+    if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.IncompatibleError)):
         return FormatError(f"{path}: not an ndindex file ({exc})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError,
                         lmdb.PanicError)):
@@ -128,6 +129,28 @@ def translate_error(exc: Exception, path: str) -> Exception:
     return NdindexError(f"{path}: {exc}")
 
 
+#: A failed write with this little room left on the file system, or this
+#: close to the process's file size limit, is taken for a full disk.
+FULL_DISK_SLACK_BYTES = 1 << 20
+
+
+def _out_of_space(path: str) -> bool:
+    """Whether the file system or the file size limit (RLIMIT_FSIZE) is exhausted.
+
+    LMDB reports a short write as EIO rather than the ENOSPC or EFBIG that
+    caused it, so an EIO is read as a full disk only when the OS says so.
+    """
+    try:
+        vfs = os.statvfs(os.path.dirname(os.path.abspath(path)))
+        if vfs.f_bavail * vfs.f_frsize < FULL_DISK_SLACK_BYTES:
+            return True
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        return soft != resource.RLIM_INFINITY and os.path.getsize(path) + FULL_DISK_SLACK_BYTES > soft
+    except (OSError, ImportError, AttributeError):
+        return False
+
+
 class Store:
     """An open index file: the LMDB environment and its sub-databases.
 
@@ -136,14 +159,20 @@ class Store:
     readers use :meth:`begin_read`.
     """
 
-    def __init__(self, path: str, env: lmdb.Environment, readonly: bool):
+    def __init__(self, path: str, env: lmdb.Environment, readonly: bool, create: bool = False):
         self.path = path
         self._env = env
         self.readonly = readonly
-        self.dbs = {name: env.open_db(name, create=False, dupsort=name in DUPSORT_DBS)
-                    for name in ALL_DBS} if readonly else {
-            name: env.open_db(name, dupsort=name in DUPSORT_DBS) for name in ALL_DBS}
+        # Sub-databases are created only with a new file: creating them in
+        # an existing one would write into a file that may not be ours
+        # before the header check can refuse it.
+        self.dbs = {name: env.open_db(name, create=create and not readonly,
+                                      dupsort=name in DUPSORT_DBS)
+                    for name in ALL_DBS}
         self._write_lock = threading.Lock()
+        #: Called before the map is remapped at a new size, to drop every
+        #: buffer into the old map (Index sets it to drop its snapshot).
+        self.before_remap = None
 
     # -- opening -----------------------------------------------------------
 
@@ -177,7 +206,7 @@ class Store:
                 env = lmdb.open(path, lock=False, **kwargs)
             if exists:
                 _check_map_covers_file(env, path)
-            return cls(path, env, readonly)
+            return cls(path, env, readonly, create=not exists)
         except lmdb.NotFoundError as exc:
             raise FormatError(f"{path}: not an ndindex file (sub-database missing)") from exc
         except lmdb.Error as exc:
@@ -202,7 +231,11 @@ class Store:
         try:
             return self.env.begin(buffers=True)
         except lmdb.MapResizedError:
-            # Another process grew the map: adopt its size and retry.
+            # Another process grew the map: adopt its size and retry.  The
+            # remap moves the map, so block addresses taken from the old one
+            # must go first (a reused snapshot would read unmapped pages).
+            if self.before_remap is not None:
+                self.before_remap()
             self.env.set_mapsize(0)
             return self.env.begin(buffers=True)
         except lmdb.Error as exc:

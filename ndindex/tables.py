@@ -125,8 +125,20 @@ def read_table(store: Store, txn, table: int) -> TableView:
 
 
 def decode_table(view: TableView, code: codec.HuffmanCode) -> np.ndarray:
-    """Decode every block of a table, in order (verifying checksums)."""
-    parts = [codec.decode(view.segment_blocks(i), code) for i in range(len(view.segments))]
+    """Decode every block of a table, in order (verifying checksums).
+
+    Raises CorruptionError naming the segment (database, key, and offset
+    inside its value) of the first bad block.
+    """
+    parts = []
+    for i, (key, _, _) in enumerate(view.segments):
+        try:
+            parts.append(codec.decode(view.segment_blocks(i), code))
+        except CorruptionError as exc:
+            # The codec knows only the block's place in the buffer it was given.
+            reason = str(exc).rsplit(" (database=", 1)[0]
+            offset = None if exc.offset is None else SEGMENT_HEADER_BYTES + exc.offset
+            raise CorruptionError(reason, database="segments", key=key, offset=offset) from exc
     return np.concatenate(parts) if parts else np.empty(0, np.uint64)
 
 

@@ -1,0 +1,218 @@
+"""Readers in threads and in another process see only committed states while one writer works.
+
+The writer runs a fixed sequence of operations: add batch b, now and then
+remove an earlier batch whole, compact every few batches (and add()
+compacts by itself, the log limit being small).  Each batch is a seed
+fingerprint and near-duplicates of it, all within distance 2, so one
+query for the seed at k=2 finds the whole batch if it is visible.
+
+A reader asks for every seed in one query_many() call, which answers from
+one snapshot, and checks that each batch is all there or all absent and
+that the set of visible batches is the state after some prefix of the
+operations, never earlier than the prefix it saw last.  Any exception in
+any thread or process fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+
+from ndindex.index import Index
+
+N_BATCHES = 120
+N_READER_THREADS = 2
+
+
+def seeds() -> np.ndarray:
+    return np.random.default_rng(17).integers(0, 2**64, N_BATCHES, dtype=np.uint64)
+
+
+def batch(b: int) -> np.ndarray:
+    """The seed of batch b and near-duplicates of it (1 and 2 bits away)."""
+    rng = np.random.default_rng([17, b])
+    seed = seeds()[b]
+    bits = rng.choice(64, size=12, replace=False).astype(np.uint64)
+    one = seed ^ (np.uint64(1) << bits)
+    two = seed ^ (np.uint64(1) << bits[:6]) ^ (np.uint64(1) << bits[6:])
+    return np.unique(np.concatenate([[seed], one, two]))
+
+
+def operations() -> list[tuple[str, int]]:
+    ops = []
+    for b in range(N_BATCHES):
+        ops.append(("add", b))
+        if b % 5 == 4:
+            ops.append(("remove", b - 3))
+        if b % 9 == 8:
+            ops.append(("compact", b % 27 == 26))
+    return ops
+
+
+def states() -> list[frozenset]:
+    """The visible batches after 0, 1, 2, ... operations."""
+    out, now = [frozenset()], set()
+    for op, arg in operations():
+        if op == "add":
+            now.add(arg)
+        elif op == "remove":
+            now.discard(arg)
+        out.append(frozenset(now))
+    return out
+
+
+def run_writer(ix: Index, pause: float = 0.002) -> None:
+    for op, arg in operations():
+        if op == "add":
+            ix.add(batch(arg), keys=[f"{arg}/{i}" for i in range(len(batch(arg)))])
+        elif op == "remove":
+            ix.remove(batch(arg))
+        else:
+            ix.compact(full=arg)
+        time.sleep(pause)
+
+
+class Checker:
+    """Checks successive query_many() answers against the writer's states."""
+
+    def __init__(self):
+        self.states = states()
+        self.sizes = [len(batch(b)) for b in range(N_BATCHES)]
+        self.owner = {int(fp): b for b in range(N_BATCHES) for fp in batch(b)}
+        self.at = 0
+        self.checks = 0
+
+    def check(self, found: np.ndarray) -> None:
+        counts = np.zeros(N_BATCHES, dtype=np.int64)
+        for q, fp in zip(found["query"].tolist(), found["fingerprint"].tolist()):
+            b = self.owner.get(fp)
+            assert b is not None, f"fingerprint {fp:#x} was never added"
+            if b == q:
+                counts[q] += 1
+        partial = [b for b in range(N_BATCHES) if counts[b] not in (0, self.sizes[b])]
+        assert not partial, f"batches seen in part: {[(b, counts[b]) for b in partial]}"
+        visible = frozenset(int(b) for b in np.flatnonzero(counts))
+        later = [j for j in range(self.at, len(self.states)) if self.states[j] == visible]
+        assert later, f"visible batches {sorted(visible)} are no state at or after {self.at}"
+        self.at = later[0]
+        self.checks += 1
+
+
+def read_until(ix: Index, done: threading.Event, errors: list, checks: list) -> None:
+    checker = Checker()
+    queries = seeds()
+    try:
+        while not done.is_set():
+            checker.check(ix.query_many(queries, k=2))
+            b = int(np.random.default_rng(checker.checks).integers(N_BATCHES))
+            got = ix.query(int(queries[b]), 2)
+            assert len(got) in (0, len(batch(b))), f"batch {b}: {len(got)} of {len(batch(b))}"
+            keys_of = {int(fp): (f"{b}/{i}",) for i, fp in enumerate(batch(b))}
+            for m in got:
+                assert m.keys == keys_of[m.fingerprint], (b, m)
+        checker.check(ix.query_many(queries, k=2))
+        assert checker.at == len(checker.states) - 1, "the final state was not seen"
+        checks.append(checker.checks)
+    except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+        errors.append(exc)
+
+
+READER_PROCESS = textwrap.dedent("""
+    import sys, threading, time
+    sys.path.insert(0, sys.argv[2])
+    from test_concurrency import read_until
+    from ndindex.index import Index
+    ix = Index.open(sys.argv[1], readonly=True)
+    done, errors, checks = threading.Event(), [], []
+    threads = [threading.Thread(target=read_until, args=(ix, done, errors, checks))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    print("reading", flush=True)
+    sys.stdin.readline()  # the writer finished
+    done.set()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    print("checks", sum(checks), flush=True)
+""")
+
+
+def test_readers_see_only_committed_states_while_writer_adds_removes_and_compacts(tmp_path):
+    path = str(tmp_path / "shared.ndx")
+    ix = Index.create(path, k=2, expected_n=5000, log_limit=150)
+    reader = subprocess.Popen([sys.executable, "-c", READER_PROCESS, path, os.path.dirname(__file__)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        assert reader.stdout.readline().strip() == "reading", reader.stderr.read()
+        done, errors, checks = threading.Event(), [], []
+        threads = [threading.Thread(target=read_until, args=(ix, done, errors, checks))
+                   for _ in range(N_READER_THREADS)]
+        for t in threads:
+            t.start()
+        try:
+            run_writer(ix)
+        finally:
+            done.set()
+            for t in threads:
+                t.join(timeout=60)
+        out, err = reader.communicate("done\n", timeout=60)
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+        ix.close()
+    if errors:
+        raise errors[0]
+    assert reader.returncode == 0, err
+    # Each reader checks once more after the writer is done; more checks
+    # than that means answers were checked while the writer worked.  (No
+    # fixed count: on a loaded machine the writer may finish quickly.)
+    assert len(checks) == N_READER_THREADS and sum(checks) > N_READER_THREADS, checks
+    assert int(out.split()[-1]) >= 2, out
+    with Index.open(path) as final:
+        final.verify()
+        Checker().check(final.query_many(seeds(), k=2))
+
+
+def test_query_keys_come_from_the_same_snapshot_as_the_fingerprints(tmp_path):
+    # A writer removes and re-adds keyed fingerprints; a match must always
+    # carry its keys, never those of a later state (none, after a remove).
+    ix = Index.create(tmp_path / "keys.ndx", k=2, expected_n=1000, log_limit=1 << 20)
+    fps, keys = [1000, 1001, 1003], ["a", "b", "c"]
+    ix.add(fps, keys=keys)
+    stop, errors, seen = threading.Event(), [], [0]
+
+    def write():
+        try:
+            for _ in range(100):
+                ix.remove(fps)
+                ix.add(fps, keys=keys)
+        finally:
+            stop.set()
+
+    def read():
+        try:
+            while not stop.is_set():
+                for m in ix.query(1000, 2):
+                    assert m.keys == (keys[fps.index(m.fingerprint)],), m
+                    seen[0] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write)] + [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    ix.close()
+    if errors:
+        raise errors[0]
+    assert seen[0] > 0
