@@ -520,8 +520,16 @@ class Index:
                 state.log_entries += len(distinct)
             self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
 
-        self._store.write(body, before_grow=self._drop_snapshot)
+        # A compaction writes every table again beside the old one (copy on write).
+        t = len(self.plan.tables)
+        self._store.write(body, before_grow=self._drop_snapshot,
+                          expect_bytes=8 * len(distinct) * (t + 2)
+                          + (8 * t * self._table_entries_hint() if len(distinct) >= self.log_limit else 0))
         return len(fps)
+
+    def _table_entries_hint(self) -> int:
+        snap = self._snap
+        return snap.state.table_entries if snap is not None else 0
 
     def check_and_add(self, fingerprint: int, key=None, k: int | None = None) -> list[Match]:
         """Return the near-duplicates of fingerprint; add it only if there are none.
@@ -597,7 +605,9 @@ class Index:
             report.update(self._compact_txn(txn, state, extra=EMPTY_U64, full=full))
             self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
 
-        self._store.write(body, before_grow=self._drop_snapshot)
+        t = len(self.plan.tables)
+        self._store.write(body, before_grow=self._drop_snapshot,
+                          expect_bytes=8 * t * (self._table_entries_hint() + len(self._snapshot().log_values)))
         report["seconds"] = time.perf_counter() - t0
         return report
 

@@ -50,6 +50,8 @@ CRC = struct.Struct("<I")
 U64_BE = struct.Struct(">Q")
 
 INITIAL_MAP_SIZE_BYTES = 64 << 20
+#: Grow the map before a large write (tests turn it off to reach the retry path).
+PREGROW_MAP = True
 #: LMDB keys are at most 511 bytes; a document key also carries a type byte
 #: and, in the docs database, a checksum.
 MAX_DOC_KEY_BYTES = 500
@@ -241,18 +243,28 @@ class Store:
         except lmdb.Error as exc:
             raise translate_error(exc, self.path) from exc
 
-    def write(self, body, before_grow=None):
+    def write(self, body, before_grow=None, expect_bytes: int = 0):
         """Run body(txn) in one write transaction and commit it durably.
 
-        If the map fills up, the transaction is aborted, ``before_grow`` is
-        called (to drop read snapshots, which LMDB requires before a resize),
-        the map doubles, and body runs again from the start; body must be
-        safe to repeat.  A full disk raises CapacityError with nothing lost:
-        the aborted transaction leaves the last committed state intact.
+        expect_bytes, an estimate of the pages body will write, lets the map
+        grow before the transaction starts.  If the map fills up anyway, the
+        transaction is aborted, ``before_grow`` is called (to drop read
+        snapshots, which LMDB requires before a resize), the map doubles,
+        and body runs again from the start; body must be safe to repeat.  A
+        full disk raises CapacityError with nothing lost: the aborted
+        transaction leaves the last committed state intact.
         """
         if self.readonly:
             raise ReadOnlyError(f"{self.path}: opened read-only")
         with self._write_lock:
+            # Growing first saves re-running a large body after MapFullError.
+            # The map is address space, not disk: LMDB extends the file only
+            # as pages are written, so generous sizes cost nothing.
+            need = self.used_bytes() + 2 * expect_bytes
+            if PREGROW_MAP and need > self.env.info()["map_size"]:
+                if before_grow is not None:
+                    before_grow()
+                self.env.set_mapsize(max(need, 2 * self.env.info()["map_size"]))
             for _attempt in range(40):
                 try:
                     with self.env.begin(write=True) as txn:

@@ -312,6 +312,7 @@ def test_map_grows_during_a_compaction_that_rebuilds_codes(tmp_path, monkeypatch
     # aborted and run again on a larger map, and the retry must decode the
     # old blocks with the old codes, not the ones the aborted attempt made.
     monkeypatch.setattr(st, "INITIAL_MAP_SIZE_BYTES", 256 << 10)
+    monkeypatch.setattr(st, "PREGROW_MAP", False)
     p = str(tmp_path / "grow.ndx")
     rng = np.random.default_rng(5)
     with Index.create(p, k=K, expected_n=1000, log_limit=1 << 30) as index:
