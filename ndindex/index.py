@@ -139,12 +139,13 @@ class Index:
     """
 
     def __init__(self, store: st.Store, header: dict, plan: plans.Plan, codes: list,
-                 log_limit: int):
+                 log_limit: int, preload: bool = False):
         self._store = store
         self._header = header
         self.plan = plan
         self._codes = codes
         self.log_limit = log_limit
+        self._preload = bool(preload)
         self._snap: Snapshot | None = None
         self._snap_lock = threading.Lock()
         self._check_lock = threading.Lock()
@@ -204,8 +205,14 @@ class Index:
         return cls(store, header, plan, codes, log_limit)
 
     @classmethod
-    def open(cls, path, *, readonly: bool = False, log_limit: int = DEFAULT_LOG_LIMIT) -> "Index":
+    def open(cls, path, *, readonly: bool = False, log_limit: int = DEFAULT_LOG_LIMIT,
+             preload: bool = False) -> "Index":
         """Open an existing index file with its stored plan and codes.
+
+        preload=True decodes the tables into memory (8 bytes per fingerprint
+        per table) when a snapshot is first built after each compaction;
+        queries then search plain arrays instead of decoding blocks, several
+        times faster for large batches.  The file stays the only storage.
 
         Raises FileNotFoundError, FormatError (not an index, or a newer
         format), CorruptionError (damaged records or a truncated file).  A
@@ -236,7 +243,13 @@ class Index:
         except BaseException:
             store.close()
             raise
-        return cls(store, header, plan, codes, log_limit)
+        return cls(store, header, plan, codes, log_limit, preload)
+
+    def preload(self, enable: bool = True) -> None:
+        """Keep decoded copies of the tables in memory (see :meth:`open`), or stop."""
+        with self._snap_lock:
+            self._preload = bool(enable)
+            self._snap = None
 
     def close(self) -> None:
         """Close the index.  Idempotent; later calls raise ClosedError."""
@@ -318,9 +331,14 @@ class Index:
             removed = old.removed
         else:
             removed = self._read_removed(txn)
+        if self._preload:
+            for view, code in zip(views, self._codes):
+                if view.decoded is None:
+                    view.decoded = tables.decode_table(view, code)
         kernel = _core.make_snapshot(
             [(t.prefix_bits, fwd, inv, self._codes[i].compiled, views[i].keys, views[i].addresses,
-              log_tables[i]) for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
+              log_tables[i], views[i].decoded if self._preload else None)
+             for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
             removed)
         return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel)
 
@@ -474,7 +492,7 @@ class Index:
         fwd, inv = self._runs[0]
         table_only = _core.make_snapshot(
             [(64, fwd, inv, self._codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
-              EMPTY_U64)], EMPTY_U64)
+              EMPTY_U64, snap.views[0].decoded if self._preload else None)], EMPTY_U64)
         qidx, _, _ = _core.query_many(table_only, values, 0)
         mask = np.zeros(len(values), dtype=bool)
         mask[np.frombuffer(qidx, dtype=np.int64)] = True

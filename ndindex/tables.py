@@ -79,6 +79,7 @@ class TableView:
     addresses: np.ndarray
     segments: list
     values: list
+    decoded: np.ndarray | None = None  # the whole table, when the index preloads
 
     @property
     def n_blocks(self) -> int:

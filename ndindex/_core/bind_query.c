@@ -79,8 +79,9 @@ static int get_u64_view(PyObject *obj, Py_buffer *view, const char *what) {
 
 PyDoc_STRVAR(make_snapshot_doc,
              "make_snapshot(tables, removed) -> capsule\n\n"
-             "tables: sequence of (p, runs, inverse_runs, code, keys, block_addresses, log)\n"
-             "with keys, block_addresses and log uint64 buffers (log sorted, permuted);\n"
+             "tables: sequence of (p, runs, inverse_runs, code, keys, block_addresses, log,\n"
+             "decoded) with uint64 buffers (log sorted and permuted; decoded, the whole\n"
+             "table when preloaded, else None);\n"
              "removed: sorted uint64 buffer of unpermuted values never to report.\n"
              "The caller must keep the memory the block addresses point to alive\n"
              "for as long as the snapshot is used.");
@@ -99,7 +100,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     box->s.ntables = (int)nt;
     box->s.tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
-    box->views = PyMem_Calloc(3 * nt + 1, sizeof(Py_buffer));
+    box->views = PyMem_Calloc(4 * nt + 1, sizeof(Py_buffer));
     box->codes = PyTuple_New(nt);
     PyObject *cap = NULL;
     if (!box->s.tables || !box->views || !box->codes) {
@@ -108,9 +109,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t t = 0; t < nt; t++) {
         query_table *tb = &box->s.tables[t];
-        PyObject *p, *runs, *inv, *code, *keys, *addrs, *log;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, t), "OOOOOOO", &p, &runs, &inv,
-                              &code, &keys, &addrs, &log))
+        PyObject *p, *runs, *inv, *code, *keys, *addrs, *log, *decoded;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, t), "OOOOOOOO", &p, &runs, &inv,
+                              &code, &keys, &addrs, &log, &decoded))
             goto fail;
         tb->p = (int)PyLong_AsLong(p);
         if (tb->p < 0 || tb->p > 64) {
@@ -143,6 +144,13 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         tb->block_addr = v[1].buf;
         tb->nlog = (size_t)v[2].len / 8;
         tb->log = v[2].buf;
+        if (decoded != Py_None) {
+            if (get_u64_view(decoded, &v[3], "decoded") < 0)
+                goto fail;
+            box->nviews++;
+            tb->ndecoded = (size_t)v[3].len / 8;
+            tb->decoded = v[3].buf;
+        }
     }
     Py_buffer *rv = &box->views[box->nviews];
     if (get_u64_view(removed, rv, "removed") < 0)

@@ -73,7 +73,15 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
-        for (size_t b = lower_bound(tb->keys, tb->nblocks, lo); b < tb->nblocks; b++) {
+        if (tb->decoded) {
+            for (size_t i = lower_bound(tb->decoded, tb->ndecoded, lo);
+                 i < tb->ndecoded && tb->decoded[i] <= hi; i++)
+                if (__builtin_popcountll(tb->decoded[i] ^ qp) <= k)
+                    if (add_candidate(out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
+                        return QUERY_NOMEM;
+        }
+        for (size_t b = tb->decoded ? tb->nblocks : lower_bound(tb->keys, tb->nblocks, lo);
+             b < tb->nblocks; b++) {
             long n = codec_probe(tb->code, (const uint8_t *)(uintptr_t)tb->block_addr[b], qp,
                                  tb->p, k, found, sizeof found / sizeof found[0]);
             if (n < 0) {

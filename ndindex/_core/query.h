@@ -23,6 +23,10 @@ typedef struct {
     const uint64_t *block_addr; /* address of each 1024-byte block */
     size_t nlog;
     const uint64_t *log; /* permuted log values, sorted */
+    /* When the table is preloaded: all its values, decoded and sorted; the
+     * blocks are then not read. */
+    size_t ndecoded;
+    const uint64_t *decoded;
 } query_table;
 
 typedef struct {

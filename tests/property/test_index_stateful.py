@@ -1,7 +1,8 @@
 """Hypothesis state machine: the index against an in-memory model.
 
 Operations: add (with and without keys), remove by fingerprint and by key,
-compact (incremental and full), reopen, query (one and many).  After every
+compact (incremental and full), preload on or off, reopen, query (one and
+many).  After every
 step queries equal brute force over the model, and verify() passes after
 mutations.  Values come from a few tight clusters, so near-duplicates,
 repeated adds and removals of present values are common.
@@ -67,6 +68,10 @@ class IndexMachine(RuleBasedStateMachine):
     def compact(self, full):
         self.ix.compact(full=full)
         self.ix.verify()
+
+    @rule(enable=st.booleans())
+    def preload(self, enable):
+        self.ix.preload(enable)
 
     @rule()
     def reopen(self):

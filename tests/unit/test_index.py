@@ -25,9 +25,10 @@ def check_queries(ix, stored, queries, k):
         assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want
 
 
+@pytest.mark.parametrize("preload", [False, True], ids=["mapped", "preloaded"])
 @pytest.mark.parametrize("data", ["random", "clustered"])
 @pytest.mark.parametrize("where", ["log", "tables", "both"])
-def test_queries_match_brute_force(path, data, where):
+def test_queries_match_brute_force(path, data, where, preload):
     rng = np.random.default_rng(1)
     if data == "random":
         fps = rng.integers(0, 2**64, size=30000, dtype=np.uint64)
@@ -43,6 +44,7 @@ def test_queries_match_brute_force(path, data, where):
         ix.add(fps[:20000])
         ix.compact()
         ix.add(fps[20000:])
+    ix.preload(preload)
     queries = np.concatenate([near(rng, fps, 150, 3), rng.integers(0, 2**64, 50, dtype=np.uint64)])
     for k in (0, 1, 3):
         check_queries(ix, fps, queries, k)
