@@ -333,11 +333,10 @@ class Index:
             removed = self._read_removed(txn)
         if self._preload:
             for view, code in zip(views, self._codes):
-                if view.decoded is None:
-                    view.decoded = tables.decode_table(view, code)
+                view.preload(code)
         kernel = _core.make_snapshot(
             [(t.prefix_bits, fwd, inv, self._codes[i].compiled, views[i].keys, views[i].addresses,
-              log_tables[i], views[i].decoded if self._preload else None)
+              log_tables[i], *((views[i].decoded, views[i].offsets) if self._preload else (None, None)))
              for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
             removed)
         return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel)
@@ -492,7 +491,7 @@ class Index:
         fwd, inv = self._runs[0]
         table_only = _core.make_snapshot(
             [(64, fwd, inv, self._codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
-              EMPTY_U64, snap.views[0].decoded if self._preload else None)], EMPTY_U64)
+              EMPTY_U64, None, None)], EMPTY_U64)
         qidx, _, _ = _core.query_many(table_only, values, 0)
         mask = np.zeros(len(values), dtype=bool)
         mask[np.frombuffer(qidx, dtype=np.int64)] = True

@@ -80,6 +80,16 @@ class TableView:
     segments: list
     values: list
     decoded: np.ndarray | None = None  # the whole table, when the index preloads
+    offsets: np.ndarray | None = None  # where each block starts in decoded, plus the end
+
+    def preload(self, code: codec.HuffmanCode) -> None:
+        """Decode the whole table into memory (``decoded`` and ``offsets``)."""
+        if self.decoded is None:
+            self.decoded = decode_table(self, code)
+            counts = np.concatenate([codec.block_counts(self.segment_blocks(i))
+                                     for i in range(len(self.segments))]) if self.segments \
+                else np.empty(0, np.uint16)
+            self.offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.uint64)]).astype(np.uint64)
 
     @property
     def n_blocks(self) -> int:

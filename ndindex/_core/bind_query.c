@@ -80,8 +80,9 @@ static int get_u64_view(PyObject *obj, Py_buffer *view, const char *what) {
 PyDoc_STRVAR(make_snapshot_doc,
              "make_snapshot(tables, removed) -> capsule\n\n"
              "tables: sequence of (p, runs, inverse_runs, code, keys, block_addresses, log,\n"
-             "decoded) with uint64 buffers (log sorted and permuted; decoded, the whole\n"
-             "table when preloaded, else None);\n"
+             "decoded, offsets) with uint64 buffers (log sorted and permuted; decoded, the\n"
+             "whole table when preloaded, else None; offsets, where each block starts in\n"
+             "decoded, one more than the blocks, or None);\n"
              "removed: sorted uint64 buffer of unpermuted values never to report.\n"
              "The caller must keep the memory the block addresses point to alive\n"
              "for as long as the snapshot is used.");
@@ -100,7 +101,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     box->s.ntables = (int)nt;
     box->s.tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
-    box->views = PyMem_Calloc(4 * nt + 1, sizeof(Py_buffer));
+    box->views = PyMem_Calloc(5 * nt + 1, sizeof(Py_buffer));
     box->codes = PyTuple_New(nt);
     PyObject *cap = NULL;
     if (!box->s.tables || !box->views || !box->codes) {
@@ -109,9 +110,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     for (Py_ssize_t t = 0; t < nt; t++) {
         query_table *tb = &box->s.tables[t];
-        PyObject *p, *runs, *inv, *code, *keys, *addrs, *log, *decoded;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, t), "OOOOOOOO", &p, &runs, &inv,
-                              &code, &keys, &addrs, &log, &decoded))
+        PyObject *p, *runs, *inv, *code, *keys, *addrs, *log, *decoded, *offsets;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, t), "OOOOOOOOO", &p, &runs, &inv,
+                              &code, &keys, &addrs, &log, &decoded, &offsets))
             goto fail;
         tb->p = (int)PyLong_AsLong(p);
         if (tb->p < 0 || tb->p > 64) {
@@ -148,8 +149,23 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
             if (get_u64_view(decoded, &v[3], "decoded") < 0)
                 goto fail;
             box->nviews++;
+            if (get_u64_view(offsets, &v[4], "offsets") < 0)
+                goto fail;
+            box->nviews++;
             tb->ndecoded = (size_t)v[3].len / 8;
             tb->decoded = v[3].buf;
+            tb->offsets = v[4].buf;
+            const uint64_t *off = v[4].buf;
+            if ((size_t)v[4].len / 8 != tb->nblocks + 1 || off[0] != 0 ||
+                off[tb->nblocks] != tb->ndecoded) {
+                PyErr_SetString(PyExc_ValueError, "offsets must bound each block in decoded");
+                goto fail;
+            }
+            for (size_t b = 0; b < tb->nblocks; b++)
+                if (off[b] >= off[b + 1]) {
+                    PyErr_SetString(PyExc_ValueError, "offsets must increase");
+                    goto fail;
+                }
         }
     }
     Py_buffer *rv = &box->views[box->nviews];

@@ -74,8 +74,13 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
         if (tb->decoded) {
-            for (size_t i = lower_bound(tb->decoded, tb->ndecoded, lo);
-                 i < tb->ndecoded && tb->decoded[i] <= hi; i++)
+            /* The block directory (small, cache-resident) narrows the search
+             * to one block's slice before touching the large array. */
+            size_t b = lower_bound(tb->keys, tb->nblocks, lo), i = tb->ndecoded;
+            if (b < tb->nblocks)
+                i = tb->offsets[b] + lower_bound(tb->decoded + tb->offsets[b],
+                                                 tb->offsets[b + 1] - tb->offsets[b], lo);
+            for (; i < tb->ndecoded && tb->decoded[i] <= hi; i++)
                 if (__builtin_popcountll(tb->decoded[i] ^ qp) <= k)
                     if (add_candidate(out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
                         return QUERY_NOMEM;

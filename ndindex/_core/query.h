@@ -27,6 +27,7 @@ typedef struct {
      * blocks are then not read. */
     size_t ndecoded;
     const uint64_t *decoded;
+    const uint64_t *offsets; /* decoded index of each block's first value, nblocks + 1 */
 } query_table;
 
 typedef struct {
