@@ -67,7 +67,7 @@ in units of one block decode."""
 MAX_TABLES = 255
 """Largest table count the plan record can hold (a u8)."""
 
-MAX_PLANNER_K = 7
+MAX_PLANNER_K = 12
 """Largest k the planner designs for (and the tests cover).  Beyond it the block
 scheme needs many tables for short prefixes (k = 8 with 45 tables has p = 12);
 a plan record may still name any k < 64."""

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ndindex.plan import candidate_designs, choose_plan, example_3_1
+from ndindex.plan import MAX_PLANNER_K, candidate_designs, choose_plan, example_3_1
 
-DESIGNS = {k: candidate_designs(k) for k in range(8)}
+DESIGNS = {k: candidate_designs(k) for k in range(MAX_PLANNER_K + 1)}
 SIZES = [1, 1000, 10**6, 10**7, 10**8, 10**9, 8 * 10**9, 2**40, 10**13]
 
 
@@ -32,7 +32,7 @@ def prefixes_kept(plan, fp, flipped):
 
 @st.composite
 def design_fingerprint_flips(draw, plans_for_k):
-    k = draw(st.integers(0, 7))
+    k = draw(st.integers(0, MAX_PLANNER_K))
     plan = draw(st.sampled_from(plans_for_k(k)))
     fp = draw(st.integers(0, 2**64 - 1))
     flipped = draw(st.sets(st.integers(0, 63), max_size=k))
@@ -52,7 +52,7 @@ def test_every_candidate_design_keeps_some_prefix(case):
 
 
 @settings(max_examples=200, deadline=None)
-@given(k=st.integers(0, 7), n=st.sampled_from(SIZES) | st.integers(1, 10**13),
+@given(k=st.integers(0, MAX_PLANNER_K), n=st.sampled_from(SIZES) | st.integers(1, 10**13),
        fp=st.integers(0, 2**64 - 1), data=st.data())
 def test_chosen_design_keeps_some_prefix(k, n, fp, data):
     plan = choose_plan(n, k)

@@ -58,7 +58,7 @@ def test_plan_tables_flag_prints_every_table(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "-n", "10", "-k", "8"], "planner's limit of 7"),
+    (["plan", "-n", "10", "-k", "13"], "planner's limit of 12"),
     (["plan", "-n", "0", "-k", "3"], "expected_n must be >= 1"),
     (["plan", "-n", "1e6", "-k", "3", "--max-tables", "2"], "too few for k=3"),
     (["plan", "-n", "ten", "-k", "3"], "not a count"),

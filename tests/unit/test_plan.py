@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ndindex.errors import FormatError
-from ndindex.plan import (BLOCK_ENTRIES, Plan, TableDesign, block_design,
+from ndindex.plan import (BLOCK_ENTRIES, MAX_PLANNER_K, Plan, TableDesign, block_design,
                           candidate_designs, choose_plan, example_3_1, x_tables)
 
 RNG = np.random.default_rng(20070508)
@@ -186,7 +186,7 @@ def test_to_bytes_layout_matches_spec_example():
 
 
 @pytest.mark.parametrize("plan", [example_3_1(n) for n in (20, 16, 10, 4)]
-                         + [choose_plan(10**7, k) for k in range(8)])
+                         + [choose_plan(10**7, k) for k in range(MAX_PLANNER_K + 1)])
 def test_to_bytes_from_bytes_round_trip(plan):
     back = Plan.from_bytes(plan.to_bytes())
     assert back == plan
@@ -362,7 +362,7 @@ def test_choose_plan_budgets():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(expected_n=10, k=-1), "k must be >= 0"),
-    (dict(expected_n=10, k=8), "planner's limit of 7"),
+    (dict(expected_n=10, k=13), "planner's limit of 12"),
     (dict(expected_n=0, k=3), "expected_n must be >= 1"),
     (dict(expected_n=10, k=3, max_tables=3), "too few for k=3"),
     (dict(expected_n=2**34, k=3, max_probe_entries=1e-6), "expects at most 1e-06"),
