@@ -811,26 +811,19 @@ class Index:
             txn.abort()
 
     def _verify_small_records(self, txn) -> None:
-        cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
-        try:
-            for key, value in cur:
-                if bytes(value) != st.CRC.pack(_core.crc32c(bytes(key))):
-                    raise CorruptionError("tombstone checksum mismatch", database="removed",
-                                          key=bytes(key))
-        finally:
-            cur.close()
-        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
-        try:
-            for key, value in cur:
-                _unpack_doc_value(bytes(value), bytes(key))
-        finally:
-            cur.close()
-        cur = txn.cursor(db=self._store.dbs[st.DB_KEYS])
-        try:
-            for key, value in cur:
-                _unpack_key_value(bytes(value), bytes(key))
-        finally:
-            cur.close()
+        """Check the checksum of every tombstone and document-key record."""
+        def tombstone(key, value):
+            if value != st.CRC.pack(_core.crc32c(key)):
+                raise CorruptionError("tombstone checksum mismatch", database="removed", key=key)
+
+        for db, check in ((st.DB_REMOVED, tombstone), (st.DB_DOCS, lambda k, v: _unpack_doc_value(v, k)),
+                          (st.DB_KEYS, lambda k, v: _unpack_key_value(v, k))):
+            cur = txn.cursor(db=self._store.dbs[db])
+            try:
+                for key, value in cur:
+                    check(bytes(key), bytes(value))
+            finally:
+                cur.close()
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.

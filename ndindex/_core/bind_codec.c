@@ -14,7 +14,24 @@
 
 static PyObject *CorruptionError;
 
-static const char *status_text(long rc) {
+PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset) {
+    PyObject *kw = offset >= 0 ? Py_BuildValue("{s:s,s:n}", "database", database, "offset", offset)
+                               : Py_BuildValue("{s:s}", "database", database);
+    PyObject *args = message ? PyTuple_Pack(1, message) : NULL;
+    if (kw && args) {
+        PyObject *exc = PyObject_Call(CorruptionError, args, kw);
+        if (exc) {
+            PyErr_SetObject(CorruptionError, exc);
+            Py_DECREF(exc);
+        }
+    }
+    Py_XDECREF(kw);
+    Py_XDECREF(args);
+    Py_XDECREF(message);
+    return NULL;
+}
+
+const char *ndx_status_text(long rc) {
     switch (rc) {
     case CODEC_BAD_CHECKSUM: return "checksum mismatch";
     case CODEC_BAD_COUNT: return "impossible entry count";
@@ -28,23 +45,9 @@ static const char *status_text(long rc) {
 
 /* Raise CorruptionError naming the block; returns NULL. */
 static PyObject *raise_block_error(long rc, Py_ssize_t block_index) {
-    PyObject *msg = PyUnicode_FromFormat("block %zd: %s", block_index, status_text(rc));
-    if (!msg)
-        return NULL;
-    PyObject *kw = Py_BuildValue("{s:s,s:n}", "database", "block", "offset",
-                                 block_index * (Py_ssize_t)BLOCK_BYTES);
-    PyObject *args = PyTuple_Pack(1, msg);
-    if (kw && args) {
-        PyObject *exc = PyObject_Call(CorruptionError, args, kw);
-        if (exc) {
-            PyErr_SetObject(CorruptionError, exc);
-            Py_DECREF(exc);
-        }
-    }
-    Py_XDECREF(kw);
-    Py_XDECREF(args);
-    Py_DECREF(msg);
-    return NULL;
+    return ndx_raise_corruption(
+        PyUnicode_FromFormat("block %zd: %s", block_index, ndx_status_text(rc)), "block",
+        block_index * (Py_ssize_t)BLOCK_BYTES);
 }
 
 /* Compiled codes travel as capsules: Python cannot forge one, so kernels
@@ -291,7 +294,7 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
-static int get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
+int ndx_get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
                                                : PyBUF_C_CONTIGUOUS) < 0)
         return -1;
@@ -315,9 +318,9 @@ static PyObject *py_permute(PyObject *self, PyObject *args) {
     if (ndx_parse_runs(runs, &r) < 0)
         return NULL;
     Py_buffer in, o;
-    if (get_u64_buffer(values, &in, 0, "values") < 0)
+    if (ndx_get_u64_buffer(values, &in, 0, "values") < 0)
         return NULL;
-    if (get_u64_buffer(out, &o, 1, "out") < 0) {
+    if (ndx_get_u64_buffer(out, &o, 1, "out") < 0) {
         PyBuffer_Release(&in);
         return NULL;
     }
@@ -344,7 +347,7 @@ static PyObject *py_delta_histogram(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Oi", &values, &coding))
         return NULL;
     Py_buffer v;
-    if (get_u64_buffer(values, &v, 0, "values") < 0)
+    if (ndx_get_u64_buffer(values, &v, 0, "values") < 0)
         return NULL;
     uint64_t counts[64] = {0};
     Py_BEGIN_ALLOW_THREADS delta_histogram(v.buf, (size_t)v.len / 8, coding, counts);

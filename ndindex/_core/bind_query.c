@@ -66,17 +66,6 @@ fail:
     return -1;
 }
 
-static int get_u64_view(PyObject *obj, Py_buffer *view, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    if (view->len % 8) {
-        PyErr_Format(PyExc_ValueError, "%s must be a uint64 buffer", what);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(make_snapshot_doc,
              "make_snapshot(tables, removed) -> capsule\n\n"
              "tables: sequence of (p, runs, inverse_runs, code, keys, block_addresses, log,\n"
@@ -127,13 +116,13 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         Py_INCREF(code);
         PyTuple_SET_ITEM(box->codes, t, code);
         Py_buffer *v = &box->views[box->nviews];
-        if (get_u64_view(keys, &v[0], "keys") < 0)
+        if (ndx_get_u64_buffer(keys, &v[0], 0, "keys") < 0)
             goto fail;
         box->nviews++;
-        if (get_u64_view(addrs, &v[1], "block addresses") < 0)
+        if (ndx_get_u64_buffer(addrs, &v[1], 0, "block addresses") < 0)
             goto fail;
         box->nviews++;
-        if (get_u64_view(log, &v[2], "log") < 0)
+        if (ndx_get_u64_buffer(log, &v[2], 0, "log") < 0)
             goto fail;
         box->nviews++;
         if (v[0].len != v[1].len) {
@@ -146,10 +135,10 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         tb->nlog = (size_t)v[2].len / 8;
         tb->log = v[2].buf;
         if (decoded != Py_None) {
-            if (get_u64_view(decoded, &v[3], "decoded") < 0)
+            if (ndx_get_u64_buffer(decoded, &v[3], 0, "decoded") < 0)
                 goto fail;
             box->nviews++;
-            if (get_u64_view(offsets, &v[4], "offsets") < 0)
+            if (ndx_get_u64_buffer(offsets, &v[4], 0, "offsets") < 0)
                 goto fail;
             box->nviews++;
             tb->ndecoded = (size_t)v[3].len / 8;
@@ -169,7 +158,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         }
     }
     Py_buffer *rv = &box->views[box->nviews];
-    if (get_u64_view(removed, rv, "removed") < 0)
+    if (ndx_get_u64_buffer(removed, rv, 0, "removed") < 0)
         goto fail;
     box->nviews++;
     box->s.nremoved = (size_t)rv->len / 8;
@@ -190,28 +179,12 @@ fail:
     return NULL;
 }
 
-static PyObject *CorruptionError;
-
 static PyObject *raise_query_error(int rc, int table, size_t block) {
     if (rc == -100)
         return PyErr_NoMemory();
-    PyObject *kw = Py_BuildValue("{s:s}", "database", "segments");
-    PyObject *msg = PyUnicode_FromFormat("table %d, block %zu: corrupt block (codec status %d)",
-                                         table, block, rc);
-    if (kw && msg) {
-        PyObject *args = PyTuple_Pack(1, msg);
-        if (args) {
-            PyObject *exc = PyObject_Call(CorruptionError, args, kw);
-            if (exc) {
-                PyErr_SetObject(CorruptionError, exc);
-                Py_DECREF(exc);
-            }
-            Py_DECREF(args);
-        }
-    }
-    Py_XDECREF(kw);
-    Py_XDECREF(msg);
-    return NULL;
+    return ndx_raise_corruption(PyUnicode_FromFormat("table %d, block %zu: %s", table, block,
+                                                     ndx_status_text(rc)),
+                                "segments", -1);
 }
 
 static PyObject *results_to_python(query_results *r) {
@@ -338,11 +311,3 @@ PyMethodDef query_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int query_module_init(PyObject *m) {
-    PyObject *errors = PyImport_ImportModule("ndindex.errors");
-    if (!errors)
-        return -1;
-    CorruptionError = PyObject_GetAttrString(errors, "CorruptionError");
-    Py_DECREF(errors);
-    return CorruptionError ? 0 : -1;
-}

@@ -15,6 +15,14 @@ int codec_module_init(PyObject *m);
 extern PyMethodDef query_methods[];
 /* A permutation from a sequence of (src_lo, dst_lo, length); -1 with an exception. */
 int ndx_parse_runs(PyObject *seq, perm_runs *r);
-int query_module_init(PyObject *m);
+
+/* Shared binding helpers (bind_codec.c). */
+/* A C-contiguous uint64 buffer (writable if asked); -1 with ValueError naming what. */
+int ndx_get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what);
+/* Raise ndindex.errors.CorruptionError(message, database=..., offset=... if >= 0);
+ * steals message; returns NULL. */
+PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset);
+/* Words for a negative codec status. */
+const char *ndx_status_text(long rc);
 
 #endif
