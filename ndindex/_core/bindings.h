@@ -14,4 +14,6 @@ int codec_module_init(PyObject *m);
 extern PyMethodDef query_methods[];
 int query_module_init(PyObject *m);
 
+extern PyMethodDef batch_methods[];
+
 #endif
