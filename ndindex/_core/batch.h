@@ -35,7 +35,7 @@ typedef struct {
  * whose prefix q and f share.  With self_join, only pairs with q < f.
  * Returns 0 or BATCH_NOMEM (out keeps the pairs found before). */
 int batch_probe(const batch_table *tables, int ntables, const uint64_t *fps, size_t nf, int k,
-                int self_join, batch_pairs *out);
+                int self_join, int sort_bits, batch_pairs *out);
 
 void batch_pairs_free(batch_pairs *r);
 

@@ -182,8 +182,8 @@ PyDoc_STRVAR(batch_probe_doc,
 static PyObject *py_batch_probe(PyObject *self, PyObject *args) {
     PyObject *cap;
     Py_buffer fps;
-    int k, self_join;
-    if (!PyArg_ParseTuple(args, "Oy*ip", &cap, &fps, &k, &self_join))
+    int k, self_join, sort_bits = 16;
+    if (!PyArg_ParseTuple(args, "Oy*ip|i", &cap, &fps, &k, &self_join, &sort_bits))
         return NULL;
     batch_box *box = PyCapsule_GetPointer(cap, BATCH_CAPSULE);
     PyObject *res = NULL;
@@ -200,10 +200,10 @@ static PyObject *py_batch_probe(PyObject *self, PyObject *args) {
         int rc;
         if (nf >= GIL_RELEASE_FPS) {
             Py_BEGIN_ALLOW_THREADS rc =
-                batch_probe(box->tables, box->ntables, fps.buf, nf, k, self_join, &r);
+                batch_probe(box->tables, box->ntables, fps.buf, nf, k, self_join, sort_bits, &r);
             Py_END_ALLOW_THREADS
         } else {
-            rc = batch_probe(box->tables, box->ntables, fps.buf, nf, k, self_join, &r);
+            rc = batch_probe(box->tables, box->ntables, fps.buf, nf, k, self_join, sort_bits, &r);
         }
         res = rc < 0 ? PyErr_NoMemory() : pairs_to_python(&r);
         batch_pairs_free(&r);
