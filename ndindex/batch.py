@@ -146,8 +146,13 @@ def _query_values(queries) -> np.ndarray:
     return _as_fingerprints(queries)
 
 
-def _tasks(stored, chunk_size: int) -> list[tuple]:
-    """Split the sources of F into independent tasks (cheap: reads no fingerprint)."""
+def _tasks(stored, chunk_size: int, opened: dict) -> list[tuple]:
+    """Split the sources of F into independent tasks (cheap: reads no fingerprint).
+
+    Index objects given by the caller are recorded in opened (path -> Index):
+    LMDB refuses to open one file twice in a process, so tasks run in this
+    process read through the caller's object.
+    """
     if isinstance(stored, (list, tuple)) and not (stored and isinstance(stored[0], (int, np.integer))):
         sources = list(stored)
     else:
@@ -155,6 +160,7 @@ def _tasks(stored, chunk_size: int) -> list[tuple]:
     tasks = []
     for src in sources:
         if isinstance(src, Index):
+            opened[os.path.abspath(src.path)] = src
             src = src.path
         if isinstance(src, (str, os.PathLike)):
             path = os.path.abspath(os.fspath(src))
@@ -164,8 +170,12 @@ def _tasks(stored, chunk_size: int) -> list[tuple]:
                         raise ValueError(f"{path} holds pairs, not fingerprints")
                     tasks += [("fpfile", path, i) for i in range(r.n_chunks)]
             else:
-                with Index.open(path, readonly=True) as ix:
-                    parts = max(1, -(-len(ix) // chunk_size))
+                if path in opened:
+                    n = len(opened[path])
+                else:
+                    with Index.open(path, readonly=True) as ix:
+                        n = len(ix)
+                parts = max(1, -(-n // chunk_size))
                 tasks += [("index", path, p, parts, chunk_size) for p in range(parts)]
         else:
             fps = _as_fingerprints(src)
@@ -176,8 +186,8 @@ def _tasks(stored, chunk_size: int) -> list[tuple]:
 _OPEN_INDEXES: dict = {}
 
 
-def _task_chunks(task):
-    """Yield the uint64 arrays of F that one task covers."""
+def _task_chunks(task, indexes: dict):
+    """Yield the uint64 arrays of F that one task covers; indexes caches open Index objects."""
     kind = task[0]
     if kind == "array":
         yield task[1]
@@ -187,15 +197,16 @@ def _task_chunks(task):
             yield chunk[0] if r.has_keys else chunk
     else:
         _, path, part, parts, chunk_size = task
-        ix = _OPEN_INDEXES.get(path)
+        ix = indexes.get(path)
         if ix is None:
-            ix = _OPEN_INDEXES[path] = Index.open(path, readonly=True)
+            ix = indexes[path] = Index.open(path, readonly=True)
         yield from ix.iter_chunks(chunk_size, part=part, parts=parts)
 
 
-def _run_task(tables: QueryTables, task, self_join: bool, k: int, out_path=None):
+def _run_task(tables: QueryTables, task, self_join: bool, k: int, out_path=None, indexes=None):
     """Probe every fingerprint of a task; return its pairs, or write them and return the path."""
-    parts = [tables.probe(chunk, self_join=self_join, k=k) for chunk in _task_chunks(task)]
+    indexes = _OPEN_INDEXES if indexes is None else indexes
+    parts = [tables.probe(chunk, self_join=self_join, k=k) for chunk in _task_chunks(task, indexes)]
     pairs = np.concatenate(parts) if parts else np.empty(0, PAIR_DTYPE)
     if out_path is None:
         return pairs
@@ -217,11 +228,17 @@ def _worker_task(task, self_join: bool, k: int, out_path):
     return _run_task(_WORKER_TABLES, task, self_join, k, out_path)
 
 
-def _run_local(tables, tasks, self_join, k, out_paths, workers):
+def _run_local(tables, tasks, self_join, k, out_paths, workers, opened):
     """Yield each task's result in task order, from a pool of worker processes."""
     if workers <= 1 or len(tasks) <= 1:
-        for task, out in zip(tasks, out_paths):
-            yield _run_task(tables, task, self_join, k, out)
+        indexes = dict(opened)
+        try:
+            for task, out in zip(tasks, out_paths):
+                yield _run_task(tables, task, self_join, k, out, indexes)
+        finally:
+            for path, ix in indexes.items():
+                if path not in opened:
+                    ix.close()
         return
     # forkserver/spawn, not fork: the parent may hold LMDB transactions and
     # threads, which a forked child must not inherit.
@@ -279,11 +296,11 @@ def _run_dask(tables, tasks, self_join, k, out_paths, client, scheduler):
 # -- the public calls --------------------------------------------------------------------
 
 
-def _execute(tables, tasks, self_join, k, out_paths, workers, client, scheduler):
+def _execute(tables, tasks, self_join, k, out_paths, opened, workers, client, scheduler):
     if client is not None or scheduler is not None:
         return _run_dask(tables, tasks, self_join, k, out_paths, client, scheduler)
     workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    return _run_local(tables, tasks, self_join, k, out_paths, workers)
+    return _run_local(tables, tasks, self_join, k, out_paths, workers, opened)
 
 
 def join(queries, stored, k: int, *, plan: plans.Plan | None = None,
@@ -306,8 +323,10 @@ def join(queries, stored, k: int, *, plan: plans.Plan | None = None,
     FormatError/CorruptionError for unreadable sources.
     """
     tables = QueryTables(_query_values(queries), k, plan)
-    tasks = _tasks(stored, _check_chunk_size(chunk_size))
-    return _execute(tables, tasks, False, tables.k, [None] * len(tasks), workers, client, scheduler)
+    opened = {}
+    tasks = _tasks(stored, _check_chunk_size(chunk_size), opened)
+    return _execute(tables, tasks, False, tables.k, [None] * len(tasks), opened, workers, client,
+                    scheduler)
 
 
 def self_join(source, k: int, **options):
@@ -322,11 +341,11 @@ def self_join(source, k: int, **options):
     chunk_size = _check_chunk_size(options.pop("chunk_size", DEFAULT_CHUNK_SIZE))
     values = _query_values(source)
     tables = QueryTables(values, k, plan)
-    if isinstance(source, (str, os.PathLike, Index)):
-        tasks = _tasks(source, chunk_size)
-    else:
-        tasks = _tasks(tables.values, chunk_size)
-    return _execute(tables, tasks, True, tables.k, [None] * len(tasks), **_exec_options(options))
+    opened = {}
+    tasks = _tasks(source if isinstance(source, (str, os.PathLike, Index)) else tables.values,
+                   chunk_size, opened)
+    return _execute(tables, tasks, True, tables.k, [None] * len(tasks), opened,
+                    **_exec_options(options))
 
 
 def join_to_files(queries, stored, k: int, out_dir, *, self_join: bool = False, **options) -> list[str]:
@@ -345,9 +364,11 @@ def join_to_files(queries, stored, k: int, out_dir, *, self_join: bool = False, 
     tables = QueryTables(_query_values(queries), k, plan)
     if self_join and not isinstance(stored, (str, os.PathLike, Index)):
         stored = tables.values
-    tasks = _tasks(stored, chunk_size)
+    opened = {}
+    tasks = _tasks(stored, chunk_size, opened)
     paths = [os.path.join(out_dir, f"pairs-{i:06d}.ndfp") for i in range(len(tasks))]
-    return list(_execute(tables, tasks, self_join, tables.k, paths, **_exec_options(options)))
+    return list(_execute(tables, tasks, self_join, tables.k, paths, opened,
+                         **_exec_options(options)))
 
 
 def _exec_options(options: dict) -> dict:
