@@ -232,7 +232,7 @@ def write_fingerprints(path, fingerprints, keys=None, *, chunk_size: int = DEFAU
         else:
             for part in fingerprints:
                 w.write(part)
-        return w.count
+    return w.count
 
 
 def write_pairs(path, batches, *, chunk_size: int = DEFAULT_CHUNK_COUNT) -> int:
@@ -242,7 +242,7 @@ def write_pairs(path, batches, *, chunk_size: int = DEFAULT_CHUNK_COUNT) -> int:
             batches = [batches]
         for batch in batches:
             w.write_pairs(batch)
-        return w.count
+    return w.count
 
 
 # -- reading -------------------------------------------------------------------
