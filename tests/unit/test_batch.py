@@ -164,6 +164,11 @@ def test_dask_matches_local_pair_for_pair(tmp_path, data):
         remote_self = list(batch.self_join(str(path), 3, client=client, chunk_size=300))
         files = batch.join_to_files(queries, str(path), 3, tmp_path / "dask-out", client=client,
                                     chunk_size=300)
+        for k in range(8):   # every k the planner supports, against brute force too
+            on_dask = list(batch.join(queries, stored, k, client=client, chunk_size=400))
+            assert as_set(on_dask) == brute_pairs(queries, stored, k)
+            here = list(batch.join(queries, stored, k, workers=1, chunk_size=400))
+            assert all(np.array_equal(x, y) for x, y in zip(here, on_dask))
     for a, b in [(local, remote), (local_self, remote_self)]:
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     assert np.array_equal(np.concatenate(local), np.concatenate(list(fpfile.read_pairs(files))))
