@@ -854,6 +854,41 @@ class Index:
         values = merge_sorted(np.sort(self.plan.tables[0].invert(values)), snap.log_values, snap.removed)
         return values
 
+    def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
+        """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
+
+        The same set as fingerprints(), with bounded memory: table 0 is
+        decoded a run of segments at a time (each array is sorted, arrays
+        are not ordered among themselves), tombstoned values dropped; the
+        append log's values not in the tables come last.  One snapshot
+        serves the whole iteration.  part/parts yield only share `part` of
+        `parts` (contiguous runs of segments; the log goes with the last
+        part), so processes can split one index between them.
+        Memory: O(chunk_size + log).  Raises CorruptionError for a bad block.
+        """
+        if not 0 <= part < parts:
+            raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
+        snap = self._snapshot()
+        view, code, design = snap.views[0], self._codes[0], self.plan.tables[0]
+        n_seg = len(view.segments)
+        lo, hi = part * n_seg // parts, (part + 1) * n_seg // parts
+        pending, size = [], 0
+        for s in range(lo, hi):
+            pending.append(codec.decode(view.segment_blocks(s), code))
+            size += len(pending[-1])
+            if size >= chunk_size or s == hi - 1:
+                values = np.sort(design.invert(np.concatenate(pending)))
+                pending, size = [], 0
+                if len(snap.removed):
+                    values = values[~isin_sorted(values, snap.removed)]
+                if len(values):
+                    yield values
+        if part == parts - 1 and len(snap.log_values):
+            log = snap.log_values[~self._in_tables(snap, snap.log_values)]
+            log = log[~isin_sorted(log, snap.removed)]
+            for a in range(0, len(log), chunk_size):
+                yield log[a:a + chunk_size]
+
 
 # -- helpers -------------------------------------------------------------------
 

@@ -25,4 +25,6 @@ PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize
 /* Words for a negative codec status. */
 const char *ndx_status_text(long rc);
 
+extern PyMethodDef batch_methods[];
+
 #endif

@@ -1,0 +1,104 @@
+"""Fingerprint files (ndindex.fpfile): round trips, keys, pairs, corruption and truncation."""
+
+import os
+
+import numpy as np
+import pytest
+
+from ndindex import fpfile
+from ndindex.errors import CorruptionError, FormatError
+
+
+@pytest.fixture
+def values():
+    return np.random.default_rng(5).integers(0, 2**64, 2500, dtype=np.uint64)
+
+
+def test_round_trip_sorted_and_unsorted(tmp_path, values):
+    for name, fps in [("sorted", np.sort(values)), ("unsorted", values)]:
+        path = tmp_path / f"{name}.ndfp"
+        assert fpfile.write_fingerprints(path, fps, chunk_size=1000) == len(fps)
+        with fpfile.FingerprintReader(path) as r:
+            assert (r.n_chunks, r.count) == (3, len(fps))
+            assert np.array_equal(r.read_all(), fps)
+            assert r.check()["count"] == len(fps)
+
+
+def test_sorted_chunks_compress_below_eight_bytes(tmp_path):
+    fps = np.sort(np.random.default_rng(1).integers(0, 2**64, 100_000, dtype=np.uint64))
+    fpfile.write_fingerprints(tmp_path / "s.ndfp", fps)
+    assert os.path.getsize(tmp_path / "s.ndfp") < 6.5 * len(fps)
+
+
+def test_streamed_writes_and_chunk_access(tmp_path, values):
+    path = tmp_path / "parts.ndfp"
+    fpfile.write_fingerprints(path, (values[a:a + 333] for a in range(0, len(values), 333)),
+                              chunk_size=1000)
+    with fpfile.FingerprintReader(path) as r:
+        assert np.array_equal(r.chunk(1), values[1000:2000])
+        with pytest.raises(IndexError):
+            r.chunk(3)
+
+
+def test_keys_round_trip(tmp_path):
+    fps = np.array([3, 1, 2], dtype=np.uint64)
+    fpfile.write_fingerprints(tmp_path / "k.ndfp", fps, keys=["é", b"\xff", None], chunk_size=2)
+    with fpfile.FingerprintReader(tmp_path / "k.ndfp") as r:
+        assert r.has_keys
+        chunks = list(r)
+    assert [c[1] for c in chunks] == [["é".encode(), b"\xff"], [b""]]
+    assert np.array_equal(np.concatenate([c[0] for c in chunks]), fps)
+
+
+def test_pairs_round_trip(tmp_path):
+    pairs = np.zeros(5, dtype=fpfile.PAIR_DTYPE)
+    pairs["q"] = [1, 1, 2, 9, 2**64 - 1]
+    pairs["f"] = [2**64 - 1, 0, 5, 8, 3]
+    pairs["distance"] = [63, 1, 2, 1, 62]
+    fpfile.write_pairs(tmp_path / "p.ndfp", [pairs[:2], pairs[2:]], chunk_size=3)
+    got = np.concatenate(list(fpfile.read_pairs(str(tmp_path / "p.ndfp"))))
+    assert np.array_equal(got, pairs)
+
+
+def test_writer_refuses_existing_file_and_leaves_nothing_on_error(tmp_path, values):
+    path = tmp_path / "x.ndfp"
+    fpfile.write_fingerprints(path, values)
+    with pytest.raises(FileExistsError):
+        fpfile.FingerprintWriter(path)
+    with pytest.raises(RuntimeError):
+        with fpfile.FingerprintWriter(tmp_path / "y.ndfp") as w:
+            w.write(values)
+            raise RuntimeError("boom")
+    assert not os.path.exists(tmp_path / "y.ndfp") and not os.path.exists(tmp_path / "y.ndfp.tmp")
+
+
+def test_corrupt_chunk_raises_naming_the_chunk(tmp_path, values):
+    path = tmp_path / "c.ndfp"
+    fpfile.write_fingerprints(path, values, chunk_size=1000)
+    with fpfile.FingerprintReader(path) as r:
+        second = int(r._bounds[1])
+    data = bytearray(path.read_bytes())
+    data[second + 40] ^= 0x10
+    path.write_bytes(bytes(data))
+    with fpfile.FingerprintReader(path) as r:
+        assert np.array_equal(r.chunk(0), values[:1000])
+        with pytest.raises(CorruptionError, match="chunk 1"):
+            r.chunk(1)
+
+
+@pytest.mark.parametrize("cut", [1, 8, 16, 30, 200])
+def test_truncated_file_raises(tmp_path, values, cut):
+    path = tmp_path / "t.ndfp"
+    fpfile.write_fingerprints(path, values, chunk_size=1000)
+    data = path.read_bytes()
+    path.write_bytes(data[:-cut])
+    with pytest.raises(CorruptionError):
+        fpfile.FingerprintReader(path)
+
+
+def test_not_a_fingerprint_file(tmp_path):
+    path = tmp_path / "n.ndfp"
+    path.write_bytes(b"hello world, this is not a fingerprint file at all" * 3)
+    with pytest.raises(FormatError, match="not a fingerprint file"):
+        fpfile.FingerprintReader(path)
+    assert not fpfile.is_fpfile(path)
