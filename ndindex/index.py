@@ -92,6 +92,7 @@ class Snapshot:
     log_tables: list      # per table: sorted permuted log
     removed: np.ndarray   # sorted unpermuted tombstones
     kernel: object        # _core snapshot capsule
+    codes: list           # the Huffman code of each table, as of this snapshot
     #: Serialises cursors on ``txn``: threads share a snapshot, and an LMDB
     #: transaction is used by one thread at a time (py-lmdb sets MDB_NOTLS).
     txn_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
@@ -339,7 +340,8 @@ class Index:
               log_tables[i], *((views[i].decoded, views[i].offsets) if self._preload else (None, None)))
              for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
             removed)
-        return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel)
+        return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel,
+                        list(self._codes))
 
     def _reload_codes(self, txn) -> None:
         self._codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
@@ -490,7 +492,7 @@ class Index:
             return np.zeros(len(values), dtype=bool)
         fwd, inv = self._runs[0]
         table_only = _core.make_snapshot(
-            [(64, fwd, inv, self._codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
+            [(64, fwd, inv, snap.codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
               EMPTY_U64, None, None)], EMPTY_U64)
         qidx, _, _ = _core.query_many(table_only, values, 0)
         mask = np.zeros(len(values), dtype=bool)
@@ -751,7 +753,7 @@ class Index:
                 table=i, prefix_bits=design.prefix_bits, entries=n, blocks=view.n_blocks,
                 segments=len(view.segments), bytes=value_bytes,
                 bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
-                coding=codec.CODING_NAMES[self._codes[i].coding]))
+                coding=codec.CODING_NAMES[snap.codes[i].coding]))
         file_bytes = self._store.file_bytes()
         return dict(
             path=self.path, k=self.k, fingerprints=len(self), table_entries=n,
@@ -849,7 +851,7 @@ class Index:
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted (decodes table 0)."""
         snap = self._snapshot()
-        values = tables.decode_table(snap.views[0], self._codes[0]) if snap.views[0].n_blocks \
+        values = tables.decode_table(snap.views[0], snap.codes[0]) if snap.views[0].n_blocks \
             else EMPTY_U64
         values = merge_sorted(np.sort(self.plan.tables[0].invert(values)), snap.log_values, snap.removed)
         return values
@@ -869,7 +871,7 @@ class Index:
         if not 0 <= part < parts:
             raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
         snap = self._snapshot()
-        view, code, design = snap.views[0], self._codes[0], self.plan.tables[0]
+        view, code, design = snap.views[0], snap.codes[0], self.plan.tables[0]
         n_seg = len(view.segments)
         lo, hi = part * n_seg // parts, (part + 1) * n_seg // parts
         pending, size = [], 0

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import os
 import struct
+import sys
 import threading
 
 import lmdb
@@ -49,7 +50,11 @@ STATE = struct.Struct("<QQQQQQ")  # tables_gen, log_next_seq, removed_gen, table
 CRC = struct.Struct("<I")
 U64_BE = struct.Struct(">Q")
 
-INITIAL_MAP_SIZE_BYTES = 64 << 20
+#: The map is address space, not memory or disk: LMDB extends the file only
+#: as pages are written.  Starting at 1 TiB on 64-bit systems means the map
+#: practically never has to grow, and growing is the one moment a query in
+#: another thread of the same process could see its mapping move.
+INITIAL_MAP_SIZE_BYTES = (1 << 40) if sys.maxsize > 2**32 else (256 << 20)
 #: Grow the map before a large write (tests turn it off to reach the retry path).
 PREGROW_MAP = True
 #: LMDB keys are at most 511 bytes; a document key also carries a type byte
