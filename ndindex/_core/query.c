@@ -109,7 +109,19 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
     /* Distinct, not removed, then ordered by (distance, value). */
     size_t n = out->n - start;
     uint64_t *fp = out->fp + start;
-    qsort(fp, n, sizeof *fp, cmp_u64);
+    if (n <= 32) {
+        /* A query finds a handful of candidates: insertion sort beats qsort's
+         * callback per comparison. */
+        for (size_t i = 1; i < n; i++) {
+            uint64_t v = fp[i];
+            size_t j = i;
+            for (; j > 0 && fp[j - 1] > v; j--)
+                fp[j] = fp[j - 1];
+            fp[j] = v;
+        }
+    } else {
+        qsort(fp, n, sizeof *fp, cmp_u64);
+    }
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (i > 0 && fp[i] == fp[i - 1])
