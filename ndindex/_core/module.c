@@ -17,7 +17,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&core_module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddFunctions(m, codec_methods) < 0 || codec_module_init(m) < 0) {
+    if (PyModule_AddFunctions(m, codec_methods) < 0 || codec_module_init(m) < 0 ||
+        PyModule_AddFunctions(m, fingerprint_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }
