@@ -12,7 +12,8 @@ from ndindex.fingerprint.fingerprinter import FORMAT_VERSION, Fingerprinter
 from ndindex.fingerprint.hashing import (DEFAULT_SEED, RABIN_POLY, feature_hash, hash_rows,
                                          rabin_fingerprint)
 from ndindex.fingerprint.html import html_to_text
-from ndindex.fingerprint.minhash import (DEFAULT_NUM_PERM, MinHashFamily, bucket_pairs,
+from ndindex.fingerprint.minhash import (DEFAULT_BOTTOM_K, DEFAULT_NUM_PERM, bottom_k,
+                                         bottom_k_jaccard, MinHashFamily, bucket_pairs,
                                          jaccard_estimate, jaccard_estimates,
                                          lsh_band_keys, lsh_candidate_pairs, optimal_bands,
                                          super_shingles)
@@ -30,5 +31,5 @@ __all__ = [
     "SimhashAccumulator", "hamming", "popcount64", "WEIGHTINGS", "IdfTable", "FeatureCounts",
     "weigh", "weigh_counts", "MinHashFamily", "DEFAULT_NUM_PERM", "jaccard_estimate",
     "jaccard_estimates", "super_shingles", "optimal_bands", "lsh_band_keys", "bucket_pairs",
-    "lsh_candidate_pairs",
+    "lsh_candidate_pairs", "bottom_k", "bottom_k_jaccard", "DEFAULT_BOTTOM_K",
 ]
