@@ -19,7 +19,7 @@ import numpy as np
 
 from ndindex import _core
 from ndindex.fingerprint.hashing import DEFAULT_SEED, _check_seed
-from ndindex.fingerprint.normalize import normalize_text
+from ndindex.fingerprint.normalize import normalize_text, normalize_utf8
 
 UNITS = ("words", "chars", "lines")
 HASHES = ("xxh64", "rabin")
@@ -215,11 +215,12 @@ class FeatureStream:
 
     def _run(self, raw: str, final: bool) -> np.ndarray:
         spec = self.spec
-        normalized = normalize_text(raw)
         if spec.stem is not None:
-            normalized = _stem_text(normalized, spec)
+            data = _stem_text(normalize_text(raw), spec).encode("utf-8", "surrogatepass")
+        else:
+            data = normalize_utf8(raw)
         feats, self._carry, n_tokens = _core.extract(
-            normalized.encode("utf-8", errors="surrogatepass"), self._carry,
+            data, self._carry,
             _UNIT_CODE[spec.unit], spec.ngram, _HASH_CODE[spec.hash], spec.seed,
             self._stop, final, self._emitted)
         self.n_tokens += n_tokens

