@@ -65,9 +65,24 @@ def test_idf_table_learn_and_round_trip():
 
 def test_default_fingerprinter_test_vector():  # [FP60]
     fp = Fingerprinter()
-    feats = ref.features("the quick brown fox jumps over the lazy dog", "words", 3)
+    feats = ref.features("the quick brown fox jumps over the lazy dog", "words", 1)
     assert fp.simhash(VECTOR_TEXT) == ref.simhash(feats)[0]
-    assert fp.simhash(VECTOR_TEXT) == 0x5A70AB0F79E4C39A
+    assert fp.simhash(VECTOR_TEXT) == 0x593B03225397E4AE
+    assert list(fp.simhash_with_weights(VECTOR_TEXT)[1][:4]) == [-5.0, 3.0, 1.0, 1.0]
+    assert hex(int(fp.feature_hashes(VECTOR_TEXT)[0])) == "0x4b1b03a21f8b5f26"  # XXH64(b"the")
+
+
+def test_pipeline_fingerprint_and_verification():  # [FP70]
+    fp = Fingerprinter()
+    a = " ".join(f"w{i} x{i % 7}" for i in range(120))
+    b = a.replace("w60 ", "changed ")
+    c = " ".join(f"v{i}" for i in range(200))
+    fa, fb, fc = fp.fingerprint(a), fp.fingerprint(b), fp.fingerprint(c)
+    assert fa[0] == fp.simhash(a) and fa[1].dtype == np.uint32 and len(fa[1]) <= fp.bottom_k
+    assert np.all(np.diff(fa[1].astype(np.int64)) > 0)
+    assert fp.similarity(fa[1], fb[1]) == pytest.approx(len(np.intersect1d(fa[1], fb[1]))
+                                                        / len(np.union1d(fa[1], fb[1])))
+    assert fp.is_near_duplicate(fa, fb) and not fp.is_near_duplicate(fa, fc)
 
 
 def test_str_and_bytes_give_the_same_simhash():  # [FP01]
