@@ -169,17 +169,20 @@ def evaluate(name: str, docs: list[str], log) -> dict:
     bottoms = {bk: [bottom_k(s, bk) for s in sets] for bk in (256, 1024)}
     for vname in PIPELINE_VARIANTS:
         codes, dist = hamming_pairs(fingerprints[vname], K_MAX)
+        # verify every candidate within K_MAX once, then slice by k
+        bottom_est = {bk: np.array([bottom_k_jaccard(sk[c // n], sk[c % n], bk) for c in codes])
+                      for bk, sk in bottoms.items()}
         for k in (3, 6, 8, 10, 12, 16, 64):
             cand = codes[dist <= k] if k < 64 else _all_pairs(n)
             for p in (64, 128):
                 est = jaccard_estimates(sketches[:, :p], cand // n, cand % n)
                 r = score(cand[est >= THRESHOLD], truth[THRESHOLD])
                 out["pipeline"][f"{vname} k<={k} minhash{p}"] = dict(r, candidates=int(len(cand)))
-            for bk, sk in bottoms.items():
-                if k == 64:  # all pairs: a Python loop per pair, too slow
-                    continue
-                est = np.array([bottom_k_jaccard(sk[c // n], sk[c % n], bk) for c in cand])
-                r = score(cand[est >= THRESHOLD] if len(cand) else cand, truth[THRESHOLD])
+            if k == 64:  # all pairs: bottom-k needs a Python loop per pair, too slow
+                continue
+            for bk in bottoms:
+                keep = (dist <= k) & (bottom_est[bk] >= THRESHOLD)
+                r = score(codes[keep], truth[THRESHOLD])
                 out["pipeline"][f"{vname} k<={k} bottom{bk}"] = dict(r, candidates=int(len(cand)))
         log(f"[{name}] pipeline {vname}: " + "; ".join(
             f"{key.split(' ', 1)[1]} P={r['precision']:.3f} R={r['recall']:.3f}"
