@@ -34,40 +34,6 @@ static void batch_capsule_free(PyObject *cap) {
         box_free(box);
 }
 
-/* Parse (src_lo, dst_lo, length) runs covering 64 bits. */
-static int parse_runs(PyObject *seq, perm_runs *r) {
-    PyObject *fast = PySequence_Fast(seq, "runs must be a sequence of (src, dst, length)");
-    if (!fast)
-        return -1;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    int total = 0, rc = -1;
-    if (n > 64) {
-        PyErr_SetString(PyExc_ValueError, "at most 64 runs");
-        goto done;
-    }
-    r->n = (int)n;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int src, dst, len;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, i), "iii", &src, &dst, &len))
-            goto done;
-        if (src < 0 || dst < 0 || len < 1 || src + len > 64 || dst + len > 64) {
-            PyErr_Format(PyExc_ValueError, "run (%d, %d, %d) out of range", src, dst, len);
-            goto done;
-        }
-        r->src[i] = (uint8_t)src;
-        r->dst[i] = (uint8_t)dst;
-        r->mask[i] = len == 64 ? ~0ull : (1ull << len) - 1;
-        total += len;
-    }
-    if (total != 64) {
-        PyErr_Format(PyExc_ValueError, "runs cover %d bits, expected 64", total);
-        goto done;
-    }
-    rc = 0;
-done:
-    Py_DECREF(fast);
-    return rc;
-}
 
 /* Check one table's directory against its values; -1 with ValueError. */
 static int check_table(const batch_table *tb) {
@@ -128,7 +94,7 @@ static PyObject *py_make_batch_tables(PyObject *self, PyObject *arg) {
                          MAX_DIR_BITS, tb->p, tb->b);
             goto fail;
         }
-        if (parse_runs(runs, &tb->fwd) < 0 || parse_runs(inv, &tb->inv) < 0)
+        if (ndx_parse_runs(runs, &tb->fwd) < 0 || ndx_parse_runs(inv, &tb->inv) < 0)
             goto fail;
         tb->mask = mask;
         Py_buffer *v = &box->views[box->nviews];
