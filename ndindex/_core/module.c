@@ -10,7 +10,7 @@
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, "ndindex._core",
-    "Hot loops of ndindex (block codec, probes, feature hashing).", -1, NULL,
+    "Hot loops of ndindex (block codec, probes, feature hashing).", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__core(void) {
