@@ -8,6 +8,7 @@
 #include "query.h"
 
 extern PyMethodDef codec_methods[];
+extern PyMethodDef fingerprint_methods[];
 /* The compiled code inside a capsule from compile_code(); -1 with TypeError. */
 int ndx_get_code(PyObject *obj, const codec_code **code);
 int codec_module_init(PyObject *m);
