@@ -580,11 +580,11 @@ def _cmd_dedup(args) -> int:
     index = args.index
     if index is None:
         index = _dedup.default_index_path(args.paths)
-    if not args.quiet:
-        print(f"ndindex: index {index}", file=sys.stderr)
     for path in args.paths:     # a missing PATH is an error, before any work
         if not os.path.lexists(path):
             raise FileNotFoundError(2, "No such file or directory", path)
+    if not args.quiet:
+        print(f"ndindex: index {index}", file=sys.stderr)
     progress = _Progress(not args.quiet)
     try:
         result = _dedup.dedup(args.paths, index=index, k=args.k, threshold=args.threshold,
