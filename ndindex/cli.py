@@ -707,7 +707,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = exc.filename if exc.filename is not None else None
         problem = exc.strerror or str(exc)
         print(f"ndindex: {_dedup.display_path(name)}: {_one_line(problem)}" if name is not None
-              else f"ndindex: error: {_one_line(exc)}", file=sys.stderr)
+              else f"ndindex: {_one_line(exc)}", file=sys.stderr)   # "path: problem" already
         return EXIT_ERROR
     except NdindexError as exc:
         print(f"ndindex: {_one_line(exc)}", file=sys.stderr)
