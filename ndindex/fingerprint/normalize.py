@@ -8,8 +8,9 @@ tokeniser of each unit, not here, so that ``lines`` can still see line breaks.
 from __future__ import annotations
 
 import codecs
-import re
 import unicodedata
+
+import numpy as np
 
 #: How many leading bytes :func:`looks_binary` inspects; git's heuristic
 #: (``buffer_is_binary``) looks at the first 8000 bytes for a NUL.
@@ -44,20 +45,16 @@ def normalize_text(text: str) -> str:
     return text.casefold()
 
 
-# A run of non-ASCII characters with the ASCII character before it (which a
-# combining mark may compose with).  NFKC and case folding act on such runs
-# alone: ASCII characters are starters that nothing composes onto, no
+# NFKC and case folding need only look at runs of non-ASCII characters, each
+# with the ASCII character before it (which a combining mark may compose
+# with): ASCII characters are starters that nothing composes onto, no
 # canonical composition has an ASCII second character, and case folding is
-# per character.  So the rest of the text needs only ASCII lowering, done on
-# the UTF-8 bytes (bytes.lower() touches A-Z only; case folding never
-# outputs A-Z).  This makes mostly-ASCII text 3-5x faster than
-# normalize() + casefold() over the whole string; the property tests check
-# equality with normalize_text().
-_NON_ASCII_RUN = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
-
-
-def _fold_run(match: re.Match) -> str:
-    return unicodedata.normalize("NFKC", match.group()).casefold()
+# per character.  The rest needs only ASCII lowering, done on the UTF-8 bytes
+# (bytes.lower() touches A-Z only, and case folding never outputs A-Z).  The
+# runs are found with numpy on the UTF-8 bytes (a regex scan ran at 90 MB/s);
+# text with many runs (most non-Latin scripts) takes the whole-string path.
+# The property tests check equality with normalize_text().
+_MAX_RUNS_PER_BYTE = 1 / 64
 
 
 def normalize_utf8(text: str) -> bytes:
@@ -70,7 +67,24 @@ def normalize_utf8(text: str) -> bytes:
         raise TypeError(f"text must be str, got {type(text).__name__}")
     if text.isascii():
         return text.encode("ascii").lower()
-    return _NON_ASCII_RUN.sub(_fold_run, text).encode("utf-8", "surrogatepass").lower()
+    data = text.encode("utf-8", "surrogatepass")
+    high = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) >= 0x80)
+    gaps = np.flatnonzero(np.diff(high) > 1)
+    if len(gaps) + 1 > _MAX_RUNS_PER_BYTE * len(data):
+        return normalize_text(text).encode("utf-8", "surrogatepass")
+    starts = high[np.r_[0, gaps + 1]].tolist()
+    ends = (high[np.r_[gaps, len(high) - 1]] + 1).tolist()
+    parts, pos = [], 0
+    for start, end in zip(starts, ends):
+        if start > pos:
+            start -= 1
+        parts.append(data[pos:start])
+        run = data[start:end].decode("utf-8", "surrogatepass")
+        parts.append(unicodedata.normalize("NFKC", run).casefold()
+                     .encode("utf-8", "surrogatepass"))
+        pos = end
+    parts.append(data[pos:])
+    return b"".join(parts).lower()
 
 
 def looks_binary(data: bytes | bytearray | memoryview) -> bool:

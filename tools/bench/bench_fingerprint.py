@@ -14,7 +14,9 @@ Rows:
   ndindex simhash        Fingerprinter() (word 3-shingles, tf), per document
   ndindex simhash words  FeatureSpec('words', 1), per document
   ndindex minhash 128    Fingerprinter().minhash, 128 values, per document
-  ndindex both           simhash + minhash (what the default pipeline stores)
+  ndindex both           simhash + minhash 128
+  ndindex fingerprint()  simhash + bottom-1024 sketch: what the default
+                         near-duplicate pipeline stores per document
   datasketch MinHash     MinHash(num_perm=128).update_batch(word 3-shingles);
                          shingling in Python (re + join) included, as a user
                          of datasketch must do it
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
     ours("ndindex simhash (words1 tf)", fp_words.simhash)
     ours("ndindex minhash 128", fp.minhash)
     ours("ndindex simhash + minhash", lambda d: (fp.simhash(d), fp.minhash(d)))
+    ours("ndindex fingerprint() (default)", fp.fingerprint)
 
     peers = {}
     word = re.compile(r"\w+")

@@ -169,17 +169,20 @@ def evaluate(name: str, docs: list[str], log) -> dict:
     bottoms = {bk: [bottom_k(s, bk) for s in sets] for bk in (256, 1024)}
     for vname in PIPELINE_VARIANTS:
         codes, dist = hamming_pairs(fingerprints[vname], K_MAX)
+        # verify every candidate within K_MAX once, then slice by k
+        bottom_est = {bk: np.array([bottom_k_jaccard(sk[c // n], sk[c % n], bk) for c in codes])
+                      for bk, sk in bottoms.items()}
         for k in (3, 6, 8, 10, 12, 16, 64):
             cand = codes[dist <= k] if k < 64 else _all_pairs(n)
             for p in (64, 128):
                 est = jaccard_estimates(sketches[:, :p], cand // n, cand % n)
                 r = score(cand[est >= THRESHOLD], truth[THRESHOLD])
                 out["pipeline"][f"{vname} k<={k} minhash{p}"] = dict(r, candidates=int(len(cand)))
-            for bk, sk in bottoms.items():
-                if k == 64:  # all pairs: a Python loop per pair, too slow
-                    continue
-                est = np.array([bottom_k_jaccard(sk[c // n], sk[c % n], bk) for c in cand])
-                r = score(cand[est >= THRESHOLD] if len(cand) else cand, truth[THRESHOLD])
+            if k == 64:  # all pairs: bottom-k needs a Python loop per pair, too slow
+                continue
+            for bk in bottoms:
+                keep = (dist <= k) & (bottom_est[bk] >= THRESHOLD)
+                r = score(codes[keep], truth[THRESHOLD])
                 out["pipeline"][f"{vname} k<={k} bottom{bk}"] = dict(r, candidates=int(len(cand)))
         log(f"[{name}] pipeline {vname}: " + "; ".join(
             f"{key.split(' ', 1)[1]} P={r['precision']:.3f} R={r['recall']:.3f}"
@@ -241,11 +244,11 @@ def write_plots(results: dict, hist: np.ndarray, out_dir: str) -> list[str]:
     paths = []
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     for ax, (name, res) in zip(axes, ((n, results[n]) for n in ("short", "long"))):
-        for vname, by_k in res["simhash"].items():
+        for idx, (vname, by_k) in enumerate(res["simhash"].items()):
             ks = list(K_RANGE)
-            ax.plot(ks, [by_k[str(k)]["precision"] for k in ks], "-o", ms=3,
+            ax.plot(ks, [by_k[str(k)]["precision"] for k in ks], "-o", ms=3, color=f"C{idx}",
                     label=f"{vname} precision")
-            ax.plot(ks, [by_k[str(k)]["recall"] for k in ks], "--x", ms=3,
+            ax.plot(ks, [by_k[str(k)]["recall"] for k in ks], "--x", ms=3, color=f"C{idx}",
                     label=f"{vname} recall")
         ax.set_title(f"simhash vs exact Jaccard >= {THRESHOLD} ({name}, n={res['docs']})")
         ax.set_xlabel("Hamming distance k")
@@ -310,12 +313,23 @@ def markdown(results: dict, info: dict) -> str:
     return "\n".join(lines)
 
 
+def replot(out_dir: str) -> None:
+    """Redraw the plots from an earlier run's results.json."""
+    with open(os.path.join(out_dir, "results.json")) as fh:
+        results = json.load(fh)
+    write_plots(results, np.array(results["xor_leading_bit_histogram"]), out_dir)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="bench-out/eval-fingerprint")
     ap.add_argument("--max-short", type=int, default=8000)
     ap.add_argument("--max-long", type=int, default=3000)
+    ap.add_argument("--replot", action="store_true", help="only redraw the plots of --out")
     args = ap.parse_args(argv)
+    if args.replot:
+        replot(args.out)
+        return 0
     os.makedirs(args.out, exist_ok=True)
     log = lambda msg: print(msg, flush=True)  # noqa: E731
     short, long_, info = corpus.documents(args.max_short, args.max_long)
