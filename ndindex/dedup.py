@@ -609,11 +609,20 @@ def _open_files(index_path: str, state_path: str, fp: Fingerprinter, k: int):
     try:
         if index_exists:
             ix = Index.open(index_path)
-            if ix.fingerprinter is None or _comparable(ix.fingerprinter) != _comparable(fp.to_bytes()):
+            if ix.fingerprinter is None:
                 ix.close()
-                raise NdindexError(f"{index_path}: not a dedup index of this fingerprinter; "
+                raise NdindexError(f"{index_path}: not a dedup index (no fingerprinter); "
                                    "use another --index")
-        else:
+            if _comparable(ix.fingerprinter) != _comparable(fp.to_bytes()):
+                # Made by dedup (it has our state file) with another pipeline,
+                # e.g. by an older version: its fingerprints cannot be compared
+                # with new ones, so both files start again (a full re-read).
+                ix.close()
+                for extra in ("", "-lock"):
+                    if os.path.exists(index_path + extra):
+                        os.unlink(index_path + extra)
+                index_exists = False
+        if not index_exists:
             state.reset()
             ix = Index.create(index_path, k=max(k, fp.query_k), expected_n=DEFAULT_EXPECTED_FILES,
                               fingerprinter=fp.to_bytes())

@@ -218,7 +218,7 @@ def test_jaccard_many_equals_similarity():
         sketches.append(np.unique(keep)[:rng.integers(0, 257)])
     left = rng.integers(0, 200, 2000)
     right = np.where(rng.random(2000) < 0.3, (left + 1) % 200, rng.integers(0, 200, 2000))
-    got = dedup_module.jaccard_many(dedup_module.sketch_matrix(sketches), left, right, 256)
+    got = dedup_module.jaccard_many(dedup_module.sketch_matrix(sketches), left, right, fp.bottom_k)
     want = [fp.similarity(sketches[a], sketches[b]) for a, b in zip(left, right)]
     assert np.array_equal(got, want)
 
@@ -281,6 +281,23 @@ def test_cli_dedup_errors_are_one_line(tmp_path, capsys):
     assert err == f"ndindex: {tmp_path / 'missing'}: No such file or directory\n"
     write(tmp_path / "other.ndx", "not an index")
     write(tmp_path / "t" / "a.txt", text(1))
-    assert main(["dedup", str(tmp_path / "t"), "--index", str(tmp_path / "other.ndx")]) == 2
+    assert main(["dedup", str(tmp_path / "t"), "--index", str(tmp_path / "other.ndx"), "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "other.ndx" in err and "state file" in err
+
+
+def test_index_of_another_fingerprinter_is_rebuilt(tree, tmp_path, monkeypatch):
+    ix = tmp_path / "ix.ndx"
+    first = ndindex.dedup([tree], index=ix)
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Other(Fingerprinter):
+        threshold: float = 0.7
+
+    other = Other()
+    monkeypatch.setattr(dedup_module, "Fingerprinter", Other)
+    again = ndindex.dedup([tree], index=ix)
+    assert again.files_read == first.files_read          # everything read again
+    with ndindex.open(ix, readonly=True) as index:
+        assert index.fingerprinter == other.to_bytes()
