@@ -64,6 +64,10 @@ PAIR_BATCH_FILES = 4096
 QUERY_BATCH_FILES = 256
 #: Candidates verified per file, nearest first (see _pair).
 DEFAULT_MAX_CANDIDATES = 64
+#: The verification prefilter: sketch prefix compared first, and how far
+#: below the threshold its estimate may fall before a pair is dropped.
+PREFILTER_VALUES = 32
+PREFILTER_MARGIN = 0.3
 #: Clusters up to this many files report every pairwise distance; larger
 #: ones report the links that joined them.
 MAX_PAIRWISE_FILES = 16
@@ -113,6 +117,7 @@ CREATE TABLE IF NOT EXISTS files(
     content_hash BLOB NOT NULL,     -- BLAKE2b-128 of the bytes
     simhash INTEGER,                -- signed 64-bit view of the fingerprint
     sketch BLOB,                    -- bottom-k sketch, uint32 little-endian
+    prefix BLOB,                    -- its first PREFILTER_VALUES values (kept in memory)
     paired INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS files_hash ON files(content_hash);
 CREATE INDEX IF NOT EXISTS files_unpaired ON files(paired) WHERE paired = 0;
@@ -746,14 +751,16 @@ def _store_batch(ix: Index, state: _State, records: list, result: DedupResult) -
             if r.skip is not None:
                 result.skipped[r.skip] = result.skipped.get(r.skip, 0) + 1
             row = (r.size, r.mtime_ns, r.kind, r.content_hash,
-                   None if r.simhash is None else _signed(r.simhash), r.sketch)
+                   None if r.simhash is None else _signed(r.simhash), r.sketch,
+                   None if r.sketch is None else r.sketch[:4 * PREFILTER_VALUES])
             if old is None:
                 db.execute("INSERT INTO files(path, size, mtime_ns, kind, content_hash, simhash, "
-                           "sketch, paired) VALUES (?, ?, ?, ?, ?, ?, ?, 0)", (r.path, *row))
+                           "sketch, prefix, paired) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)", (r.path, *row))
             else:
                 db.execute("DELETE FROM pairs WHERE a = ? OR b = ?", (old[0], old[0]))
                 db.execute("UPDATE files SET size = ?, mtime_ns = ?, kind = ?, content_hash = ?, "
-                           "simhash = ?, sketch = ?, paired = 0 WHERE id = ?", (*row, old[0]))
+                           "simhash = ?, sketch = ?, prefix = ?, paired = 0 WHERE id = ?",
+                           (*row, old[0]))
         db.execute("DELETE FROM pending")
 
 
@@ -771,57 +778,79 @@ def _pair(ix: Index, state: _State, fp: Fingerprinter, k: int, threshold: float,
     Byte-identical candidates are skipped: the exact groups link them.
     Each step commits its pairs with the paired flags.
     """
-    rows = state.db.execute("SELECT id, simhash, content_hash FROM files "
-                            "WHERE paired = 0 AND kind = ?", (KIND_TEXT,)).fetchall()
-    if not rows:
+    rows = state.db.execute("SELECT id, simhash, content_hash, prefix, paired FROM files "
+                            "WHERE kind = ?", (KIND_TEXT,)).fetchall()
+    todo = np.array([n for n, r in enumerate(rows) if not r[4]], dtype=np.int64)
+    if not len(todo):
         return
-    by_simhash: dict = {}
-    content: dict = {}
-    for i, s, h in state.db.execute("SELECT id, simhash, content_hash FROM files WHERE kind = ?",
-                                    (KIND_TEXT,)):
-        by_simhash.setdefault(_unsigned(s), []).append(i)
-        content[i] = bytes(h)
+    # Dense arrays over every text file (row n): ids, simhashes, content
+    # groups and sketch prefixes stay in memory; full sketches are read only
+    # for the pairs that pass the prefilter.
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    simhashes = np.array([_unsigned(r[1]) for r in rows], dtype=np.uint64)
+    groups: dict = {}
+    group = np.array([groups.setdefault(bytes(r[2]), len(groups)) for r in rows], dtype=np.int64)
+    prefixes = sketch_matrix([np.frombuffer(r[3], dtype="<u4") for r in rows])
+    del rows
+    order = np.argsort(simhashes, kind="stable")
+    sorted_simhashes = simhashes[order]
     done = 0
-    for batch in _batches(rows, PAIR_BATCH_FILES):
-        queries = np.array([_unsigned(s) for _, s, _ in batch], dtype=np.uint64)
-        candidates = set()     # (smaller id, larger id, distance)
-        for start in range(0, len(batch), QUERY_BATCH_FILES):
-            matches = ix.query_many(queries[start:start + QUERY_BATCH_FILES], k=k)
-            q = matches["query"]
-            # rank within each query's run (runs are ordered nearest first);
-            # +1: the query's own fingerprint is among its matches
-            first = np.searchsorted(q, q, side="left")
-            keep = (np.arange(len(q)) - first) <= max_candidates
-            for qi, found, dist in zip((q[keep] + start).tolist(),
-                                       matches["fingerprint"][keep].tolist(),
-                                       matches["distance"][keep].tolist()):
-                qid = batch[qi][0]
-                for cid in by_simhash.get(found, ()):
-                    if cid != qid and content[cid] != content[qid]:
-                        candidates.add((qid, cid, dist) if qid < cid else (cid, qid, dist))
-        candidates = sorted(candidates)
+    for batch in _batches(todo, PAIR_BATCH_FILES):
+        found = [_candidates(ix, batch[i:i + QUERY_BATCH_FILES], simhashes, sorted_simhashes,
+                             order, group, k, max_candidates)
+                 for i in range(0, len(batch), QUERY_BATCH_FILES)]
+        a = np.concatenate([f[0] for f in found])
+        b = np.concatenate([f[1] for f in found])
+        dist = np.concatenate([f[2] for f in found])
+        _, first = np.unique(a * len(ids) + b, return_index=True)   # both ends may ask
+        a, b, dist = a[first], b[first], dist[first]
+        rough = jaccard_many(prefixes, a, b, PREFILTER_VALUES) if len(a) else np.empty(0)
+        keep = rough >= threshold - PREFILTER_MARGIN
+        a, b, dist = a[keep], b[keep], dist[keep]
         pairs = []
-        if candidates:
-            sketches = _sketches(state, {i for a, b, _ in candidates for i in (a, b)})
-            row = {i: n for n, i in enumerate(sketches)}
-            sims = verify_pairs(sketch_matrix(list(sketches.values())),
-                                [row[a] for a, _, _ in candidates],
-                                [row[b] for _, b, _ in candidates], fp.bottom_k, threshold)
-            pairs = [(a, b, d, float(sim)) for (a, b, d), sim in zip(candidates, sims)
-                     if sim >= threshold]
+        if len(a):
+            need = np.unique(np.concatenate([a, b]))
+            sketches = _sketches(state, ids[need].tolist())
+            matrix = sketch_matrix([sketches[i] for i in ids[need].tolist()])
+            sims = jaccard_many(matrix, np.searchsorted(need, a), np.searchsorted(need, b),
+                                fp.bottom_k)
+            ok = sims >= threshold
+            pairs = list(zip(ids[a[ok]].tolist(), ids[b[ok]].tolist(), dist[ok].tolist(),
+                             sims[ok].tolist()))
         with state.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO pairs VALUES (?, ?, ?, ?)", pairs)
-            db.executemany("UPDATE files SET paired = 1 WHERE id = ?", [(r[0],) for r in batch])
+            db.executemany("UPDATE files SET paired = 1 WHERE id = ?",
+                           [(i,) for i in ids[batch].tolist()])
         done += len(batch)
         if progress is not None:
-            progress("compare", done, len(rows))
+            progress("compare", done, len(todo))
+
+
+def _candidates(ix: Index, rows, simhashes, sorted_simhashes, order, group, k: int,
+                max_candidates: int):
+    """Return (a, b, distance) arrays: row pairs a < b of index candidates.
+
+    Each query keeps its max_candidates + 1 nearest fingerprints (its own is
+    one of them); each fingerprint stands for every file that has it; pairs
+    of byte-identical files are left to the exact groups.
+    """
+    matches = ix.query_many(simhashes[rows], k=k)
+    q = matches["query"]
+    keep = (np.arange(len(q)) - np.searchsorted(q, q, side="left")) <= max_candidates
+    qrow = rows[q[keep]]
+    fps = matches["fingerprint"][keep]
+    dist = matches["distance"][keep].astype(np.int64)
+    lo = np.searchsorted(sorted_simhashes, fps, side="left")
+    count = np.searchsorted(sorted_simhashes, fps, side="right") - lo
+    which = np.repeat(np.arange(len(fps)), count)
+    offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
+    crow = order[lo[which] + offset]
+    qrow, dist = qrow[which], dist[which]
+    ok = group[crow] != group[qrow]
+    return np.minimum(qrow, crow)[ok], np.maximum(qrow, crow)[ok], dist[ok]
 
 
 _SENTINEL = np.int64(1 << 32)
-#: The verification prefilter: sketch prefix compared first, and how far
-#: below the threshold its estimate may fall before a pair is dropped.
-PREFILTER_VALUES = 32
-PREFILTER_MARGIN = 0.3
 
 
 def sketch_matrix(sketches: list) -> np.ndarray:
