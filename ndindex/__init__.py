@@ -11,10 +11,13 @@ from ndindex.errors import (CapacityError, ClosedError, CorruptionError, FormatE
                             NdindexError, ReadOnlyError)
 from ndindex.index import MATCH_DTYPE, Index, Match, open
 from ndindex.plan import Plan, choose_plan
+# The function shadows its module as an attribute of the package: reach the
+# module with importlib.import_module("ndindex.dedup").
+from ndindex.dedup import Cluster, DedupResult, DuplicateFile, dedup  # noqa: E402
 
 __all__ = [
     "Index", "Match", "MATCH_DTYPE", "open", "Plan", "choose_plan",
     "NdindexError", "FormatError", "CorruptionError", "ClosedError", "CapacityError",
-    "ReadOnlyError",
+    "ReadOnlyError", "dedup", "DedupResult", "Cluster", "DuplicateFile",
 ]
 __version__ = "0.1.0"

@@ -1,23 +1,47 @@
 """The ``ndindex`` command: a thin layer over the public API.
 
 Each subcommand is a function ``_cmd_<name>(args) -> int`` registered in
-``_build_parser``; add new ones there.  Errors are one line on stderr,
-``ndindex: error: ...``, with exit status 2 (usage errors included, unlike
-argparse's default two-line message), so scripts can rely on a single line.
+``_build_parser``; add new ones there.  Errors are one line on stderr, with
+exit status 2: ``ndindex: error: ...`` for usage and bad values (argparse's
+two-line message included), ``ndindex: <file>: <problem>`` for files.
+The dedup job itself lives in :mod:`ndindex.dedup`, the dump in
+:mod:`ndindex.dump`; this module parses, prints and maps errors to statuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import importlib
 import json
+import os
 import sys
+import time
 from typing import Sequence
 
+import numpy as np
+
+from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
+from ndindex.fingerprint import BinaryDataError, Fingerprinter
+from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan
 
+_dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
+
 EXIT_OK = 0
+#: dedup: duplicates found (like diff); query: no match (like grep).
+EXIT_FOUND = 1
+EXIT_NONE = 1
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = """exit status:
+  0    success; dedup: no duplicates; query: at least one match
+  1    dedup: duplicates found (like diff); query: no match (like grep)
+  2    error: bad arguments, unreadable or corrupt index or dump, a missing
+       PATH (one line on stderr: "ndindex: <file>: <problem>")
+  130  interrupted (Ctrl-C); the index stays consistent and a re-run resumes"""
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9, "t": 10**12}
 
@@ -44,25 +68,189 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _fingerprint(text: str) -> int:
+    """Parse a fingerprint: 0x-prefixed hex or decimal, 0..2^64-1."""
+    try:
+        value = int(text, 16) if text.lower().startswith("0x") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a fingerprint: {text!r} (decimal or 0x-hex)") from None
+    if not 0 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"fingerprint {text} is outside 0..2^64-1")
+    return value
+
+
+def _size(text: str) -> int:
+    """Parse a byte size: 4096, 64K, 64M, 1G (binary units)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().rstrip("ib").rstrip("b") if text.strip().lower()[-1:] == "b" \
+        else text.strip().lower()
+    scale = units.get(t[-1:], 1)
+    try:
+        return int(float(t[:-1] if scale != 1 else t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 64M)") from None
+
+
+def _sub(commands, name, help, description, examples, run):
+    """Add a subcommand whose --help ends with examples and the exit codes."""
+    parser = commands.add_parser(
+        name, help=help, description=description,
+        epilog="examples:\n" + "\n".join(f"  {e}" for e in examples) + "\n\n" + EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(run=run)
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ndindex", description="Embedded near-duplicate index tools.")
+    parser = _Parser(prog="ndindex", description="Embedded near-duplicate index tools: find "
+                     "duplicate files (dedup) and manage index files.",
+                     epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 
-    plan = commands.add_parser("plan", help="choose a table design for n fingerprints and k",
-                               description="Print the table design the planner chooses and "
-                                           "the candidates it weighed.")
+    p = _sub(commands, "dedup", "find exact and near-duplicate files under directories",
+             "Walk PATHs, fingerprint text-like files, and report clusters of files that are "
+             "byte-identical or near-duplicates (simhash within k bits, then Jaccard of word "
+             "3-shingles >= the threshold).  The index and its state file (INDEX.files) make "
+             "a re-run read only new and changed files.",
+             ["ndindex dedup /usr/share/common-licenses",
+              "ndindex dedup --index docs.ndx ~/Documents ~/Downloads",
+              "ndindex dedup --json src/ > clusters.json",
+              "ndindex dedup --csv --include-binary --min-size 1K photos/ > dups.csv"],
+             _cmd_dedup)
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files and directories to scan")
+    p.add_argument("--index", metavar="FILE",
+                   help="index to keep between runs (default: a file under "
+                        "$XDG_CACHE_HOME/ndindex/, printed on stderr)")
+    p.add_argument("-k", type=int, metavar="K", help="simhash distance of candidates (default 10)")
+    p.add_argument("--threshold", type=float, metavar="J",
+                   help="Jaccard similarity a near-duplicate must reach (default 0.8)")
+    p.add_argument("--max-candidates", type=int, default=_dedup.DEFAULT_MAX_CANDIDATES,
+                   metavar="C", help="candidates verified per file, nearest first (default "
+                                     f"{_dedup.DEFAULT_MAX_CANDIDATES})")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="follow symbolic links (loops are detected)")
+    p.add_argument("--min-size", type=_size, default=_dedup.DEFAULT_MIN_SIZE_BYTES, metavar="SIZE",
+                   help="skip smaller files (default 1 byte: empty files are skipped)")
+    p.add_argument("--max-size", type=_size, default=_dedup.DEFAULT_MAX_SIZE_BYTES, metavar="SIZE",
+                   help="skip larger files (default 64M)")
+    p.add_argument("--include-binary", action="store_true",
+                   help="also report byte-identical binary files")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="processes reading and fingerprinting (default: one per CPU)")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print one JSON document")
+    out.add_argument("--csv", action="store_true", help="print CSV, one row per file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notices")
+
+    p = _sub(commands, "create", "create an empty index",
+             "Create an index file for fingerprints within distance k.  It stores the default "
+             "fingerprinter, so documents and texts can be added and queried.",
+             ["ndindex create pages.ndx -k 3 -n 10M", "ndindex create docs.ndx -k 10"],
+             _cmd_create)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("-k", type=int, default=3, metavar="K", help="largest query distance (default 3)")
+    p.add_argument("-n", type=_count, default=1_000_000, metavar="N",
+                   help="expected number of fingerprints (default 1M)")
+    p.add_argument("--coding", choices=["delta", "xor"], default="delta",
+                   help="block coding (default delta)")
+    p.add_argument("--no-fingerprinter", action="store_true",
+                   help="store no fingerprinter (fingerprints only)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "add", "add fingerprints (from a file or stdin) or documents",
+             "Add fingerprints, one per line as decimal or 0x-hex, optionally followed by white "
+             "space and a document key; blank lines and lines starting with # are ignored.  "
+             "With --docs, fingerprint the files instead (directories recursively) with the "
+             "index's fingerprinter, keyed by path.",
+             ["ndindex add pages.ndx fingerprints.txt",
+              "printf '0x0123456789abcdef https://example.org/\\n' | ndindex add pages.ndx",
+              "ndindex add docs.ndx --docs notes/ README.md"],
+             _cmd_add)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("source", nargs="?", default="-", metavar="FILE",
+                   help="fingerprint list (default -: stdin)")
+    p.add_argument("--docs", nargs="+", metavar="PATH", help="fingerprint these files instead")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "query", "find stored fingerprints near a fingerprint, text or file",
+             "Print every stored fingerprint within distance k of the query, nearest first, "
+             "with its document keys.  A text or file is fingerprinted with the index's "
+             "fingerprinter.",
+             ["ndindex query pages.ndx 0x0123456789abcdef",
+              "ndindex query docs.ndx --text 'the quick brown fox' -k 6",
+              "ndindex query docs.ndx --file draft.md --json"],
+             _cmd_query)
+    p.add_argument("index", metavar="INDEX")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("fingerprint", nargs="?", type=_fingerprint, metavar="FINGERPRINT")
+    what.add_argument("--text", metavar="TEXT", help="fingerprint this text")
+    what.add_argument("--file", metavar="PATH", help="fingerprint this file")
+    p.add_argument("-k", type=int, metavar="K", help="distance (default: the index's k)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "remove", "remove fingerprints or document keys",
+             "Remove fingerprints (with all their keys) or document keys (a fingerprint goes "
+             "with its last key).",
+             ["ndindex remove pages.ndx --fingerprint 0x0123456789abcdef",
+              "ndindex remove docs.ndx --key notes/old.md"],
+             _cmd_remove)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--fingerprint", type=_fingerprint, nargs="+", default=[], metavar="FP")
+    p.add_argument("--key", nargs="+", default=[], metavar="KEY")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "compact", "merge the append log and removals into the tables",
+             "Compact the index in one transaction (rewriting only touched blocks unless "
+             "--full).",
+             ["ndindex compact pages.ndx", "ndindex compact pages.ndx --full --json"],
+             _cmd_compact)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--full", action="store_true", help="rebuild every table and its code")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "stats", "print counts, sizes and the plan",
+             "Print the number of fingerprints, the log, the file size and bits per "
+             "fingerprint per table.", ["ndindex stats pages.ndx", "ndindex stats pages.ndx --json"],
+             _cmd_stats)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "verify", "check every checksum, order and directory entry",
+             "Read the whole index and check it; exit 2 naming the first problem.",
+             ["ndindex verify pages.ndx"], _cmd_verify)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "export", "write a portable zstd-compressed dump",
+             "Write the live fingerprints, keys, plan and settings of an index as a dump "
+             "(format-spec/dump.md); import gives back an identical index.",
+             ["ndindex export pages.ndx -o pages.ndxdump", "ndindex export pages.ndx > pages.ndxdump"],
+             _cmd_export)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("-o", "--output", default="-", metavar="FILE", help="dump file (default stdout)")
+
+    p = _sub(commands, "import", "create an index from a dump",
+             "Create a new index with the dump's plan and settings and add everything in it.",
+             ["ndindex import pages.ndxdump copy.ndx", "ndindex import - copy.ndx < pages.ndxdump"],
+             _cmd_import)
+    p.add_argument("dump", metavar="DUMP", help="dump file, or - for stdin")
+    p.add_argument("index", metavar="INDEX", help="the new index (must not exist)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    plan = _sub(commands, "plan", "choose a table design for n fingerprints and k",
+                "Print the table design the planner chooses and the candidates it weighed.",
+                ["ndindex plan -n 10M -k 3", "ndindex plan -n 100k -k 10 --json"], _cmd_plan)
     plan.add_argument("-n", type=_count, required=True, metavar="N",
                       help="expected number of fingerprints (e.g. 10000000, 1e7, 10M, 8B)")
     plan.add_argument("-k", type=int, required=True, metavar="K",
-                      help="Hamming distance to answer, 0..7")
+                      help="Hamming distance to answer, 0..12")
     plan.add_argument("--max-tables", type=int, metavar="T", help="at most T tables")
     plan.add_argument("--max-probe-entries", type=float, metavar="E",
                       help="fewest tables expecting at most E entries per probe")
     plan.add_argument("--tables", action="store_true",
                       help="also list the chosen design's tables and permutations")
     plan.add_argument("--json", action="store_true", help="print JSON instead of text")
-    plan.set_defaults(run=_cmd_plan)
     return parser
 
 
@@ -122,12 +310,389 @@ def _cmd_plan(args) -> int:
     return EXIT_OK
 
 
+# -- index commands -----------------------------------------------------------
+
+
+def _json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def _hex(fp: int) -> str:
+    return f"0x{int(fp):016x}"
+
+
+def _key_json(key):
+    """A document key for JSON: str as is, bytes as {"bytes_hex": ...}."""
+    return key if isinstance(key, str) else {"bytes_hex": bytes(key).hex()}
+
+
+def _key_text(key) -> str:
+    return key if isinstance(key, str) else _dedup.display_path(key)
+
+
+def _fingerprinter_of(ix: Index) -> Fingerprinter:
+    raw = ix.fingerprinter
+    if raw is None:
+        raise ValueError(f"{ix.path}: the index has no fingerprinter (created with "
+                         "--no-fingerprinter): give fingerprints, not documents")
+    return Fingerprinter.from_bytes(raw)
+
+
+def _cmd_create(args) -> int:
+    from ndindex.codec import CODING_DELTA, CODING_XOR
+    fpr = None if args.no_fingerprinter else Fingerprinter().to_bytes()
+    with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
+                      coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
+        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(ix.plan.tables),
+                    scheme=ix.plan.scheme, fingerprinter=fpr is not None)
+    if args.json:
+        _json(info)
+    else:
+        print(f"created {info['path']}: k={info['k']}, {info['tables']} tables "
+              f"({info['scheme']}), planned for {args.n:,} fingerprints")
+    return EXIT_OK
+
+
+def _read_fingerprint_lines(source: str):
+    """Yield (fingerprint, key or None) from a fingerprint list; ValueError naming the line."""
+    fh = sys.stdin if source == "-" else open(source, encoding="utf-8")
+    name = "<stdin>" if source == "-" else source
+    try:
+        for number, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.split(None, 1)
+            try:
+                fp = _fingerprint(parts[0])
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(f"{name}: line {number}: {exc}") from None
+            yield fp, (parts[1] if len(parts) > 1 else None)
+    finally:
+        if fh is not sys.stdin:
+            fh.close()
+
+
+def _document_paths(paths):
+    for path in paths:
+        if os.path.isdir(path):
+            for root, dirs, files in os.walk(path):
+                dirs.sort()
+                for name in sorted(files):
+                    yield os.path.join(root, name)
+        else:
+            yield path
+
+
+def _cmd_add(args) -> int:
+    added = skipped = 0
+    with Index.open(args.index) as ix:
+        if args.docs:
+            fpr = _fingerprinter_of(ix)
+            fps, keys = [], []
+            for path in _document_paths(args.docs):
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                try:
+                    fps.append(fpr.simhash(data))
+                except BinaryDataError:
+                    print(f"ndindex: {path}: looks binary, skipped", file=sys.stderr)
+                    skipped += 1
+                    continue
+                keys.append(path)
+            added = ix.add(np.array(fps, dtype=np.uint64), keys=keys)
+        else:
+            batch = []
+            for item in _read_fingerprint_lines(args.source):
+                batch.append(item)
+                if len(batch) >= 100_000:
+                    added += ix.add([f for f, _ in batch], keys=[k for _, k in batch])
+                    batch = []
+            if batch:
+                added += ix.add([f for f, _ in batch], keys=[k for _, k in batch])
+        total = len(ix)
+    if args.json:
+        _json(dict(added=added, skipped=skipped, fingerprints=total))
+    else:
+        print(f"added {added:,} fingerprints ({total:,} distinct in the index)")
+    return EXIT_OK
+
+
+def _cmd_query(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        if args.fingerprint is not None:
+            q = args.fingerprint
+        elif args.text is not None:
+            q = _fingerprinter_of(ix).simhash(args.text)
+        else:
+            with open(args.file, "rb") as fh:
+                data = fh.read()
+            try:
+                q = _fingerprinter_of(ix).simhash(data)
+            except BinaryDataError:
+                raise ValueError(f"{args.file}: looks binary; documents must be text") from None
+        k = ix.k if args.k is None else args.k
+        matches = ix.query(q, k)
+    if args.json:
+        _json(dict(query=q, query_hex=_hex(q), k=k, matches=[
+            dict(fingerprint=m.fingerprint, fingerprint_hex=_hex(m.fingerprint),
+                 distance=m.distance, keys=[_key_json(key) for key in m.keys])
+            for m in matches]))
+    else:
+        print(f"query {_hex(q)} k={k}: {len(matches)} match{'es' if len(matches) != 1 else ''}")
+        for m in matches:
+            keys = ", ".join(_key_text(key) for key in m.keys)
+            print(f"  {_hex(m.fingerprint)}  distance {m.distance:2d}  {keys}".rstrip())
+    return EXIT_OK if matches else EXIT_NONE
+
+
+def _cmd_remove(args) -> int:
+    if not args.fingerprint and not args.key:
+        raise ValueError("remove needs --fingerprint FP... or --key KEY...")
+    with Index.open(args.index) as ix:
+        removed = 0
+        if args.fingerprint:
+            removed += ix.remove(fingerprints=args.fingerprint)
+        if args.key:
+            removed += ix.remove(keys=args.key)
+        total = len(ix)
+    if args.json:
+        _json(dict(removed=removed, fingerprints=total))
+    else:
+        print(f"removed {removed:,} fingerprints ({total:,} left)")
+    return EXIT_OK
+
+
+def _cmd_compact(args) -> int:
+    with Index.open(args.index) as ix:
+        report = ix.compact(full=args.full)
+    if args.json:
+        _json(report)
+    else:
+        print(f"compacted: {report['entries']:,} fingerprints, {report['blocks_rewritten']:,} "
+              f"blocks rewritten, {report['tables_rebuilt']} tables rebuilt, "
+              f"{report['seconds']:.3f} s")
+    return EXIT_OK
+
+
+def _cmd_stats(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        info = ix.stats()
+    if args.json:
+        _json(info)
+        return EXIT_OK
+    print(f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
+          f"{info['file_bytes']:,} bytes")
+    print(f"  tables: {len(info['tables'])}, entries {info['table_entries']:,}, log "
+          f"{info['log_entries']:,}, removals pending {info['removed_pending']:,}")
+    for t in info["tables"]:
+        print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['blocks']:,} blocks  "
+              f"{t['bytes']:,} bytes  {t['bits_per_fingerprint']:.2f} bits/fingerprint "
+              f"({t['coding']})")
+    return EXIT_OK
+
+
+def _cmd_verify(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        report = ix.verify()
+    if args.json:
+        _json(dict(ok=True, **report))
+    else:
+        print(f"{args.index}: ok ({report['tables']} tables, {report['blocks']:,} blocks, "
+              f"{report['table_entries']:,} table entries, {report['log_entries']:,} in the log)")
+    return EXIT_OK
+
+
+def _cmd_export(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        if args.output == "-":
+            counts = export_index(ix, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            if os.path.exists(args.output):
+                raise FileExistsError(17, "already exists", args.output)
+            try:
+                with open(args.output, "wb") as fh:
+                    counts = export_index(ix, fh)
+            except BaseException:
+                os.unlink(args.output)
+                raise
+    print(f"exported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys to "
+          f"{'stdout' if args.output == '-' else args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _cmd_import(args) -> int:
+    if args.dump == "-":
+        counts = import_index(sys.stdin.buffer, args.index, name="<stdin>")
+    else:
+        with open(args.dump, "rb") as fh:
+            counts = import_index(fh, args.index, name=args.dump)
+    if args.json:
+        _json(dict(index=args.index, **counts))
+    else:
+        print(f"imported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys "
+              f"into {args.index}")
+    return EXIT_OK
+
+
+# -- dedup ----------------------------------------------------------------------
+
+
+class _Progress:
+    """A one-line progress bar on stderr, drawn only on a terminal."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.last = 0.0
+        self.drawn = False
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.1 and done != total):
+            return
+        self.last = now
+        if total:
+            width = 30
+            fill = int(width * done / total)
+            line = f"{phase:8s} [{'#' * fill}{'.' * (width - fill)}] {done:,}/{total:,}"
+        else:
+            line = f"{phase:8s} {done:,} files"
+        sys.stderr.write("\r" + line[:100].ljust(60))
+        sys.stderr.flush()
+        self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _cmd_dedup(args) -> int:
+    index = args.index
+    if index is None:
+        index = _dedup.default_index_path(args.paths)
+    for path in args.paths:     # a missing PATH is an error, before any work
+        if not os.path.lexists(path):
+            raise FileNotFoundError(2, "No such file or directory", path)
+    if not args.quiet:
+        print(f"ndindex: index {index}", file=sys.stderr)
+    progress = _Progress(not args.quiet)
+    try:
+        result = _dedup.dedup(args.paths, index=index, k=args.k, threshold=args.threshold,
+                              follow_symlinks=args.follow_symlinks, min_size=args.min_size,
+                              max_size=args.max_size, include_binary=args.include_binary,
+                              max_candidates=args.max_candidates, jobs=args.jobs,
+                              progress=progress)
+    finally:
+        progress.clear()
+    if not args.quiet:
+        for path, problem in result.errors:
+            print(f"ndindex: {_dedup.display_path(path)}: {problem} (skipped)", file=sys.stderr)
+    if args.json:
+        _json(_dedup_json(result))
+    elif args.csv:
+        _dedup_csv(result)
+    else:
+        _dedup_text(result)
+    return EXIT_FOUND if result.clusters else EXIT_OK
+
+
+def _pair_json(p) -> dict:
+    return dict(a=p.a, b=p.b, distance=p.distance, similarity=round(p.similarity, 4),
+                exact=p.exact)
+
+
+def _dedup_json(result) -> dict:
+    clusters = []
+    for n, c in enumerate(result.clusters, 1):
+        files = []
+        for f in c.files:
+            entry = dict(path=f.display_path, size=f.size, content_hash=f.content_hash,
+                         simhash=None if f.simhash is None else _hex(f.simhash))
+            raw = os.fsencode(f.path)
+            if f.display_path.encode("utf-8", "surrogateescape") != raw:
+                entry["path_bytes_hex"] = raw.hex()   # the name is not valid UTF-8
+            files.append(entry)
+        clusters.append(dict(id=n, kind=c.kind, files=files,
+                             reclaimable_bytes=c.reclaimable_bytes,
+                             pairs=[_pair_json(p) for p in c.pairs]))
+    return dict(index=result.index_path, files_scanned=result.files_scanned,
+                files_read=result.files_read, files_unchanged=result.files_unchanged,
+                files_removed=result.files_removed, bytes_read=result.bytes_read,
+                skipped=result.skipped,
+                errors=[dict(path=_dedup.display_path(p), error=e) for p, e in result.errors],
+                duplicate_files=result.duplicate_files,
+                seconds=round(result.seconds, 3), clusters=clusters)
+
+
+def _dedup_csv(result) -> None:
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    out.writerow(["cluster", "kind", "path", "size", "content_hash", "simhash",
+                  "distance_to_first", "similarity_to_first"])
+    for n, c in enumerate(result.clusters, 1):
+        to_first = {p.b: p for p in c.pairs if p.a == 0}
+        for i, f in enumerate(c.files):
+            p = to_first.get(i)
+            out.writerow([n, c.kind, f.display_path, f.size, f.content_hash,
+                          "" if f.simhash is None else _hex(f.simhash),
+                          0 if i == 0 else ("" if p is None or p.distance is None else p.distance),
+                          "1.0" if i == 0 else ("" if p is None else f"{p.similarity:.4f}")])
+
+
+def _dedup_text(result) -> None:
+    for n, c in enumerate(result.clusters, 1):
+        total = sum(f.size for f in c.files)
+        what = "identical files" if c.kind == "exact" else "near-duplicates"
+        print(f"cluster {n}: {len(c.files)} {what}, {_human(total)}"
+              + (f", {_human(c.reclaimable_bytes)} in exact copies" if c.reclaimable_bytes else ""))
+        for i, f in enumerate(c.files, 1):
+            print(f"  [{i}] {f.size:>10,} B  {f.display_path}")
+        for p in c.pairs:
+            if p.exact:
+                how = "identical"
+            else:
+                how = f"similarity {p.similarity:.2f}, simhash distance {p.distance}"
+            print(f"      [{p.a + 1}]-[{p.b + 1}] {how}")
+        print()
+    skipped = sum(result.skipped.values())
+    detail = ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items()))
+    print(f"{result.files_scanned:,} files scanned ({result.files_read:,} read, "
+          f"{result.files_unchanged:,} unchanged"
+          + (f", {result.files_removed:,} gone" if result.files_removed else "") + "), "
+          f"{skipped:,} skipped" + (f" ({detail})" if detail else "")
+          + (f", {len(result.errors):,} unreadable" if result.errors else "") + ".")
+    if result.clusters:
+        exact = sum(c.reclaimable_bytes for c in result.clusters)
+        print(f"{len(result.clusters):,} cluster{'s' if len(result.clusters) != 1 else ''}, "
+              f"{result.duplicate_files:,} duplicate file{'s' if result.duplicate_files != 1 else ''}, "
+              f"{_human(exact)} in exact copies.")
+    else:
+        print("no duplicates.")
+
+
+# -- entry point ------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ndindex`` command line.
 
     Parameters: argv, the arguments without the program name (default sys.argv[1:]).
-    Returns: the exit status: 0 on success, 2 on any error, reported as one
-    line on stderr.
+    Returns the exit status (EXIT_CODES_HELP): 0 success, 1 dedup found
+    duplicates or query found nothing, 2 an error (one line on stderr), 130
+    interrupted.
     """
     parser = _build_parser()
     try:
@@ -135,8 +700,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except SystemExit as exc:           # --help and --version exit through here
         return exc.code if isinstance(exc.code, int) else EXIT_OK
-    except (_UsageError, ValueError, TypeError, NdindexError) as exc:
-        print(f"ndindex: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("ndindex: interrupted; the index is consistent, a re-run resumes", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as exc:
+        name = exc.filename if exc.filename is not None else None
+        problem = exc.strerror or str(exc)
+        print(f"ndindex: {_dedup.display_path(name)}: {_one_line(problem)}" if name is not None
+              else f"ndindex: {_one_line(exc)}", file=sys.stderr)   # "path: problem" already
+        return EXIT_ERROR
+    except NdindexError as exc:
+        print(f"ndindex: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+    except (_UsageError, ValueError, TypeError) as exc:
+        print(f"ndindex: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -277,6 +277,16 @@ class Index:
         return self._store.path
 
     @property
+    def expected_n(self) -> int:
+        """The expected fingerprint count given at creation (header field)."""
+        return self._header["expected_n"]
+
+    @property
+    def coding(self) -> int:
+        """The block coding of the tables (codec.CODING_XOR or CODING_DELTA)."""
+        return self._codes[0].coding
+
+    @property
     def readonly(self) -> bool:
         return self._store.readonly
 
@@ -848,9 +858,24 @@ class Index:
             raise st.translate_error(exc, dest) from exc
         return os.path.getsize(dest)
 
+    def items(self, chunk: int = 65536):
+        """Yield (fingerprints, keys) chunks of every live fingerprint, in order.
+
+        fingerprints is a sorted uint64 array of at most chunk values and keys
+        the matching list of key tuples (as :meth:`keys`).  All chunks come
+        from one snapshot, so a concurrent writer never shows half a change.
+        """
+        snap = self._snapshot()
+        values = self._fingerprints_in(snap)
+        for start in range(0, len(values), chunk):
+            part = values[start:start + chunk]
+            yield part, self._keys_of(part.tolist(), snap)
+
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted (decodes table 0)."""
-        snap = self._snapshot()
+        return self._fingerprints_in(self._snapshot())
+
+    def _fingerprints_in(self, snap: Snapshot) -> np.ndarray:
         values = tables.decode_table(snap.views[0], snap.codes[0]) if snap.views[0].n_blocks \
             else EMPTY_U64
         values = merge_sorted(np.sort(self.plan.tables[0].invert(values)), snap.log_values, snap.removed)

@@ -1,0 +1,229 @@
+"""The portable dump: an index's live state as one zstd-compressed stream.
+
+``export_index`` writes, ``import_index`` reads; the byte layout is
+normative in format-spec/dump.md (statements [D1]...).  A dump holds what a
+query can observe -- k, the plan, the block coding, expected_n, the
+fingerprinter record, every live fingerprint and its document keys -- and
+nothing of how the file happened to store it (log, tombstones, LMDB pages),
+so export -> import -> export gives the same bytes, and a dump moves between
+machines and library versions that read its dump version.
+
+Every section carries a CRC-32C of its bytes and the trailer counts what came
+before, so a truncated or damaged dump raises CorruptionError naming the
+section instead of importing part of an index.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import BinaryIO
+
+import numpy as np
+import zstandard
+
+from ndindex import _core
+from ndindex.errors import CorruptionError, FormatError
+from ndindex.index import Index
+from ndindex.plan import Plan
+from ndindex.store import decode_doc_key, encode_doc_key
+
+MAGIC = b"NDXDUMP\0"
+DUMP_VERSION = 1
+#: Fingerprints per chunk ([D7]); readers accept any count up to MAX_CHUNK.
+CHUNK_FINGERPRINTS = 65536
+MAX_CHUNK = 1 << 20
+#: zstd level of the writer (readers do not care; fixed so dumps repeat).
+ZSTD_LEVEL = 9
+
+HEAD = struct.Struct("<8sHHBBHQ")        # magic, version, reserved, k, coding, reserved, expected_n
+U32 = struct.Struct("<I")
+U16 = struct.Struct("<H")
+TRAILER = struct.Struct("<IQQ")          # end marker 0, fingerprints, keys
+
+
+def _crc(data: bytes) -> bytes:
+    return U32.pack(_core.crc32c(data))
+
+
+def export_index(index: Index, out: BinaryIO) -> dict:
+    """Write the dump of an open index to a binary stream; return the counts.
+
+    Cost: one decode of table 0 and one key lookup per fingerprint, from one
+    snapshot (a concurrent writer does not tear the dump).
+    """
+    cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
+    writer = cctx.stream_writer(out, closefd=False)
+    plan = index.plan.to_bytes()
+    fpr = index.fingerprinter or b""
+    header = (HEAD.pack(MAGIC, DUMP_VERSION, 0, index.k, index.coding, 0, index.expected_n)
+              + U32.pack(len(plan)) + plan + U32.pack(len(fpr)) + fpr)
+    writer.write(header + _crc(header))
+    n_fps = n_keys = 0
+    previous = 0
+    for fps, keys in index.items(CHUNK_FINGERPRINTS):
+        deltas = np.diff(fps, prepend=np.uint64(previous))   # the first from the last chunk
+        parts = [U32.pack(len(fps)), deltas.astype("<u8").tobytes()]
+        for ks in keys:
+            parts.append(U16.pack(len(ks)))
+            for key in ks:
+                raw = encode_doc_key(key)
+                parts.append(U16.pack(len(raw)) + raw)
+            n_keys += len(ks)
+        body = b"".join(parts)
+        writer.write(body + _crc(body))
+        previous = int(fps[-1])
+        n_fps += len(fps)
+    trailer = TRAILER.pack(0, n_fps, n_keys)
+    writer.write(trailer + _crc(trailer))
+    writer.close()      # ends the frame (its checksum); closefd=False keeps out open
+    return dict(fingerprints=n_fps, keys=n_keys)
+
+
+class _Reader:
+    """Exact reads from the decompressed stream; a short read is corruption."""
+
+    def __init__(self, raw: BinaryIO, name: str):
+        self.name = name
+        self.raw = raw
+        self.dobj = zstandard.ZstdDecompressor().decompressobj()
+        self.buffer = bytearray()
+
+    def _fill(self, n: int) -> None:
+        try:
+            while len(self.buffer) < n and not self.dobj.eof:
+                data = self.raw.read(1 << 16)
+                if not data:
+                    return
+                self.buffer += self.dobj.decompress(data)
+        except zstandard.ZstdError as exc:
+            raise CorruptionError(f"{self.name}: dump is not a valid zstd stream ({exc})",
+                                  database="dump") from exc
+
+    def read(self, n: int, what: str) -> bytes:
+        self._fill(n)
+        if len(self.buffer) < n:
+            raise CorruptionError(f"{self.name}: dump truncated in the {what} "
+                                  f"({len(self.buffer)} of {n} bytes)", database="dump")
+        out = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return out
+
+    def at_end(self) -> bool:
+        """Whether the frame ended (its checksum verified) with nothing after it."""
+        self._fill(1)
+        return not self.buffer and self.dobj.eof and not self.dobj.unused_data \
+            and not self.raw.read(1)
+
+    def check(self, body: bytes, what: str) -> None:
+        if self.read(4, what) != _crc(body):
+            raise CorruptionError(f"{self.name}: {what} checksum mismatch", database="dump")
+
+
+def read_header(raw: BinaryIO, name: str = "dump") -> tuple[_Reader, dict]:
+    """Read and check a dump's header; return the reader and the fields."""
+    r = _Reader(raw, name)
+    head = r.read(HEAD.size, "header")
+    magic, version, reserved, k, coding, reserved2, expected_n = HEAD.unpack(head)
+    if magic != MAGIC:
+        raise FormatError(f"{name}: not an ndindex dump (magic {magic!r})")
+    if version > DUMP_VERSION:
+        raise FormatError(f"{name}: dump version {version} > supported {DUMP_VERSION}")
+    if reserved or reserved2:
+        raise CorruptionError(f"{name}: reserved header fields are not zero", database="dump")
+    (n_plan,) = U32.unpack(r.read(4, "header"))
+    plan = r.read(n_plan, "header")
+    (n_fpr,) = U32.unpack(r.read(4, "header"))
+    fpr = r.read(n_fpr, "header")
+    r.check(head + U32.pack(n_plan) + plan + U32.pack(n_fpr) + fpr, "header")
+    return r, dict(version=version, k=k, coding=coding, expected_n=expected_n,
+                   plan=Plan.from_bytes(plan), fingerprinter=fpr or None)
+
+
+def read_chunks(r: _Reader):
+    """Yield (fingerprints, keys) chunks; check order, checksums and the trailer."""
+    n_fps = n_keys = 0
+    previous = None
+    while True:
+        head = r.read(4, "chunk header")
+        (count,) = U32.unpack(head)
+        if count == 0:
+            rest = r.read(TRAILER.size - 4, "trailer")
+            _, total_fps, total_keys = TRAILER.unpack(head + rest)
+            r.check(head + rest, "trailer")
+            if (total_fps, total_keys) != (n_fps, n_keys):
+                raise CorruptionError(f"{r.name}: trailer counts {total_fps} fingerprints and "
+                                      f"{total_keys} keys, the dump holds {n_fps} and {n_keys}",
+                                      database="dump")
+            if not r.at_end():
+                raise CorruptionError(f"{r.name}: the zstd frame does not end after the "
+                                      "trailer (truncated, or data after it)", database="dump")
+            return
+        if count > MAX_CHUNK:
+            raise CorruptionError(f"{r.name}: chunk of {count} fingerprints > {MAX_CHUNK}",
+                                  database="dump")
+        raw_deltas = r.read(8 * count, "chunk")
+        deltas = np.frombuffer(raw_deltas, dtype="<u8").astype(np.uint64)
+        parts = [head, raw_deltas]
+        keys = []
+        for _ in range(count):
+            nk = r.read(2, "chunk keys")
+            parts.append(nk)
+            ks = []
+            for _ in range(U16.unpack(nk)[0]):
+                ln = r.read(2, "chunk keys")
+                raw = r.read(U16.unpack(ln)[0], "chunk keys")
+                parts += [ln, raw]
+                try:
+                    ks.append(decode_doc_key(raw))
+                except (CorruptionError, UnicodeDecodeError, IndexError) as exc:
+                    raise CorruptionError(f"{r.name}: bad document key ({exc})",
+                                          database="dump") from exc
+            keys.append(tuple(ks))
+        r.check(b"".join(parts), "chunk")
+        start = np.uint64(0 if previous is None else previous)
+        with np.errstate(over="ignore"):
+            fps = np.cumsum(deltas, dtype=np.uint64) + start
+        # strictly increasing, and no wrap past 2^64 ([D8])
+        if (previous is not None and deltas[0] == 0) or np.any(deltas[1:] == 0) \
+                or np.any(fps[1:] < fps[:-1]) or (previous is not None and fps[0] <= previous):
+            raise CorruptionError(f"{r.name}: fingerprints out of order", database="dump")
+        previous = int(fps[-1])
+        n_fps += count
+        n_keys += sum(len(k) for k in keys)
+        yield fps, keys
+
+
+def import_index(raw: BinaryIO, path, name: str = "dump") -> dict:
+    """Create a new index at path from a dump stream; return the counts.
+
+    The new index has the dump's plan, k, coding, expected_n and
+    fingerprinter; every fingerprint and key is added, then the index is
+    compacted.  On any error the partial file is deleted.  Raises
+    FileExistsError, FormatError (not a dump, newer version),
+    CorruptionError (truncated or damaged).
+    """
+    path = os.fspath(path)
+    r, head = read_header(raw, name)
+    ix = Index.create(path, k=head["k"], expected_n=head["expected_n"], plan=head["plan"],
+                      coding=head["coding"], fingerprinter=head["fingerprinter"])
+    n_fps = n_keys = 0
+    try:
+        for fps, keys in read_chunks(r):
+            flat_fps, flat_keys = [], []
+            for fp, ks in zip(fps.tolist(), keys):
+                for key in ks or (None,):
+                    flat_fps.append(fp)
+                    flat_keys.append(key)
+            ix.add(np.array(flat_fps, dtype=np.uint64), keys=flat_keys)
+            n_fps += len(fps)
+            n_keys += sum(len(k) for k in keys)
+        ix.compact()
+    except BaseException:
+        ix.close()
+        for p in (path, path + "-lock"):
+            if os.path.exists(p):
+                os.unlink(p)
+        raise
+    ix.close()
+    return dict(fingerprints=n_fps, keys=n_keys)

@@ -1,0 +1,119 @@
+"""The portable dump (format-spec/dump.md): round trips and damaged dumps."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import pytest
+import zstandard
+
+import ndindex
+from ndindex import _core
+from ndindex.codec import CODING_XOR
+from ndindex.dump import MAGIC, export_index, import_index
+from ndindex.errors import CorruptionError, FormatError
+from ndindex.fingerprint import Fingerprinter
+
+
+def dump_of(ix) -> bytes:
+    out = io.BytesIO()
+    export_index(ix, out)
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    """Two chunks' worth of fingerprints (70,000 > 65,536), keys of both types."""
+    rng = np.random.default_rng(5)
+    fps = rng.integers(0, 2**64, 70_000, dtype=np.uint64)
+    path = tmp_path_factory.mktemp("dump") / "a.ndx"
+    with ndindex.Index.create(path, k=4, expected_n=50_000, coding=CODING_XOR,
+                              fingerprinter=Fingerprinter().to_bytes(), log_limit=20_000) as ix:
+        ix.add(fps[:20_000])
+        ix.add(fps[20_000:], keys=[f"doc{i}" for i in range(50_000)])
+        ix.add([0, 2**64 - 1, 7, 7], keys=[b"\xff\x00raw", "max", "seven", b"seven"])
+        ix.remove(fingerprints=fps[:10])
+        ix.remove(keys=["doc3"])
+        yield ix
+
+
+def test_export_import_export_gives_identical_bytes_and_answers(index, tmp_path):  # [D12] [D13]
+    first = dump_of(index)
+    counts = import_index(io.BytesIO(first), tmp_path / "b.ndx")
+    assert counts == {"fingerprints": len(index), "keys": 50_000 - 1 + 4}
+    with ndindex.open(tmp_path / "b.ndx") as copy:
+        assert dump_of(copy) == first
+        assert copy.k == 4 and copy.plan == index.plan and copy.coding == CODING_XOR
+        assert copy.expected_n == 50_000 and copy.fingerprinter == index.fingerprinter
+        assert np.array_equal(copy.fingerprints(), index.fingerprints())
+        assert copy.keys(7) == index.keys(7) == (b"seven", "seven")
+        assert copy.keys(0) == (b"\xff\x00raw",) and copy.keys(2**64 - 1) == ("max",)
+        queries = index.fingerprints()[::997] ^ np.uint64(0b1011)
+        for q in queries[:50].tolist():
+            assert copy.query(q) == index.query(q)
+        assert np.array_equal(copy.query_many(queries), index.query_many(queries))
+        copy.verify()
+        assert copy.stats()["log_entries"] == 0     # compacted
+
+
+def test_empty_index_round_trips(tmp_path):
+    with ndindex.Index.create(tmp_path / "e.ndx", k=2, expected_n=10) as ix:
+        data = dump_of(ix)
+    assert import_index(io.BytesIO(data), tmp_path / "f.ndx") == {"fingerprints": 0, "keys": 0}
+    with ndindex.open(tmp_path / "f.ndx") as ix:
+        assert len(ix) == 0 and ix.fingerprinter is None and dump_of(ix) == data
+
+
+def body_of(data: bytes) -> bytes:
+    return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+
+
+def recompress(body: bytes) -> bytes:
+    return zstandard.ZstdCompressor(write_checksum=True).compress(body)
+
+
+def test_header_fields_and_trailer_counts(index):   # [D2] [D3] [D11]
+    body = body_of(dump_of(index))
+    magic, version, reserved, k, coding, reserved2, expected_n = struct.unpack_from("<8sHHBBHQ", body)
+    assert (magic, version, reserved, k, coding, reserved2, expected_n) == \
+        (MAGIC, 1, 0, 4, CODING_XOR, 0, 50_000)
+    end, fps, keys, crc = struct.unpack_from("<IQQI", body, len(body) - 24)
+    assert (end, fps, keys) == (0, len(index), 50_003)
+    assert crc == _core.crc32c(body[-24:-4])
+
+
+@pytest.mark.parametrize("cut", [0, 10, 1000, -40, -1])
+def test_truncated_dump_is_corruption_and_leaves_no_file(index, tmp_path, cut):   # [D1] [D12]
+    data = dump_of(index)
+    with pytest.raises(CorruptionError):
+        import_index(io.BytesIO(data[:cut] if cut else b""), tmp_path / "t.ndx")
+    assert not (tmp_path / "t.ndx").exists()
+
+
+def test_flipped_byte_inside_a_chunk_fails_its_checksum(index, tmp_path):   # [D3]
+    body = bytearray(body_of(dump_of(index)))
+    body[len(body) // 2] ^= 0x40
+    with pytest.raises(CorruptionError, match="checksum"):
+        import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
+
+
+def test_trailing_data_and_wrong_counts_are_rejected(index, tmp_path):   # [D1] [D11]
+    data = dump_of(index)
+    with pytest.raises(CorruptionError):
+        import_index(io.BytesIO(data + b"\0"), tmp_path / "t.ndx")
+    body = bytearray(body_of(data))
+    trailer = struct.pack("<IQQ", 0, 1, 50_003)
+    body[-24:] = trailer + struct.pack("<I", _core.crc32c(trailer))
+    with pytest.raises(CorruptionError, match="trailer counts"):
+        import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
+
+
+def test_not_a_dump_and_newer_version_are_format_errors(index, tmp_path):   # [D4]
+    with pytest.raises(FormatError, match="not an ndindex dump"):
+        import_index(io.BytesIO(recompress(b"X" * 64)), tmp_path / "t.ndx")
+    body = bytearray(body_of(dump_of(index)))
+    body[8:10] = struct.pack("<H", 2)
+    with pytest.raises(FormatError, match="dump version 2"):
+        import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
