@@ -18,16 +18,19 @@ typedef struct {
     PyObject *codes; /* tuple keeping the code capsules alive */
 } snapshot_box;
 
-static void snapshot_free(PyObject *cap) {
-    snapshot_box *box = PyCapsule_GetPointer(cap, SNAPSHOT_CAPSULE);
-    if (!box)
-        return;
+static void box_free(snapshot_box *box) {
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
     PyMem_Free(box->s.tables);
     Py_XDECREF(box->codes);
     PyMem_Free(box);
+}
+
+static void snapshot_free(PyObject *cap) {
+    snapshot_box *box = PyCapsule_GetPointer(cap, SNAPSHOT_CAPSULE);
+    if (box)
+        box_free(box);
 }
 
 /* Parse a sequence of (src_lo, dst_lo, length) runs. */
@@ -170,12 +173,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     return cap;
 fail:
     Py_DECREF(fast);
-    for (int i = 0; i < box->nviews; i++)
-        PyBuffer_Release(&box->views[i]);
-    PyMem_Free(box->views);
-    PyMem_Free(box->s.tables);
-    Py_XDECREF(box->codes);
-    PyMem_Free(box);
+    box_free(box);
     return NULL;
 }
 
