@@ -15,8 +15,8 @@ EMPTY_U64 = np.empty(0, dtype=np.uint64)
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """Return the distinct values, sorted.  Cost: one sort."""
-    s = np.sort(np.asarray(values, dtype=np.uint64))
+    """Return the distinct values, sorted, in the input's dtype.  Cost: one sort."""
+    s = np.sort(np.asarray(values))
     if len(s) < 2:
         return s
     keep = np.empty(len(s), dtype=bool)

@@ -114,6 +114,8 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         }
         if (ndx_parse_runs(runs, &tb->fwd) < 0 || ndx_parse_runs(inv, &tb->inv) < 0)
             goto fail;
+        uint64_t top = tb->p == 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        tb->orig_mask = perm_apply(&tb->inv, top);
         if (ndx_get_code(code, &tb->code) < 0)
             goto fail;
         Py_INCREF(code);

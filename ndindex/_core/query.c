@@ -56,8 +56,16 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Candidate values found by a table, unpermuted, appended at r->fp[r->n..]. */
-static int add_candidate(query_results *r, uint64_t v) {
+/* Append a candidate v (unpermuted) found by table t, unless an earlier
+ * table finds it too: every table holds the same values, and table i finds
+ * v exactly when v agrees with q on table i's prefix bits, so the first
+ * such table reports it and no duplicates need removing later. */
+static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_results *r,
+                         uint64_t v) {
+    uint64_t x = v ^ q;
+    for (int i = 0; i < t; i++)
+        if ((x & s->tables[i].orig_mask) == 0)
+            return 0;
     if (reserve(r, 1) < 0)
         return QUERY_NOMEM;
     r->fp[r->n++] = v;
@@ -82,7 +90,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
                                                  tb->offsets[b + 1] - tb->offsets[b], lo);
             for (; i < tb->ndecoded && tb->decoded[i] <= hi; i++)
                 if (__builtin_popcountll(tb->decoded[i] ^ qp) <= k)
-                    if (add_candidate(out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
+                    if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
                         return QUERY_NOMEM;
         }
         for (size_t b = tb->decoded ? tb->nblocks : lower_bound(tb->keys, tb->nblocks, lo);
@@ -96,17 +104,19 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
                 return (int)n;
             }
             for (long i = 0; i < n; i++)
-                if (add_candidate(out, perm_apply(&tb->inv, found[i])) < 0)
+                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
                     return QUERY_NOMEM;
             if (tb->keys[b] >= hi)
                 break;
         }
         for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
             if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
-                if (add_candidate(out, perm_apply(&tb->inv, tb->log[i])) < 0)
+                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
                     return QUERY_NOMEM;
     }
-    /* Distinct, not removed, then ordered by (distance, value). */
+    /* Distinct across tables (add_candidate); one table can still find a
+     * value in its blocks and in its log, so drop neighbours that repeat and
+     * the removed, then order by (distance, value). */
     size_t n = out->n - start;
     uint64_t *fp = out->fp + start;
     if (n <= 32) {

@@ -17,6 +17,7 @@ typedef struct {
 typedef struct {
     int p; /* prefix bits probed */
     perm_runs fwd, inv;
+    uint64_t orig_mask; /* the prefix bits, at their unpermuted positions */
     const codec_code *code;
     size_t nblocks;
     const uint64_t *keys;       /* last (permuted) value of each block */

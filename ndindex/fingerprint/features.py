@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 
 from ndindex import _core
+from ndindex.arrays import sorted_unique
 from ndindex.fingerprint.hashing import DEFAULT_SEED, _check_seed
 from ndindex.fingerprint.normalize import normalize_text, normalize_utf8
 
@@ -121,7 +122,7 @@ def _stop_hashes(words: tuple[str, ...], seed: int) -> np.ndarray:
     cached = _STOP_CACHE.get(key)
     if cached is None:
         hashes = [_core.xxh64(w.encode("utf-8"), seed) for w in words]
-        cached = np.unique(np.array(hashes, dtype=np.uint64))
+        cached = sorted_unique(np.array(hashes, dtype=np.uint64))
         if len(_STOP_CACHE) > 32:
             _STOP_CACHE.clear()
         _STOP_CACHE[key] = cached

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex import _core
+from ndindex.arrays import sorted_unique
 from ndindex.fingerprint.hashing import _check_seed, hash_rows
 
 #: Sketch length by default; the IIR text uses 200.
@@ -116,7 +117,7 @@ def super_shingles(sketch: np.ndarray, size: int = 4, seed: int = 0) -> np.ndarr
     if not 1 <= size <= len(s):
         raise ValueError(f"size must be in 1..{len(s)}, got {size}")
     windows = np.lib.stride_tricks.sliding_window_view(s, size)
-    return np.unique(hash_rows(windows, seed))
+    return sorted_unique(hash_rows(windows, seed))
 
 
 def optimal_bands(threshold: float, num_perm: int, fp_weight: float = 0.5,
@@ -183,7 +184,7 @@ def bucket_pairs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                      + np.maximum(a, b).astype(np.uint64))
     if not found:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    codes = np.unique(np.concatenate(found))
+    codes = sorted_unique(np.concatenate(found))
     return (codes // np.uint64(n)).astype(np.int64), (codes % np.uint64(n)).astype(np.int64)
 
 
@@ -222,11 +223,11 @@ def bottom_k(features, k: int = DEFAULT_BOTTOM_K) -> np.ndarray:
     if len(top) > 4 * k:
         top = np.partition(top, 4 * k)[:4 * k] if len(top) > 4 * k else top
         # distinct values among the 4k smallest: enough unless repeats dominate
-        u = np.unique(top)
+        u = sorted_unique(top)
         if len(u) >= k:
             return u[:k]
         top = (np.asarray(features, dtype=np.uint64) >> np.uint64(32)).astype(np.uint32)
-    return np.unique(top)[:k]
+    return sorted_unique(top)[:k]
 
 
 def bottom_k_jaccard(a: np.ndarray, b: np.ndarray, k: int = DEFAULT_BOTTOM_K) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from ndindex.arrays import sorted_unique
 from ndindex.errors import FormatError
 
 WEIGHTINGS = ("binary", "tf", "logtf", "tfidf")
@@ -50,7 +51,7 @@ class IdfTable:
         table = cls()
         batch: list[np.ndarray] = []
         for feats in feature_arrays:
-            batch.append(np.unique(np.asarray(feats, dtype=np.uint64)))
+            batch.append(sorted_unique(np.asarray(feats, dtype=np.uint64)))
             if len(batch) == 4096:
                 table._merge(batch)
                 batch = []

@@ -202,3 +202,28 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
     with Index.open(dest) as copy:
         copy.verify()
         assert len(copy) == len(np.unique(fps)) + 2000
+
+
+def test_value_in_tables_and_log_is_reported_once(path):
+    with Index.create(path, k=3, expected_n=1000, log_limit=10**9) as ix:
+        ix.add([0xABCDEF, 0xABCDEE])
+        ix.compact()
+        ix.add([0xABCDEF])  # again: now in every table's blocks and in the log
+        assert [(m.fingerprint, m.distance) for m in ix.query(0xABCDEF, 1)] == \
+            [(0xABCDEF, 0), (0xABCDEE, 1)]
+        many = ix.query_many([0xABCDEF], 1)
+        assert many["fingerprint"].tolist() == [0xABCDEF, 0xABCDEE]
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["mapped", "preloaded"])
+def test_many_table_plan_at_k10_matches_brute_force(path, preload):
+    # 66 tables: a near match is found by dozens of them and must come out once.
+    rng = np.random.default_rng(9)
+    fps = clustered(rng, 60, 40, 6)
+    with Index.create(path, k=10, expected_n=1_000_000, log_limit=10**9) as ix:
+        assert len(ix.plan.tables) > 20
+        ix.add(fps[:1500])
+        ix.compact()
+        ix.add(fps[1500:])
+        ix.preload(preload)
+        check_queries(ix, fps, near(rng, fps, 60, 8), 10)
