@@ -179,11 +179,6 @@ class HuffmanCode:
             raise FormatError(f"code is not complete: Kraft sum {kraft / (1 << CODE_MAX_BITS):.6f}, expected 1")
         return cls.from_lengths(lengths, coding)
 
-    def cost_bits(self, values: np.ndarray) -> int:
-        """Return the bitstream bits this code spends on a sorted array (no block overhead)."""
-        h = delta_symbols(values, self.coding)
-        return int(np.frombuffer(self.lengths, np.uint8)[h].sum() + h.sum())
-
     def __eq__(self, other):
         return (isinstance(other, HuffmanCode) and self.coding == other.coding
                 and self.lengths == other.lengths)

@@ -807,6 +807,12 @@ def _pair(ix: Index, state: _State, fp: Fingerprinter, k: int, threshold: float,
         dist = np.concatenate([f[2] for f in found])
         _, first = np.unique(a * len(ids) + b, return_index=True)   # both ends may ask
         a, b, dist = a[first], b[first], dist[first]
+        # The PREFILTER_VALUES smallest values of two sketches are the
+        # bottom-32 sketches of the same sets: a Jaccard estimate with
+        # standard error <= 0.09.  PREFILTER_MARGIN is over 3 of those, so a
+        # true pair is lost with probability below 1e-3 at the threshold,
+        # and the bulk of candidates, which share almost nothing, never
+        # load their full sketches.
         rough = jaccard_many(prefixes, a, b, PREFILTER_VALUES) if len(a) else np.empty(0)
         keep = rough >= threshold - PREFILTER_MARGIN
         a, b, dist = a[keep], b[keep], dist[keep]
@@ -889,30 +895,6 @@ def jaccard_many(matrix: np.ndarray, left, right, k: int) -> np.ndarray:
         union = np.count_nonzero(distinct & (rank <= k), axis=1)
         both = np.count_nonzero(same & (rank[:, 1:] <= k), axis=1)
         out[start:start + len(a)] = np.where(union > 0, both / np.maximum(union, 1), 1.0)
-    return out
-
-
-def verify_pairs(matrix: np.ndarray, left, right, k: int, threshold: float) -> np.ndarray:
-    """Return the similarity of each pair, or -1 where it is surely below threshold.
-
-    A first pass compares the PREFILTER_VALUES smallest values of each
-    sketch -- the bottom-32 sketches of the same sets, a Jaccard estimate
-    with standard error <= 0.09 -- and drops pairs PREFILTER_MARGIN below
-    the threshold (over 3 standard errors: a true pair is lost with
-    probability below 1e-3 at the threshold, far less above it); the exact
-    bottom-k similarity decides for the rest.  8x less work for the bulk of
-    candidates, which share almost nothing.
-    """
-    left = np.asarray(left, dtype=np.int64)
-    right = np.asarray(right, dtype=np.int64)
-    out = np.full(len(left), -1.0)
-    if matrix.shape[1] > PREFILTER_VALUES:
-        rough = jaccard_many(np.ascontiguousarray(matrix[:, :PREFILTER_VALUES]), left, right,
-                             PREFILTER_VALUES)
-        keep = np.flatnonzero(rough >= threshold - PREFILTER_MARGIN)
-    else:
-        keep = np.arange(len(left))
-    out[keep] = jaccard_many(matrix, left[keep], right[keep], k)
     return out
 
 

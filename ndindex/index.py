@@ -18,21 +18,20 @@ notice that nothing changed.
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import os
 import struct
 import threading
 import time
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from ndindex import _core, codec, plan as plans, store as st, tables
 from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, merge_sorted, sorted_unique
 from ndindex.codec import CODING_DELTA, HuffmanCode
-from ndindex.errors import ClosedError, CorruptionError, FormatError, ReadOnlyError
+from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
 
 #: Default size of the append log, in fingerprints, before add() compacts.
 DEFAULT_LOG_LIMIT = 1 << 18

@@ -14,7 +14,6 @@ copy out of; the kernels want the mapped bytes themselves).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import struct
@@ -305,9 +304,6 @@ class Store:
         stat = self.env.stat()
         return (info["last_pgno"] + 1) * stat["psize"]
 
-    def db_stat(self, txn, db: bytes) -> dict:
-        return txn.stat(self.dbs[db])
-
 
 # -- header ------------------------------------------------------------------
 
@@ -383,13 +379,3 @@ def _check_map_covers_file(env: lmdb.Environment, path: str) -> None:
     info = env.info()
     if (info["last_pgno"] + 1) * env.stat()["psize"] > os.path.getsize(path):
         raise CorruptionError(f"{path}: file is truncated", database="lmdb")
-
-
-@contextlib.contextmanager
-def cursor(txn, store: Store, db: bytes):
-    """A cursor on one sub-database, closed on exit."""
-    cur = txn.cursor(db=store.dbs[db])
-    try:
-        yield cur
-    finally:
-        cur.close()

@@ -6,7 +6,6 @@ import importlib
 import json
 import os
 import random
-import sys
 
 import numpy as np
 import pytest

@@ -8,7 +8,7 @@ import numpy as np
 
 from ndindex import _core
 from ndindex.fingerprint import (FeatureSpec, Fingerprinter, MinHashFamily, extract,
-                                 html_to_text, lsh_band_keys, super_shingles, tokens)
+                                 lsh_band_keys, super_shingles, tokens)
 from ndindex.fingerprint.hashing import RABIN_POLY
 
 VECTORS = json.loads((pathlib.Path(__file__).parents[1] / "data" / "fingerprint"

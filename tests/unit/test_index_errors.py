@@ -10,7 +10,6 @@ one), and a full disk (CapacityError, earlier data intact).
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 import sys
 import textwrap
