@@ -215,8 +215,10 @@ def rewrite_incremental(txn, store: Store, table: int, view: TableView, code: co
                 continue
             b = first + j
             old = codec.decode(seg_blocks[j], code)
-            ins = new[new_at == b]
-            rem = gone[gone_at == b]
+            # new and gone are sorted, so their block numbers are too: a
+            # block's values are one slice, found in O(log n).
+            ins = new[np.searchsorted(new_at, b):np.searchsorted(new_at, b, side="right")]
+            rem = gone[np.searchsorted(gone_at, b):np.searchsorted(gone_at, b, side="right")]
             merged = merge_sorted(old, ins, rem)
             delta += len(merged) - len(old)
             rewritten += 1
