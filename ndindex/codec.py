@@ -53,32 +53,6 @@ BLOCK_MIN_ENTRIES = _core.BLOCK_MIN_ENTRIES
 _PRIOR_SAMPLE = 1 << 16
 
 
-def leading_bit(d: np.ndarray) -> np.ndarray:
-    """Return the position of the most significant 1-bit of each nonzero uint64.
-
-    Exact for all 64-bit values (float conversion alone can round up to the
-    next power of two, so the estimate is corrected).  Cost: O(n), vectorised.
-    """
-    d = np.asarray(d, dtype=np.uint64)
-    h = (np.frexp(d.astype(np.float64))[1] - 1).astype(np.int64)
-    h = np.clip(h, 0, 63)
-    too_high = (d >> h.astype(np.uint64)) == 0
-    h[too_high] -= 1
-    return h
-
-
-def delta_symbols(values: np.ndarray, coding: int) -> np.ndarray:
-    """Return h for each value after the first of a strictly increasing array."""
-    values = np.asarray(values, dtype=np.uint64)
-    if coding == CODING_DELTA:
-        d = values[1:] - values[:-1]
-    elif coding == CODING_XOR:
-        d = values[1:] ^ values[:-1]
-    else:
-        raise ValueError(f"coding must be {CODING_XOR} (xor) or {CODING_DELTA} (delta), got {coding}")
-    return leading_bit(d)
-
-
 def limited_code_lengths(freqs, max_bits: int = CODE_MAX_BITS) -> list[int]:
     """Return optimal Huffman code lengths of at most max_bits (package-merge).
 
@@ -197,7 +171,7 @@ def _density_histogram(n: int, coding: int) -> np.ndarray:
     sample = np.unique((rng.random(m) * span).astype(np.uint64))
     if len(sample) < 2:
         sample = np.array([0, 1], dtype=np.uint64)
-    hist = np.bincount(delta_symbols(sample, coding), minlength=CODE_SYMBOLS).astype(np.float64)
+    hist = np.array(_core.delta_histogram(sample, coding), dtype=np.float64)
     hist.flags.writeable = False  # shared through the cache
     return hist
 

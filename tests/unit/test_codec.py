@@ -33,12 +33,14 @@ def test_crc32c_matches_reference_on_odd_lengths():
         assert _core.crc32c(data[:n]) == codec_reference.crc32c(data[:n])
 
 
-def test_leading_bit_is_exact_at_powers_of_two():
-    vals = []
+def test_delta_histogram_is_exact_at_powers_of_two():
+    # Deltas 2^h and 2^(h+1)-1 both have their leading 1-bit at h, for every h.
     for h in range(64):
-        vals += [1 << h, (1 << (h + 1)) - 1]
-    got = codec.leading_bit(np.array(vals, dtype=np.uint64))
-    assert list(got) == [h for h in range(64) for _ in range(2)]
+        for d in (1 << h, (1 << (h + 1)) - 1):
+            values = np.array([0, d], dtype=np.uint64)
+            for coding in (codec.CODING_DELTA, codec.CODING_XOR):
+                hist = _core.delta_histogram(values, coding)
+                assert hist[h] == 1 and sum(hist) == 1
 
 
 def test_limited_code_lengths_complete_and_bounded():

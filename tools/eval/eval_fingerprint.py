@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import corpus  # noqa: E402
+from ndindex import _core, codec  # noqa: E402
 
 from ndindex.fingerprint import (FeatureSpec, Fingerprinter, MinHashFamily,  # noqa: E402
                                  bottom_k, bottom_k_jaccard, extract, jaccard_estimates, lsh_candidate_pairs,
@@ -231,10 +232,8 @@ def evaluate(name: str, docs: list[str], log) -> dict:
 def leading_bit_histogram(fps: np.ndarray) -> np.ndarray:
     """Counts of h = position of the leading 1-bit of XORs of successive
     sorted distinct fingerprints (Manku et al., Figure 2a)."""
-    s = np.unique(fps)
-    x = s[1:] ^ s[:-1]
-    h = np.array([int(v).bit_length() - 1 for v in x], dtype=np.int64)
-    return np.bincount(h, minlength=64)
+    return np.array(_core.delta_histogram(np.unique(np.asarray(fps, dtype=np.uint64)),
+                                          codec.CODING_XOR))
 
 
 def write_plots(results: dict, hist: np.ndarray, out_dir: str) -> list[str]:
