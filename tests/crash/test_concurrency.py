@@ -67,8 +67,10 @@ def states() -> list[frozenset]:
     return out
 
 
-def run_writer(ix: Index, pause: float = 0.002) -> None:
+def run_writer(ix: Index, pause: float = 0.002, before_op=None) -> None:
     for op, arg in operations():
+        if before_op is not None:
+            before_op()
         if op == "add":
             ix.add(batch(arg), keys=[f"{arg}/{i}" for i in range(len(batch(arg)))])
         elif op == "remove":
@@ -104,12 +106,15 @@ class Checker:
         self.checks += 1
 
 
-def read_until(ix: Index, done: threading.Event, errors: list, checks: list) -> None:
+def read_until(ix: Index, done: threading.Event, errors: list, checks: list,
+               checked: threading.Event | None = None) -> None:
     checker = Checker()
     queries = seeds()
     try:
         while not done.is_set():
             checker.check(ix.query_many(queries, k=2))
+            if checked is not None:
+                checked.set()
             b = int(np.random.default_rng(checker.checks).integers(N_BATCHES))
             got = ix.query(int(queries[b]), 2)
             assert len(got) in (0, len(batch(b))), f"batch {b}: {len(got)} of {len(batch(b))}"
@@ -153,13 +158,21 @@ def test_readers_see_only_committed_states_while_writer_adds_removes_and_compact
                               text=True)
     try:
         assert reader.stdout.readline().strip() == "reading", reader.stderr.read()
-        done, errors, checks = threading.Event(), [], []
-        threads = [threading.Thread(target=read_until, args=(ix, done, errors, checks))
+        done, errors, checks, checked = threading.Event(), [], [], threading.Event()
+        threads = [threading.Thread(target=read_until, args=(ix, done, errors, checks, checked))
                    for _ in range(N_READER_THREADS)]
         for t in threads:
             t.start()
+
+        def wait_for_a_reader():
+            # On a loaded machine the writer could finish before any reader
+            # runs; waiting (bounded) for one check per operation makes the
+            # overlap this test is about certain rather than likely.
+            checked.wait(timeout=5)
+            checked.clear()
+
         try:
-            run_writer(ix)
+            run_writer(ix, before_op=wait_for_a_reader)
         finally:
             done.set()
             for t in threads:
@@ -173,8 +186,7 @@ def test_readers_see_only_committed_states_while_writer_adds_removes_and_compact
         raise errors[0]
     assert reader.returncode == 0, err
     # Each reader checks once more after the writer is done; more checks
-    # than that means answers were checked while the writer worked.  (No
-    # fixed count: on a loaded machine the writer may finish quickly.)
+    # than that means answers were checked while the writer worked.
     assert len(checks) == N_READER_THREADS and sum(checks) > N_READER_THREADS, checks
     assert int(out.split()[-1]) >= 2, out
     with Index.open(path) as final:
