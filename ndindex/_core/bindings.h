@@ -28,4 +28,11 @@ const char *ndx_status_text(long rc);
 
 extern PyMethodDef batch_methods[];
 
+#include "lmdbpage.h"
+extern PyMethodDef lmdbpage_methods[];
+/* Raise CorruptionError for a damaged LMDB page; returns NULL. */
+PyObject *ndx_raise_lmdb(const mdbp_error *e);
+/* A map over a buffer of pages; -1 with ValueError if it does not fit. */
+int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map);
+
 #endif

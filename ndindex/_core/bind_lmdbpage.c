@@ -1,0 +1,219 @@
+/* Python binding of the LMDB page reader (lmdbpage.c).
+ *
+ * A map is passed as (buffer, psize, npages): the bytes of the file (an
+ * mmap), the page size and how many pages may be read.  A tree is passed as
+ * (root, depth).  Values come back as (offset, length, flags) into the
+ * buffer, so Python slices the map without copying. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "bindings.h"
+#include "lmdbpage.h"
+
+PyObject *ndx_raise_lmdb(const mdbp_error *e) {
+    return ndx_raise_corruption(PyUnicode_FromFormat("LMDB page %llu: %s",
+                                                     (unsigned long long)e->pgno, e->what),
+                                "lmdb", -1);
+}
+
+/* Fill map from a buffer and geometry; the pages must lie inside the buffer. */
+int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map) {
+    if (psize < 512 || psize > 65536 || (psize & (psize - 1))) {
+        PyErr_SetString(PyExc_ValueError, "psize must be a power of two in 512..65536");
+        return -1;
+    }
+    if (npages > (unsigned long long)buf->len / psize) {
+        PyErr_SetString(PyExc_ValueError, "npages exceeds the buffer");
+        return -1;
+    }
+    map->base = buf->buf;
+    map->psize = (uint32_t)psize;
+    map->npages = npages;
+    return 0;
+}
+
+static PyObject *db_to_dict(const mdbp_db *d) {
+    return Py_BuildValue("{s:k,s:k,s:K,s:K,s:K,s:K,s:K}", "flags", (unsigned long)d->flags,
+                         "depth", (unsigned long)d->depth, "branch_pages",
+                         (unsigned long long)d->branch_pages, "leaf_pages",
+                         (unsigned long long)d->leaf_pages, "overflow_pages",
+                         (unsigned long long)d->overflow_pages, "entries",
+                         (unsigned long long)d->entries, "root", (unsigned long long)d->root);
+}
+
+PyDoc_STRVAR(lmdb_meta_doc,
+             "lmdb_meta(file, slot, psize=0) -> dict\n\n"
+             "Parse and check meta page 0 or 1 from the file's first bytes (a buffer).\n"
+             "psize 0 reads it from page 0.  Returns txnid, last_pg, psize, mapsize,\n"
+             "env_flags, free and main (tree records as dicts).  Raises CorruptionError.");
+static PyObject *py_lmdb_meta(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    int slot;
+    unsigned long psize = 0;
+    if (!PyArg_ParseTuple(args, "y*i|k", &buf, &slot, &psize))
+        return NULL;
+    PyObject *res = NULL;
+    mdbp_meta m;
+    mdbp_error e;
+    if (slot != 0 && slot != 1)
+        PyErr_SetString(PyExc_ValueError, "slot must be 0 or 1");
+    else if (mdbp_read_meta(buf.buf, (size_t)buf.len, slot, (uint32_t)psize, &m, &e) < 0)
+        ndx_raise_lmdb(&e);
+    else {
+        PyObject *fr = db_to_dict(&m.free_db), *mn = db_to_dict(&m.main_db);
+        if (fr && mn)
+            res = Py_BuildValue("{s:K,s:K,s:k,s:K,s:k,s:O,s:O}", "txnid",
+                                (unsigned long long)m.txnid, "last_pg",
+                                (unsigned long long)m.last_pg, "psize", (unsigned long)m.psize,
+                                "mapsize", (unsigned long long)m.mapsize, "env_flags",
+                                (unsigned long)m.env_flags, "free", fr, "main", mn);
+        Py_XDECREF(fr);
+        Py_XDECREF(mn);
+    }
+    PyBuffer_Release(&buf);
+    return res;
+}
+
+static int tree_of(unsigned long long root, int depth, mdbp_db *db) {
+    memset(db, 0, sizeof *db);
+    db->root = root;
+    db->depth = (uint16_t)(depth < 0 ? 0 : depth);
+    if (depth < 0 || depth > MDBP_MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "depth out of range");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(lmdb_get_doc,
+             "lmdb_get(file, psize, npages, root, depth, key) -> (offset, length, flags) | None\n\n"
+             "Exact lookup of key in the tree (root, depth); the value lies at\n"
+             "file[offset:offset + length].  Raises CorruptionError for a damaged page.");
+static PyObject *py_lmdb_get(PyObject *self, PyObject *args) {
+    Py_buffer buf, key;
+    unsigned long psize;
+    unsigned long long npages, root;
+    int depth;
+    if (!PyArg_ParseTuple(args, "y*kKKiy*", &buf, &psize, &npages, &root, &depth, &key))
+        return NULL;
+    PyObject *res = NULL;
+    mdbp_map map;
+    mdbp_db db;
+    if (ndx_get_map(&buf, psize, npages, &map) == 0 && tree_of(root, depth, &db) == 0) {
+        const uint8_t *val;
+        size_t vlen;
+        unsigned flags;
+        mdbp_error e;
+        int rc = mdbp_get(&map, &db, key.buf, (size_t)key.len, &val, &vlen, &flags, &e);
+        if (rc == MDBP_CORRUPT)
+            ndx_raise_lmdb(&e);
+        else if (rc == MDBP_END)
+            res = Py_NewRef(Py_None);
+        else
+            res = Py_BuildValue("(nnk)", (Py_ssize_t)(val - map.base), (Py_ssize_t)vlen,
+                                (unsigned long)flags);
+    }
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&key);
+    return res;
+}
+
+PyDoc_STRVAR(lmdb_scan_doc,
+             "lmdb_scan(file, psize, npages, root, depth, start, prefix=b'', limit=-1,\n"
+             "          check_all=False) -> list[(key, offset, length, flags)]\n\n"
+             "The entries from the first key >= start, in order, while keys begin with\n"
+             "prefix, at most limit of them.  check_all checks every node of every page\n"
+             "visited.  Raises CorruptionError for a damaged page.");
+static PyObject *py_lmdb_scan(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"file", "psize", "npages", "root", "depth", "start", "prefix",
+                            "limit", "check_all", NULL};
+    Py_buffer buf, start, prefix = {0};
+    unsigned long psize;
+    unsigned long long npages, root;
+    int depth, check_all = 0;
+    Py_ssize_t limit = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*kKKiy*|y*np", names, &buf, &psize, &npages,
+                                     &root, &depth, &start, &prefix, &limit, &check_all))
+        return NULL;
+    PyObject *res = NULL;
+    mdbp_map map;
+    mdbp_db db;
+    if (ndx_get_map(&buf, psize, npages, &map) < 0 || tree_of(root, depth, &db) < 0)
+        goto done;
+    res = PyList_New(0);
+    if (!res)
+        goto done;
+    mdbp_cursor c;
+    mdbp_error e;
+    int rc = mdbp_seek(&map, &db, start.buf, (size_t)start.len, check_all, &c, &e);
+    for (Py_ssize_t n = 0; rc == MDBP_FOUND && (limit < 0 || n < limit); n++) {
+        const uint8_t *k, *val;
+        size_t kl, vlen;
+        unsigned flags;
+        mdbp_key(&c, &k, &kl);
+        if (prefix.buf && (kl < (size_t)prefix.len || memcmp(k, prefix.buf, prefix.len)))
+            break;
+        if (mdbp_value(&c, &val, &vlen, &flags, &e) < 0) {
+            rc = MDBP_CORRUPT;
+            break;
+        }
+        PyObject *item = Py_BuildValue("(y#nnk)", (const char *)k, (Py_ssize_t)kl,
+                                       (Py_ssize_t)(val - map.base), (Py_ssize_t)vlen,
+                                       (unsigned long)flags);
+        if (!item || PyList_Append(res, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(res);
+            goto done;
+        }
+        Py_DECREF(item);
+        rc = mdbp_next(&c, &e);
+    }
+    if (rc == MDBP_CORRUPT) {
+        Py_CLEAR(res);
+        ndx_raise_lmdb(&e);
+    }
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&start);
+    if (prefix.buf)
+        PyBuffer_Release(&prefix);
+    return res;
+}
+
+PyDoc_STRVAR(lmdb_tree_doc,
+             "lmdb_tree(file, psize, npages, raw) -> dict\n\n"
+             "Parse and check a 48-byte tree record (MDB_db) as found in the main\n"
+             "database for a named database.  Raises CorruptionError.");
+static PyObject *py_lmdb_tree(PyObject *self, PyObject *args) {
+    Py_buffer buf, raw;
+    unsigned long psize;
+    unsigned long long npages;
+    if (!PyArg_ParseTuple(args, "y*kKy*", &buf, &psize, &npages, &raw))
+        return NULL;
+    PyObject *res = NULL;
+    mdbp_map map;
+    if (ndx_get_map(&buf, psize, npages, &map) == 0) {
+        mdbp_db db;
+        mdbp_error e;
+        if (raw.len != MDBP_DB_BYTES)
+            ndx_raise_corruption(PyUnicode_FromFormat("tree record is %zd bytes, expected %d",
+                                                      raw.len, MDBP_DB_BYTES),
+                                 "lmdb", -1);
+        else if (mdbp_parse_db(&map, raw.buf, &db, &e) < 0)
+            ndx_raise_lmdb(&e);
+        else
+            res = db_to_dict(&db);
+    }
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&raw);
+    return res;
+}
+
+PyMethodDef lmdbpage_methods[] = {
+    {"lmdb_meta", py_lmdb_meta, METH_VARARGS, lmdb_meta_doc},
+    {"lmdb_get", py_lmdb_get, METH_VARARGS, lmdb_get_doc},
+    {"lmdb_scan", (PyCFunction)(void (*)(void))py_lmdb_scan, METH_VARARGS | METH_KEYWORDS,
+     lmdb_scan_doc},
+    {"lmdb_tree", py_lmdb_tree, METH_VARARGS, lmdb_tree_doc},
+    {NULL, NULL, 0, NULL},
+};

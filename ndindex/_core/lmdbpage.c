@@ -1,0 +1,425 @@
+#include "lmdbpage.h"
+
+#include <string.h>
+
+#define MDB_MAGIC 0xBEEFC0DEu
+#define MDB_DATA_VERSION 1u
+/* Environment flags LMDB keeps in the meta page (mm_flags), and the
+ * database flags a tree record may carry (MDB_REVERSEKEY..MDB_INTEGERDUP). */
+#define ENV_FLAGS_KNOWN 0xFFFFu
+#define DB_FLAGS_KNOWN 0x7Eu
+#define DB_INTEGERKEY 0x08u
+
+/* Fixed-width loads: LMDB writes host order, and ndindex supports
+ * little-endian hosts only (FORMAT.md section 8.1). */
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static int fail(mdbp_error *e, uint64_t pgno, const char *what) {
+    e->pgno = pgno;
+    e->what = what;
+    return MDBP_CORRUPT;
+}
+
+int mdbp_compare(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+    size_t n = alen < blen ? alen : blen;
+    int d = n ? memcmp(a, b, n) : 0;
+    if (d)
+        return d;
+    return alen < blen ? -1 : alen > blen;
+}
+
+static void parse_db_raw(const uint8_t *r, mdbp_db *d) {
+    d->pad = ld32(r);
+    d->flags = ld16(r + 4);
+    d->depth = ld16(r + 6);
+    d->branch_pages = ld64(r + 8);
+    d->leaf_pages = ld64(r + 16);
+    d->overflow_pages = ld64(r + 24);
+    d->entries = ld64(r + 32);
+    d->root = ld64(r + 40);
+}
+
+static int check_db(uint64_t pages_limit, const mdbp_db *d, uint64_t where, mdbp_error *e) {
+    if (d->root == MDBP_INVALID_PGNO) {
+        if (d->depth != 0 || d->entries != 0 || d->branch_pages || d->leaf_pages ||
+            d->overflow_pages)
+            return fail(e, where, "empty tree with nonzero counts");
+        return 0;
+    }
+    if (d->root < 2 || d->root >= pages_limit)
+        return fail(e, where, "tree root page out of range");
+    if (d->depth < 1 || d->depth > MDBP_MAX_DEPTH)
+        return fail(e, where, "tree depth out of range");
+    if (d->leaf_pages < 1 || d->entries < 1)
+        return fail(e, where, "non-empty tree without leaves or entries");
+    if (d->branch_pages + d->leaf_pages + d->overflow_pages >= pages_limit)
+        return fail(e, where, "tree page counts exceed the file");
+    if ((d->depth > 1) != (d->branch_pages > 0))
+        return fail(e, where, "tree depth disagrees with its branch page count");
+    return 0;
+}
+
+int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_hint,
+                   mdbp_meta *out, mdbp_error *e) {
+    uint32_t psize = psize_hint;
+    if (slot == 0 && psize == 0) {
+        /* mm_psize is the free database's md_pad: page header, then magic,
+         * version, address and mapsize (24 bytes), then the MDB_db. */
+        if (avail < MDBP_PAGE_HEADER + MDBP_META_BYTES)
+            return fail(e, 0, "file too short for a meta page");
+        psize = ld32(file + MDBP_PAGE_HEADER + 24);
+    }
+    if (psize < 512 || psize > 65536 || (psize & (psize - 1)))
+        return fail(e, (uint64_t)slot, "meta page size is not a power of two in 512..65536");
+    size_t off = (size_t)slot * psize;
+    if (avail < off + MDBP_PAGE_HEADER + MDBP_META_BYTES)
+        return fail(e, (uint64_t)slot, "file too short for a meta page");
+    const uint8_t *p = file + off;
+    if (ld64(p) != (uint64_t)slot)
+        return fail(e, (uint64_t)slot, "meta page does not name itself");
+    if ((ld16(p + 10) & ~0x10u) != MDBP_P_META) /* P_DIRTY may linger from a write */
+        return fail(e, (uint64_t)slot, "meta page flags are not P_META");
+    const uint8_t *m = p + MDBP_PAGE_HEADER;
+    if (ld32(m) != MDB_MAGIC)
+        return fail(e, (uint64_t)slot, "meta page magic is not LMDB's");
+    out->version = ld32(m + 4);
+    if (out->version != MDB_DATA_VERSION)
+        return fail(e, (uint64_t)slot, "LMDB data version is not 1");
+    out->mapsize = ld64(m + 16);
+    parse_db_raw(m + 24, &out->free_db);
+    parse_db_raw(m + 24 + MDBP_DB_BYTES, &out->main_db);
+    out->last_pg = ld64(m + 24 + 2 * MDBP_DB_BYTES);
+    out->txnid = ld64(m + 24 + 2 * MDBP_DB_BYTES + 8);
+    out->psize = out->free_db.pad;
+    out->env_flags = out->free_db.flags;
+    if (out->psize != psize)
+        return fail(e, (uint64_t)slot, "meta pages disagree on the page size");
+    if (!(out->env_flags & DB_INTEGERKEY))
+        return fail(e, (uint64_t)slot, "free database lacks its integer-key flag");
+    if (out->last_pg < 1 || out->last_pg >= ((uint64_t)1 << 48))
+        return fail(e, (uint64_t)slot, "meta page's last page out of range");
+    if (out->mapsize % psize)
+        return fail(e, (uint64_t)slot, "map size is not a whole number of pages");
+    mdbp_db free_db = out->free_db;
+    free_db.pad = 0;
+    free_db.flags = 0;
+    if (check_db(out->last_pg + 1, &free_db, (uint64_t)slot, e) < 0 ||
+        check_db(out->last_pg + 1, &out->main_db, (uint64_t)slot, e) < 0)
+        return MDBP_CORRUPT;
+    if (out->main_db.flags & ~DB_FLAGS_KNOWN)
+        return fail(e, (uint64_t)slot, "main database has unknown flags");
+    return 0;
+}
+
+int mdbp_parse_db(const mdbp_map *map, const uint8_t *raw, mdbp_db *out, mdbp_error *e) {
+    parse_db_raw(raw, out);
+    if (out->flags & ~DB_FLAGS_KNOWN)
+        return fail(e, out->root, "database record has unknown flags");
+    return check_db(map->npages, out, out->root, e);
+}
+
+/* A branch or leaf page, its header checked: it names itself, has the
+ * expected kind and a free-space window inside the page. */
+static int get_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t **out,
+                    unsigned *nkeys, mdbp_error *e) {
+    if (pgno < 2 || pgno >= map->npages)
+        return fail(e, pgno, "page number out of range");
+    const uint8_t *p = map->base + pgno * map->psize;
+    if (ld64(p) != pgno)
+        return fail(e, pgno, "page does not name itself");
+    unsigned flags = ld16(p + 10);
+    if (flags != kind)
+        return fail(e, pgno, kind == MDBP_P_LEAF ? "expected a leaf page" : "expected a branch page");
+    unsigned lower = ld16(p + 12), upper = ld16(p + 14);
+    if (lower < MDBP_PAGE_HEADER || lower > upper || upper > map->psize ||
+        ((lower - MDBP_PAGE_HEADER) & 1))
+        return fail(e, pgno, "page free-space bounds impossible");
+    unsigned n = (lower - MDBP_PAGE_HEADER) / 2;
+    if (n < (kind == MDBP_P_BRANCH ? 2u : 1u))
+        return fail(e, pgno, "page holds too few nodes");
+    *out = p;
+    *nkeys = n;
+    return 0;
+}
+
+/* Node i of a checked page, itself checked: header and key inside the node
+ * area, and for leaves the data (or the overflow page number) too. */
+static int get_node(const mdbp_map *map, const uint8_t *page, unsigned i, const uint8_t **node,
+                    mdbp_error *e) {
+    uint64_t pgno = ld64(page);
+    unsigned upper = ld16(page + 14);
+    unsigned off = ld16(page + MDBP_PAGE_HEADER + 2 * i);
+    if (off < upper || off + MDBP_NODE_HEADER > map->psize)
+        return fail(e, pgno, "node offset outside the page's node area");
+    const uint8_t *nd = page + off;
+    unsigned ksize = ld16(nd + 6);
+    size_t end = (size_t)off + MDBP_NODE_HEADER + ksize;
+    if (ksize > MDBP_MAX_KEY || end > map->psize)
+        return fail(e, pgno, "node key runs past the page");
+    if (ld16(page + 10) == MDBP_P_LEAF) {
+        unsigned nflags = ld16(nd + 4);
+        if (nflags & ~(unsigned)(MDBP_F_BIGDATA | MDBP_F_SUBDATA | MDBP_F_DUPDATA))
+            return fail(e, pgno, "leaf node has unknown flags");
+        size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
+        if (end + ((nflags & MDBP_F_BIGDATA) ? 8 : dsize) > map->psize)
+            return fail(e, pgno, "leaf node data runs past the page");
+    }
+    *node = nd;
+    return 0;
+}
+
+static inline void node_key(const uint8_t *nd, const uint8_t **k, size_t *klen) {
+    *k = nd + MDBP_NODE_HEADER;
+    *klen = ld16(nd + 6);
+}
+
+static inline uint64_t node_child(const uint8_t *nd) {
+    return (uint64_t)ld16(nd) | ((uint64_t)ld16(nd + 2) << 16) | ((uint64_t)ld16(nd + 4) << 32);
+}
+
+static int in_fences(const uint8_t *k, size_t klen, const uint8_t *lo, size_t lo_len,
+                     const uint8_t *hi, size_t hi_len) {
+    if (lo && mdbp_compare(k, klen, lo, lo_len) < 0)
+        return 0;
+    if (hi && mdbp_compare(k, klen, hi, hi_len) >= 0)
+        return 0;
+    return 1;
+}
+
+int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t *lo,
+                    size_t lo_len, const uint8_t *hi, size_t hi_len, mdbp_error *e) {
+    const uint8_t *page;
+    unsigned n;
+    if (get_page(map, pgno, kind, &page, &n, e) < 0)
+        return MDBP_CORRUPT;
+    const uint8_t *prev = NULL;
+    size_t prev_len = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const uint8_t *nd, *k;
+        size_t klen;
+        if (get_node(map, page, i, &nd, e) < 0)
+            return MDBP_CORRUPT;
+        if (kind == MDBP_P_BRANCH && i == 0)
+            continue; /* a branch's first key is implicit: everything below the second */
+        node_key(nd, &k, &klen);
+        if (!in_fences(k, klen, lo, lo_len, hi, hi_len))
+            return fail(e, pgno, "key outside the range its parent gives the page");
+        if (prev && mdbp_compare(prev, prev_len, k, klen) >= 0)
+            return fail(e, pgno, "keys on the page do not increase");
+        prev = k;
+        prev_len = klen;
+    }
+    return 0;
+}
+
+/* Load level `lvl` of the cursor: the page `pgno` of the kind its level
+ * needs, checked against the fences already set for that level. */
+static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, mdbp_error *e) {
+    unsigned kind = lvl == total_depth - 1 ? MDBP_P_LEAF : MDBP_P_BRANCH;
+    if (c->check_all) {
+        if (mdbp_check_page(c->map, pgno, kind, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                            c->hi_len[lvl], e) < 0)
+            return MDBP_CORRUPT;
+    }
+    if (get_page(c->map, pgno, kind, &c->page[lvl], &c->nkeys[lvl], e) < 0)
+        return MDBP_CORRUPT;
+    if (kind == MDBP_P_LEAF && !c->check_all) {
+        /* The cheap check: the leaf's first and last keys lie inside its
+         * fences, so a misrouted descent cannot pass for a right one. */
+        const uint8_t *nd, *k;
+        size_t klen;
+        unsigned n = c->nkeys[lvl];
+        for (unsigned j = 0; j < 2; j++) {
+            if (get_node(c->map, c->page[lvl], j ? n - 1 : 0, &nd, e) < 0)
+                return MDBP_CORRUPT;
+            node_key(nd, &k, &klen);
+            if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+                return fail(e, pgno, "leaf key outside the range its parent gives it");
+        }
+    }
+    return 0;
+}
+
+/* Set the fences of level lvl + 1 from node i of the branch at level lvl. */
+static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
+    const uint8_t *nd, *k;
+    size_t klen;
+    c->lo[lvl + 1] = c->lo[lvl];
+    c->lo_len[lvl + 1] = c->lo_len[lvl];
+    c->hi[lvl + 1] = c->hi[lvl];
+    c->hi_len[lvl + 1] = c->hi_len[lvl];
+    if (i > 0) {
+        if (get_node(c->map, c->page[lvl], i, &nd, e) < 0)
+            return MDBP_CORRUPT;
+        node_key(nd, &k, &klen);
+        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+            return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
+        c->lo[lvl + 1] = k;
+        c->lo_len[lvl + 1] = (uint16_t)klen;
+    }
+    if (i + 1 < c->nkeys[lvl]) {
+        if (get_node(c->map, c->page[lvl], i + 1, &nd, e) < 0)
+            return MDBP_CORRUPT;
+        node_key(nd, &k, &klen);
+        if (c->lo[lvl + 1] && mdbp_compare(k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
+            return fail(e, ld64(c->page[lvl]), "branch keys do not increase");
+        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+            return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
+        c->hi[lvl + 1] = k;
+        c->hi_len[lvl + 1] = (uint16_t)klen;
+    }
+    return 0;
+}
+
+/* Descend from level lvl (already loaded) to a leaf, taking node `first`
+ * of level lvl and then the leftmost child of each level below. */
+static int descend_leftmost(mdbp_cursor *c, int lvl, unsigned first, mdbp_error *e) {
+    unsigned i = first;
+    for (; lvl < c->depth - 1; lvl++) {
+        const uint8_t *nd;
+        c->index[lvl] = i;
+        if (get_node(c->map, c->page[lvl], i, &nd, e) < 0 || child_fences(c, lvl, i, e) < 0 ||
+            load_level(c, lvl + 1, node_child(nd), c->depth, e) < 0)
+            return MDBP_CORRUPT;
+        i = 0;
+    }
+    c->index[lvl] = i;
+    return MDBP_FOUND;
+}
+
+int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t klen,
+              int check_all, mdbp_cursor *c, mdbp_error *e) {
+    c->map = map;
+    c->depth = db->depth;
+    c->check_all = check_all;
+    if (db->root == MDBP_INVALID_PGNO)
+        return MDBP_END;
+    if (db->depth < 1 || db->depth > MDBP_MAX_DEPTH)
+        return fail(e, db->root, "tree depth out of range");
+    c->lo[0] = c->hi[0] = NULL;
+    c->lo_len[0] = c->hi_len[0] = 0;
+    if (load_level(c, 0, db->root, db->depth, e) < 0)
+        return MDBP_CORRUPT;
+    for (int lvl = 0; lvl < db->depth; lvl++) {
+        const uint8_t *page = c->page[lvl];
+        unsigned n = c->nkeys[lvl];
+        int leaf = lvl == db->depth - 1;
+        /* Binary search as LMDB's mdb_node_search: in a branch, the last
+         * node whose key is <= key (node 0 stands for everything below
+         * node 1); in a leaf, the first node whose key is >= key. */
+        unsigned lo = leaf ? 0 : 1, hi = n;
+        while (lo < hi) {
+            unsigned mid = lo + (hi - lo) / 2;
+            const uint8_t *nd, *k;
+            size_t kl;
+            if (get_node(map, page, mid, &nd, e) < 0)
+                return MDBP_CORRUPT;
+            node_key(nd, &k, &kl);
+            if (mdbp_compare(k, kl, key, klen) < (leaf ? 0 : 1))
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (leaf) {
+            c->index[lvl] = lo;
+            if (lo < n)
+                return MDBP_FOUND;
+            /* Every key here is below `key`: the answer starts the next leaf. */
+            c->index[lvl] = n - 1;
+            return mdbp_next(c, e);
+        }
+        unsigned i = lo - 1; /* lo >= 1: the last node with key <= key */
+        const uint8_t *nd;
+        c->index[lvl] = i;
+        if (get_node(map, page, i, &nd, e) < 0 || child_fences(c, lvl, i, e) < 0 ||
+            load_level(c, lvl + 1, node_child(nd), db->depth, e) < 0)
+            return MDBP_CORRUPT;
+    }
+    return fail(e, db->root, "tree descent ended without a leaf");
+}
+
+int mdbp_next(mdbp_cursor *c, mdbp_error *e) {
+    int leaf = c->depth - 1;
+    if (c->index[leaf] + 1 < c->nkeys[leaf]) {
+        c->index[leaf]++;
+        return MDBP_FOUND;
+    }
+    for (int lvl = leaf - 1; lvl >= 0; lvl--) {
+        if (c->index[lvl] + 1 < c->nkeys[lvl])
+            return descend_leftmost(c, lvl, c->index[lvl] + 1, e);
+    }
+    return MDBP_END;
+}
+
+void mdbp_key(const mdbp_cursor *c, const uint8_t **key, size_t *klen) {
+    int leaf = c->depth - 1;
+    const uint8_t *page = c->page[leaf];
+    unsigned off = ld16(page + MDBP_PAGE_HEADER + 2 * c->index[leaf]);
+    node_key(page + off, key, klen); /* the node was checked when the page was searched */
+}
+
+int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned *flags,
+               mdbp_error *e) {
+    int leaf = c->depth - 1;
+    const uint8_t *nd;
+    if (get_node(c->map, c->page[leaf], c->index[leaf], &nd, e) < 0)
+        return MDBP_CORRUPT;
+    unsigned nflags = ld16(nd + 4);
+    size_t ksize = ld16(nd + 6);
+    size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
+    const uint8_t *data = nd + MDBP_NODE_HEADER + ksize;
+    *flags = nflags;
+    if (!(nflags & MDBP_F_BIGDATA)) {
+        *val = data;
+        *vlen = dsize;
+        return 0;
+    }
+    uint64_t pgno = ld64(data);
+    const mdbp_map *map = c->map;
+    if (pgno < 2 || pgno >= map->npages)
+        return fail(e, ld64(c->page[leaf]), "overflow page number out of range");
+    const uint8_t *op = map->base + pgno * map->psize;
+    if (ld64(op) != pgno)
+        return fail(e, pgno, "overflow page does not name itself");
+    if (ld16(op + 10) != MDBP_P_OVERFLOW)
+        return fail(e, pgno, "expected an overflow page");
+    uint64_t pages = ld32(op + 12);
+    if (pages < 1 || pages > map->npages - pgno)
+        return fail(e, pgno, "overflow run runs past the file");
+    /* LMDB's OVPAGES: the fewest pages holding the header and the data. */
+    if ((MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / map->psize + 1 != pages)
+        return fail(e, pgno, "overflow page count disagrees with the value size");
+    *val = op + MDBP_PAGE_HEADER;
+    *vlen = dsize;
+    return 0;
+}
+
+int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t klen,
+             const uint8_t **val, size_t *vlen, unsigned *flags, mdbp_error *e) {
+    mdbp_cursor c;
+    int rc = mdbp_seek(map, db, key, klen, 0, &c, e);
+    if (rc != MDBP_FOUND)
+        return rc;
+    const uint8_t *k;
+    size_t kl;
+    mdbp_key(&c, &k, &kl);
+    if (mdbp_compare(k, kl, key, klen) != 0)
+        return MDBP_END;
+    if (mdbp_value(&c, val, vlen, flags, e) < 0)
+        return MDBP_CORRUPT;
+    return MDBP_FOUND;
+}
