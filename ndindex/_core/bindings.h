@@ -23,6 +23,9 @@ int ndx_get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char 
 /* Raise ndindex.errors.CorruptionError(message, database=..., offset=... if >= 0);
  * steals message; returns NULL. */
 PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset);
+/* The same, naming the record's key (key_len bytes) when key is not NULL. */
+PyObject *ndx_raise_corruption_at(PyObject *message, const char *database, const char *key,
+                                  Py_ssize_t key_len, Py_ssize_t offset);
 /* Words for a negative codec status. */
 const char *ndx_status_text(long rc);
 
@@ -30,6 +33,7 @@ extern PyMethodDef batch_methods[];
 
 #include "lmdbpage.h"
 extern PyMethodDef lmdbpage_methods[];
+int lmdbpage_module_init(PyObject *m);
 /* Raise CorruptionError for a damaged LMDB page; returns NULL. */
 PyObject *ndx_raise_lmdb(const mdbp_error *e);
 /* A map over a buffer of pages; -1 with ValueError if it does not fit. */

@@ -310,10 +310,20 @@ static inline long probe_loop(const codec_code *c, const uint8_t *s, unsigned co
 
 HOT_KERNEL long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                             uint64_t *out, size_t cap) {
+    return codec_probe_verified(c, block, q, p, k, out, cap, 0);
+}
+
+HOT_KERNEL long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p,
+                                     int k, uint64_t *out, size_t cap, int verified) {
     unsigned count;
-    int rc = check_header(block, &count);
+    int rc = verified ? CODEC_OK : check_header(block, &count);
     if (rc < 0)
         return rc;
+    if (verified) {
+        count = load_le16(block + 4);
+        if (count < 1 || count > 1 + BLOCK_PAYLOAD_BITS)
+            return CODEC_BAD_COUNT;
+    }
     const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
     uint64_t first = load_le64(block + 6);
     if ((first & mask) > (q & mask))

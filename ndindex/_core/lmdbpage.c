@@ -42,6 +42,19 @@ int mdbp_compare(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
     return alen < blen ? -1 : alen > blen;
 }
 
+int mdbp_compare_int(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+    if (alen == 8 && blen == 8) {
+        uint64_t x = ld64(a), y = ld64(b);
+        return x < y ? -1 : x > y;
+    }
+    return mdbp_compare(a, alen, b, blen);
+}
+
+static inline int cmp_keys(int intkey, const uint8_t *a, size_t alen, const uint8_t *b,
+                           size_t blen) {
+    return intkey ? mdbp_compare_int(a, alen, b, blen) : mdbp_compare(a, alen, b, blen);
+}
+
 static void parse_db_raw(const uint8_t *r, mdbp_db *d) {
     d->pad = ld32(r);
     d->flags = ld16(r + 4);
@@ -191,17 +204,18 @@ static inline uint64_t node_child(const uint8_t *nd) {
     return (uint64_t)ld16(nd) | ((uint64_t)ld16(nd + 2) << 16) | ((uint64_t)ld16(nd + 4) << 32);
 }
 
-static int in_fences(const uint8_t *k, size_t klen, const uint8_t *lo, size_t lo_len,
-                     const uint8_t *hi, size_t hi_len) {
-    if (lo && mdbp_compare(k, klen, lo, lo_len) < 0)
+static int in_fences(int intkey, const uint8_t *k, size_t klen, const uint8_t *lo,
+                     size_t lo_len, const uint8_t *hi, size_t hi_len) {
+    if (lo && cmp_keys(intkey, k, klen, lo, lo_len) < 0)
         return 0;
-    if (hi && mdbp_compare(k, klen, hi, hi_len) >= 0)
+    if (hi && cmp_keys(intkey, k, klen, hi, hi_len) >= 0)
         return 0;
     return 1;
 }
 
-int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t *lo,
-                    size_t lo_len, const uint8_t *hi, size_t hi_len, mdbp_error *e) {
+int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, int intkey,
+                    const uint8_t *lo, size_t lo_len, const uint8_t *hi, size_t hi_len,
+                    mdbp_error *e) {
     const uint8_t *page;
     unsigned n;
     if (get_page(map, pgno, kind, &page, &n, e) < 0)
@@ -216,9 +230,11 @@ int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uin
         if (kind == MDBP_P_BRANCH && i == 0)
             continue; /* a branch's first key is implicit: everything below the second */
         node_key(nd, &k, &klen);
-        if (!in_fences(k, klen, lo, lo_len, hi, hi_len))
+        if (intkey && klen != 8)
+            return fail(e, pgno, "integer key is not 8 bytes");
+        if (!in_fences(intkey, k, klen, lo, lo_len, hi, hi_len))
             return fail(e, pgno, "key outside the range its parent gives the page");
-        if (prev && mdbp_compare(prev, prev_len, k, klen) >= 0)
+        if (prev && cmp_keys(intkey, prev, prev_len, k, klen) >= 0)
             return fail(e, pgno, "keys on the page do not increase");
         prev = k;
         prev_len = klen;
@@ -231,8 +247,8 @@ int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uin
 static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, mdbp_error *e) {
     unsigned kind = lvl == total_depth - 1 ? MDBP_P_LEAF : MDBP_P_BRANCH;
     if (c->check_all) {
-        if (mdbp_check_page(c->map, pgno, kind, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
-                            c->hi_len[lvl], e) < 0)
+        if (mdbp_check_page(c->map, pgno, kind, c->intkey, c->lo[lvl], c->lo_len[lvl],
+                            c->hi[lvl], c->hi_len[lvl], e) < 0)
             return MDBP_CORRUPT;
     }
     if (get_page(c->map, pgno, kind, &c->page[lvl], &c->nkeys[lvl], e) < 0)
@@ -247,7 +263,8 @@ static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, m
             if (get_node(c->map, c->page[lvl], j ? n - 1 : 0, &nd, e) < 0)
                 return MDBP_CORRUPT;
             node_key(nd, &k, &klen);
-            if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+            if (!in_fences(c->intkey, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                           c->hi_len[lvl]))
                 return fail(e, pgno, "leaf key outside the range its parent gives it");
         }
     }
@@ -266,7 +283,8 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
         if (get_node(c->map, c->page[lvl], i, &nd, e) < 0)
             return MDBP_CORRUPT;
         node_key(nd, &k, &klen);
-        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+        if (!in_fences(c->intkey, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                       c->hi_len[lvl]))
             return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->lo[lvl + 1] = k;
         c->lo_len[lvl + 1] = (uint16_t)klen;
@@ -275,9 +293,11 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
         if (get_node(c->map, c->page[lvl], i + 1, &nd, e) < 0)
             return MDBP_CORRUPT;
         node_key(nd, &k, &klen);
-        if (c->lo[lvl + 1] && mdbp_compare(k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
+        if (c->lo[lvl + 1] &&
+            cmp_keys(c->intkey, k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
             return fail(e, ld64(c->page[lvl]), "branch keys do not increase");
-        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+        if (!in_fences(c->intkey, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                       c->hi_len[lvl]))
             return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->hi[lvl + 1] = k;
         c->hi_len[lvl + 1] = (uint16_t)klen;
@@ -306,6 +326,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
     c->map = map;
     c->depth = db->depth;
     c->check_all = check_all;
+    c->intkey = (db->flags & MDBP_DB_INTEGERKEY) != 0;
     if (db->root == MDBP_INVALID_PGNO)
         return MDBP_END;
     if (db->depth < 1 || db->depth > MDBP_MAX_DEPTH)
@@ -329,7 +350,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
             if (get_node(map, page, mid, &nd, e) < 0)
                 return MDBP_CORRUPT;
             node_key(nd, &k, &kl);
-            if (mdbp_compare(k, kl, key, klen) < (leaf ? 0 : 1))
+            if (cmp_keys(c->intkey, k, kl, key, klen) < (leaf ? 0 : 1))
                 lo = mid + 1;
             else
                 hi = mid;
@@ -417,7 +438,7 @@ int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t 
     const uint8_t *k;
     size_t kl;
     mdbp_key(&c, &k, &kl);
-    if (mdbp_compare(k, kl, key, klen) != 0)
+    if (cmp_keys(c.intkey, k, kl, key, klen) != 0)
         return MDBP_END;
     if (mdbp_value(&c, val, vlen, flags, e) < 0)
         return MDBP_CORRUPT;

@@ -71,6 +71,7 @@ typedef struct {
     const mdbp_map *map;
     int depth;
     int check_all; /* check every node of each page visited, not only those used */
+    int intkey;    /* keys are native size_t integers (MDB_INTEGERKEY), as in the free list */
     const uint8_t *page[MDBP_MAX_DEPTH];
     unsigned index[MDBP_MAX_DEPTH], nkeys[MDBP_MAX_DEPTH];
     const uint8_t *lo[MDBP_MAX_DEPTH], *hi[MDBP_MAX_DEPTH]; /* NULL: unbounded */
@@ -109,9 +110,16 @@ int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t 
 
 /* Full check of one branch or leaf page: header, every node in bounds, keys
  * strictly increasing and inside [lo, hi).  kind is MDBP_P_BRANCH or
- * MDBP_P_LEAF.  Returns 0 or MDBP_CORRUPT. */
-int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t *lo,
-                    size_t lo_len, const uint8_t *hi, size_t hi_len, mdbp_error *e);
+ * MDBP_P_LEAF; intkey as in mdbp_cursor.  Returns 0 or MDBP_CORRUPT. */
+int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, int intkey,
+                    const uint8_t *lo, size_t lo_len, const uint8_t *hi, size_t hi_len,
+                    mdbp_error *e);
+
+/* Integer-key order (MDB_INTEGERKEY): keys are native size_t values; a key
+ * of another size compares by its bytes (it is damage the caller reports). */
+int mdbp_compare_int(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+#define MDBP_DB_INTEGERKEY 0x08
 
 /* Memory comparison as LMDB's default key order: bytes, then length. */
 int mdbp_compare(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QUERY_NOMEM (-100)
+#include "crc32c.h"
 
 static int reserve(query_results *r, size_t extra) {
     if (r->n + extra <= r->cap)
@@ -33,6 +33,24 @@ void query_results_free(query_results *r) {
     memset(r, 0, sizeof *r);
 }
 
+static inline uint64_t load_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline uint64_t load_be64(const uint8_t *p) {
+    return __builtin_bswap64(load_le64(p));
+}
+static inline uint32_t load_le32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void store_be64(uint8_t *p, uint64_t v) {
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+}
+
 /* First index i with a[i] >= v (n if none). */
 static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     size_t lo = 0, hi = n;
@@ -56,10 +74,82 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static int corrupt(query_error *err, const char *what) {
+    err->what = what;
+    return QUERY_CORRUPT;
+}
+
+int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *nblocks,
+                query_error *err) {
+    if (vlen < CHUNK_HEADER_BYTES)
+        return corrupt(err, "chunk shorter than its header");
+    unsigned kind = val[4], n = (unsigned)val[6] | ((unsigned)val[7] << 8);
+    if (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)
+        return corrupt(err, "chunk kind is not a fingerprint kind");
+    if (n < 1 || n > CHUNK_MAX_BLOCKS)
+        return corrupt(err, "chunk block count out of range");
+    size_t head = CHUNK_HEADER_BYTES + 8 * (size_t)n;
+    if (vlen != head + (size_t)n * BLOCK_BYTES)
+        return corrupt(err, "chunk size disagrees with its block count");
+    /* The checksum covers the key too: a value reached under another key fails. */
+    uint32_t crc = crc32c_extend(crc32c_extend(0, key, CHUNK_KEY_BYTES), val + 4, head - 4);
+    if (crc != load_le32(val))
+        return corrupt(err, "chunk header checksum mismatch");
+    if (val[5] & ~(CHUNK_FLAG_FIRST | CHUNK_FLAG_LAST) || load_le32(val + 12) != 0)
+        return corrupt(err, "chunk reserved bits set");
+    if (load_le32(val + 8) != ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
+                               (uint32_t)key[3] << 8 | key[4]))
+        return corrupt(err, "chunk names another run");
+    const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+    for (unsigned i = 1; i < n; i++)
+        if (load_le64(keys + 8 * i) <= load_le64(keys + 8 * (i - 1)))
+            return corrupt(err, "chunk block keys do not increase");
+    if (load_le64(keys + 8 * (n - 1)) != load_be64(key + 5))
+        return corrupt(err, "chunk's last block key differs from its key");
+    uint64_t low = load_le64(val + 16);
+    if (!(val[5] & CHUNK_FLAG_FIRST) && low >= load_le64(keys))
+        return corrupt(err, "chunk's low fence is not below its first block");
+    *nblocks = n;
+    return 0;
+}
+
+/* Entries x of a raw block with lo <= x <= hi and popcount(x ^ qp) <= k
+ * (the caller has checked the block's checksum). */
+static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
+                      uint64_t qp, int k, uint64_t *out, size_t cap) {
+    unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8);
+    if (n < 1 || n > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
+        return CODEC_BAD_COUNT;
+    const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
+    if (load_le64(v + 8 * (n - 1)) != block_key)
+        return CODEC_NOT_SORTED;
+    unsigned a = 0, b = n;
+    while (a < b) {
+        unsigned mid = (a + b) / 2;
+        if (load_le64(v + 8 * mid) < lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    long m = 0;
+    uint64_t prev = a ? load_le64(v + 8 * (a - 1)) : 0;
+    for (unsigned i = a; i < n; i++) {
+        uint64_t x = load_le64(v + 8 * i);
+        if (i && x <= prev)
+            return CODEC_NOT_SORTED;
+        prev = x;
+        if (x > hi)
+            break;
+        if (__builtin_popcountll(x ^ qp) <= k && (size_t)m < cap)
+            out[m++] = x;
+    }
+    return m;
+}
+
 /* Append a candidate v (unpermuted) found by table t, unless an earlier
  * table finds it too: every table holds the same values, and table i finds
  * v exactly when v agrees with q on table i's prefix bits, so the first
- * such table reports it and no duplicates need removing later. */
+ * such table reports it. */
 static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_results *r,
                          uint64_t v) {
     uint64_t x = v ^ q;
@@ -72,51 +162,290 @@ static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_resul
     return 0;
 }
 
-HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qidx,
-                         query_results *out, int *bad_table, size_t *bad_block) {
-    size_t start = out->n;
+/* Probe the blocks of one checked chunk for values in [lo, hi]; *done is
+ * set once the chunk reaches hi.  verified: per-block flags (or NULL). */
+static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                       uint64_t qp, uint64_t lo, uint64_t hi, int k, const uint8_t *val,
+                       unsigned nblocks, uint8_t *verified, query_results *out,
+                       query_error *err, int *done) {
+    const query_table *tb = &s->tables[t];
+    const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+    const uint8_t *blocks = keys + 8 * (size_t)nblocks;
     uint64_t found[1 + BLOCK_PAYLOAD_BITS];
+    unsigned b = 0, e = nblocks;
+    while (b < e) { /* first block whose key is >= lo */
+        unsigned mid = (b + e) / 2;
+        if (load_le64(keys + 8 * mid) < lo)
+            b = mid + 1;
+        else
+            e = mid;
+    }
+    *done = 0;
+    for (; b < nblocks; b++) {
+        const uint8_t *block = blocks + (size_t)b * BLOCK_BYTES;
+        uint64_t bkey = load_le64(keys + 8 * b);
+        int trusted = verified && verified[b];
+        long n;
+        if (run->kind == RUN_KIND_RAW) {
+            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
+                return corrupt(err, "block checksum mismatch");
+            n = raw_probe(block, bkey, lo, hi, qp, k, found, sizeof found / sizeof *found);
+        } else {
+            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
+                                     sizeof found / sizeof *found, trusted);
+        }
+        if (n < 0)
+            return corrupt(err, n == CODEC_BAD_CHECKSUM ? "block checksum mismatch"
+                                                        : "block does not decode");
+        if (verified && !trusted)
+            verified[b] = 1; /* a benign race: another thread may set it too */
+        for (long i = 0; i < n; i++)
+            if (found[i] >= lo && found[i] <= hi &&
+                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+                return QUERY_NOMEM;
+        if (bkey >= hi) {
+            *done = 1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* Probe one run of table t for permuted values in [lo, hi] within k of qp. */
+static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                     uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
+                     query_error *err) {
+    if (run->has_lo) {
+        if (hi <= run->lo)
+            return 0;
+        if (lo <= run->lo)
+            lo = run->lo + 1;
+    }
+    if (run->has_hi) {
+        if (lo > run->hi)
+            return 0;
+        if (hi > run->hi)
+            hi = run->hi;
+    }
+    if (lo > run->last)
+        return 0;
+    err->table = t;
+    err->run_id = run->run_id;
+    err->has_key = 0;
+    int done = 0;
+    const run_directory *d = run->dir;
+    if (d) {
+        size_t a = 0, z = d->nchunks;
+        while (a < z) { /* first chunk whose last value is >= lo */
+            size_t mid = (a + z) / 2;
+            if (d->last[mid] < lo)
+                a = mid + 1;
+            else
+                z = mid;
+        }
+        if (a == d->nchunks)
+            return corrupt(err, "no chunk covers a value inside the run");
+        for (; a < d->nchunks && !done; a++) {
+            int rc = probe_chunk(s, t, run, q, qp, lo, hi, k, d->value[a], d->nblocks[a],
+                                 d->verified + a * CHUNK_MAX_BLOCKS, out, err, &done);
+            if (rc < 0)
+                return rc;
+            if (d->last[a] >= hi)
+                break;
+        }
+        return 0;
+    }
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = run->space;
+    key[1] = (uint8_t)(run->run_id >> 24);
+    key[2] = (uint8_t)(run->run_id >> 16);
+    key[3] = (uint8_t)(run->run_id >> 8);
+    key[4] = (uint8_t)run->run_id;
+    store_be64(key + 5, lo);
+    mdbp_cursor c;
+    mdbp_error pe;
+    int rc = mdbp_seek(&s->map, &s->chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    int first = 1;
+    uint64_t prev_last = 0;
+    while (rc == MDBP_FOUND) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0) {
+            if (first) /* lo <= the run's last value, so some chunk must hold it */
+                return corrupt(err, "no chunk covers a value inside the run");
+            return 0;
+        }
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            return corrupt(err, pe.what);
+        }
+        if (flags != 0 && flags != MDBP_F_BIGDATA)
+            return corrupt(err, "chunk node has database flags");
+        if (chunk_check(k8, val, vlen, &nblocks, err) < 0)
+            return QUERY_CORRUPT;
+        if (val[4] != run->kind)
+            return corrupt(err, "chunk kind differs from its run's");
+        uint64_t low = load_le64(val + 16), chunk_last = load_be64(k8 + 5);
+        /* Fences: the first chunk found must start below lo, and each next
+         * chunk must continue where the previous one ended. */
+        if (first ? !(val[5] & CHUNK_FLAG_FIRST) && low >= lo : low != prev_last)
+            return corrupt(err, "chunk fences do not match its neighbours");
+        rc = probe_chunk(s, t, run, q, qp, lo, hi, k, val, nblocks, NULL, out, err, &done);
+        if (rc < 0)
+            return rc;
+        if (done || chunk_last >= hi)
+            return 0;
+        prev_last = chunk_last;
+        first = 0;
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        return corrupt(err, pe.what);
+    }
+    if (first)
+        return corrupt(err, "no chunk covers a value inside the run");
+    return 0;
+}
+
+void run_directory_free(run_directory *d) {
+    free(d->last);
+    free(d->value);
+    free(d->nblocks);
+    free(d->verified);
+    memset(d, 0, sizeof *d);
+}
+
+int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t space,
+                        uint32_t run_id, uint8_t kind, uint64_t start, run_directory *out,
+                        query_error *err) {
+    memset(out, 0, sizeof *out);
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = space;
+    key[1] = (uint8_t)(run_id >> 24);
+    key[2] = (uint8_t)(run_id >> 16);
+    key[3] = (uint8_t)(run_id >> 8);
+    key[4] = (uint8_t)run_id;
+    store_be64(key + 5, start);
+    err->run_id = run_id;
+    mdbp_cursor c;
+    mdbp_error pe;
+    size_t cap = 0;
+    uint64_t prev_last = 0;
+    int rc = mdbp_seek(map, chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    while (rc == MDBP_FOUND) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0)
+            break;
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            goto bad_tree;
+        }
+        if ((flags != 0 && flags != MDBP_F_BIGDATA) || chunk_check(k8, val, vlen, &nblocks, err) < 0 ||
+            val[4] != kind) {
+            if (!err->what || flags > MDBP_F_BIGDATA)
+                err->what = "chunk is not one of its run's";
+            goto fail;
+        }
+        uint64_t low = load_le64(val + 16);
+        if (out->nchunks ? low != prev_last : !(val[5] & CHUNK_FLAG_FIRST) && low >= start) {
+            err->what = "chunk fences do not match its neighbours";
+            goto fail;
+        }
+        if (out->nchunks == cap) {
+            cap = cap ? 2 * cap : 16;
+            uint64_t *l = realloc(out->last, cap * sizeof *l);
+            if (l)
+                out->last = l;
+            const uint8_t **v = realloc(out->value, cap * sizeof *v);
+            if (v)
+                out->value = v;
+            uint16_t *nb = realloc(out->nblocks, cap * sizeof *nb);
+            if (nb)
+                out->nblocks = nb;
+            if (!l || !v || !nb) {
+                run_directory_free(out);
+                return QUERY_NOMEM;
+            }
+        }
+        prev_last = load_be64(k8 + 5);
+        out->last[out->nchunks] = prev_last;
+        out->value[out->nchunks] = val;
+        out->nblocks[out->nchunks] = (uint16_t)nblocks;
+        out->nchunks++;
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        goto bad_tree;
+    }
+    out->verified = calloc(out->nchunks ? out->nchunks * CHUNK_MAX_BLOCKS : 1, 1);
+    if (!out->verified) {
+        run_directory_free(out);
+        return QUERY_NOMEM;
+    }
+    return 0;
+bad_tree:
+    err->what = pe.what;
+fail:
+    run_directory_free(out);
+    return QUERY_CORRUPT;
+}
+
+/* Keep out[from:] entries not in the sorted set a[0:n]. */
+static void drop_hidden(query_results *out, size_t from, const uint64_t *a, size_t n) {
+    if (!n)
+        return;
+    size_t m = from;
+    for (size_t i = from; i < out->n; i++)
+        if (!contains(a, n, out->fp[i]))
+            out->fp[m++] = out->fp[i];
+    out->n = m;
+}
+
+HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
+                         int64_t qidx, query_results *out, query_error *err) {
+    size_t start = out->n;
     for (int t = 0; t < s->ntables; t++) {
         const query_table *tb = &s->tables[t];
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
-        if (tb->decoded) {
-            /* The block directory (small, cache-resident) narrows the search
-             * to one block's slice before touching the large array. */
-            size_t b = lower_bound(tb->keys, tb->nblocks, lo), i = tb->ndecoded;
-            if (b < tb->nblocks)
-                i = tb->offsets[b] + lower_bound(tb->decoded + tb->offsets[b],
-                                                 tb->offsets[b + 1] - tb->offsets[b], lo);
-            for (; i < tb->ndecoded && tb->decoded[i] <= hi; i++)
-                if (__builtin_popcountll(tb->decoded[i] ^ qp) <= k)
-                    if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
-                        return QUERY_NOMEM;
-        }
-        for (size_t b = tb->decoded ? tb->nblocks : lower_bound(tb->keys, tb->nblocks, lo);
-             b < tb->nblocks; b++) {
-            long n = codec_probe(tb->code, (const uint8_t *)(uintptr_t)tb->block_addr[b], qp,
-                                 tb->p, k, found, sizeof found / sizeof found[0]);
-            if (n < 0) {
-                *bad_table = t;
-                *bad_block = b;
+        size_t run_start = out->n;
+        for (int r = 0; r < tb->nruns; r++) {
+            int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
+            if (rc < 0) {
                 out->n = start;
-                return (int)n;
+                return rc;
             }
-            for (long i = 0; i < n; i++)
-                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
-                    return QUERY_NOMEM;
-            if (tb->keys[b] >= hi)
-                break;
         }
+        /* Drop what the runs found but tombstones or later removals hide,
+         * then what the log found but pending removals hide. */
+        drop_hidden(out, run_start, s->hide_runs, s->nhide_runs);
         for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
             if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
                 if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
                     return QUERY_NOMEM;
+        if (pend)
+            drop_hidden(out, run_start, pend->removes, pend->nremoves);
     }
-    /* Distinct across tables (add_candidate); one table can still find a
-     * value in its blocks and in its log, so drop neighbours that repeat and
-     * the removed, then order by (distance, value). */
+    for (size_t i = 0; pend && i < pend->nadds; i++)
+        if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
+            if (reserve(out, 1) < 0)
+                return QUERY_NOMEM;
+            out->fp[out->n++] = pend->adds[i];
+        }
+    /* A value can be found in several runs of one table, its log and the
+     * pending additions: sort, drop repeats, then order by distance. */
     size_t n = out->n - start;
     uint64_t *fp = out->fp + start;
     if (n <= 32) {
@@ -133,18 +462,14 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
         qsort(fp, n, sizeof *fp, cmp_u64);
     }
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0 && fp[i] == fp[i - 1])
-            continue;
-        if (s->nremoved && contains(s->removed, s->nremoved, fp[i]))
-            continue;
-        fp[m++] = fp[i];
-    }
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || fp[i] != fp[i - 1])
+            fp[m++] = fp[i];
     /* Stable counting sort by distance keeps values ascending within one. */
-    size_t bucket[65] = {0};
-    for (size_t i = 0; i < m; i++)
-        bucket[__builtin_popcountll(fp[i] ^ q)]++;
     if (m > 1) {
+        size_t bucket[65] = {0};
+        for (size_t i = 0; i < m; i++)
+            bucket[__builtin_popcountll(fp[i] ^ q)]++;
         uint64_t small[64];
         uint64_t *tmp = m <= 64 ? small : malloc(m * sizeof *tmp);
         if (!tmp)

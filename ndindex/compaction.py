@@ -1,0 +1,572 @@
+"""Compaction: the log flushed into runs, runs merged level by level, in small steps.
+
+Each table is a log-structured set of sorted runs (FORMAT.md 7.4).  A
+*flush* turns the append log into one new level-0 run per table (and per
+record space), updates the tombstones and deletes the log records.  A
+*merge* combines runs into one run of the next level, LevelDB-style
+leveling with size ratio ``LEVEL_RATIO``: level 0 runs merge into level 1
+at once; level i merges into level i+1 when it holds more than
+``FLUSH_OPS * LEVEL_RATIO**i`` entries.  Each fingerprint is so rewritten
+about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
+added fingerprint grows with log N, not N.
+
+Why steps: LMDB has one writer at a time, and a file never shrinks, so a
+merge that rewrote a large run in one transaction would stall every add()
+behind it and leave a file twice the size of its data.  A merge instead
+advances a *cursor* through the key space a few megabytes at a time: each
+step decodes the next chunks of its inputs from a snapshot (outside any
+write transaction), encodes the merged values, then in one short
+transaction writes the output chunks, deletes the input chunks it consumed
+and moves the cursor.  Readers see the inputs above the cursor and the
+output up to it, always the same set.  A crash between steps loses
+nothing: the manifest names exactly the chunks that exist.
+
+Steps run in a background thread of the writer (``Index.open(...,
+background_compaction=True)``, the default) or on ``Index.compact()``.  One
+process compacts at a time (a lock on the index file); a step computed
+from a snapshot commits only if the manifest is still the one it read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import time
+
+import numpy as np
+
+from ndindex import chunks as ch, codec, runs as rn
+from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
+from ndindex.errors import ClosedError, NdindexError
+from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
+                             KIND_RAW,
+                             KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
+                             RUN_MERGE_OUTPUT, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
+                             SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, unframe)
+
+#: Log operations that make a flush worth doing.
+FLUSH_OPS = 1 << 16
+#: A smaller log is flushed once no write came for this long.
+FLUSH_IDLE_SECONDS = 1.0
+#: Size ratio between the small levels.
+LEVEL_RATIO = 8
+#: Levels 0..RAW_LEVELS-1 hold raw blocks (cheap to merge and to probe,
+#: 8 bytes a value); the bottom level holds Huffman-delta blocks (about
+#: 5.5 bytes a value at 10M, but several times dearer to encode).  Keeping
+#: the levels that are rewritten often raw is what lets one core keep up
+#: with a million additions a second.
+RAW_LEVELS = 3
+MAIN_LEVEL = RAW_LEVELS
+#: The last raw level merges into the main level once it holds this
+#: fraction of the main level (or FLUSH_OPS * LEVEL_RATIO**2, if more).
+MAIN_FRACTION = 0.25
+#: Input chunks read per input run per merge step (about 2 MB each).
+STEP_CHUNKS = 16
+#: The background thread waits this long for work before looking again.
+IDLE_WAIT_SECONDS = 0.5
+#: Backpressure, as RocksDB's write slowdown and stop: a writer whose log
+#: holds more than SLOWDOWN_LOGS x log_limit operations sleeps a little
+#: after each commit; more than STOP_LOGS x log_limit, it waits for the
+#: compactor (at most STOP_WAIT_SECONDS).  Without it a fast writer would
+#: outrun compaction and leave queries probing an ever longer log.
+SLOWDOWN_LOGS = 2
+STOP_LOGS = 6
+#: The same for runs not yet merged: level-0 runs in the table that has most.
+SLOWDOWN_RUNS = 3
+STOP_RUNS = 6
+SLOWDOWN_SECONDS = 0.002
+STOP_WAIT_SECONDS = 0.04
+#: Byte ranges of the index file locked (Linux OFD locks, else POSIX locks):
+#: the compaction lease, and a shared lock every open index holds so that
+#: vacuum can tell whether another process has the file open.
+LEASE_BYTE = 0
+OPEN_BYTE = 1
+
+_F_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
+_F_SETLKW = getattr(fcntl, "F_OFD_SETLKW", fcntl.F_SETLKW)
+
+
+def byte_lock(fd: int, byte: int, kind: int, wait: bool = False) -> bool:
+    """Lock one byte of a file (fcntl F_RDLCK/F_WRLCK/F_UNLCK); False if held elsewhere."""
+    import struct
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (Linux x86-64 layout).
+    lk = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
+    try:
+        fcntl.fcntl(fd, _F_SETLKW if wait else _F_SETLK, lk)
+        return True
+    except OSError:
+        return False
+
+
+class _Conflict(Exception):
+    """The manifest changed since the step's snapshot; the step is dropped."""
+
+
+class Compactor:
+    """Flushes and merges for one open Index; optionally in a background thread."""
+
+    def __init__(self, index, background: bool):
+        self._ix = index
+        self._lock = threading.Lock()  # one step at a time in this process
+        self._wake = threading.Event()
+        self._progress = threading.Event()
+        self._stop = threading.Event()
+        self._last_write = time.monotonic()
+        self._next_space = 0
+        self.error: BaseException | None = None
+        self.steps = 0
+        #: Most level-0 runs any table holds, as of the last step (for throttle).
+        self.level0_runs = 0
+        self._thread = None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="ndindex-compaction",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- scheduling -----------------------------------------------------------
+
+    def notify(self) -> None:
+        """A commit happened: there may be work."""
+        self._last_write = time.monotonic()
+        self._wake.set()
+
+    def throttle(self, state, log_limit: int) -> None:
+        """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS)."""
+        if self._thread is None or state is None:
+            return
+        debt = state.log_ops / max(log_limit, 1)
+        if debt >= STOP_LOGS or self.level0_runs >= STOP_RUNS:
+            self._progress.clear()
+            self._progress.wait(STOP_WAIT_SECONDS)
+        elif debt >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
+            time.sleep(SLOWDOWN_SECONDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                did = self.step()
+            except ClosedError:
+                return
+            except NdindexError as exc:
+                self.error = exc  # reported by the next compact(); queries report damage themselves
+                did = False
+            except Exception as exc:  # noqa: BLE001 - never let the thread die silently
+                self.error = exc
+                did = False
+            if not did:
+                self._wake.wait(IDLE_WAIT_SECONDS)
+                self._wake.clear()
+
+    def run(self, force_flush: bool = True, full: bool = False, wait: bool = True) -> int:
+        """Do every step there is to do now; return how many.  Used by Index.compact()."""
+        n = 0
+        while self.step(force_flush=force_flush, full=full, wait=wait):
+            n += 1
+        return n
+
+    # -- one step -------------------------------------------------------------
+
+    def step(self, force_flush: bool = False, full: bool = False, wait: bool = False) -> bool:
+        """Do one unit of work if there is any; return whether something was done."""
+        ix = self._ix
+        if ix.readonly:
+            return False
+        with self._lock:
+            fd = ix._lock_fd
+            import fcntl as _f
+            if not byte_lock(fd, LEASE_BYTE, _f.F_WRLCK, wait=wait):
+                return False  # another process is compacting
+            try:
+                snap = ix._snapshot()
+                try:
+                    return self._step(snap, force_flush, full)
+                except _Conflict:
+                    return True  # something else changed the manifest: look again
+            finally:
+                byte_lock(fd, LEASE_BYTE, _f.F_UNLCK)
+
+    def _step(self, snap, force_flush: bool, full: bool) -> bool:
+        st = snap.state
+        idle = time.monotonic() - self._last_write >= FLUSH_IDLE_SECONDS
+        if st.log_first_seq < st.log_next_seq and (st.log_ops >= FLUSH_OPS or force_flush or idle):
+            self._flush(snap)
+            return True
+        spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
+        for i in range(len(spaces)):
+            space = spaces[(self._next_space + i) % len(spaces)]
+            merge = _choose_merge(snap.manifest, space, full)
+            if merge is not None:
+                self._next_space = (self._next_space + i + 1) % len(spaces)
+                if space in RECORD_SPACES:
+                    self._record_merge_step(snap, space, *merge)
+                else:
+                    self._fp_merge_step(snap, space, *merge)
+                return True
+        if full and len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
+                                                                       snap.tombstone_stamps):
+            self._rewrite_tombstones(snap)
+            return True
+        return False
+
+    # -- committing ---------------------------------------------------------------
+
+    def _commit(self, snap, puts, deletes, manifest: Manifest, log_done: int | None = None,
+                log_ops_done: int = 0) -> None:
+        def body(wt):
+            raw = wt.view.get(DB_META, KEY_STATE)
+            state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+            if state.manifest_generation != snap.state.manifest_generation or \
+                    state.log_first_seq != snap.state.log_first_seq:
+                raise _Conflict()
+            for key, value in puts:
+                wt.put(DB_CHUNKS, key, value)
+            for key in deletes:
+                wt.delete(DB_CHUNKS, key)
+            if log_done is not None:
+                for seq in range(state.log_first_seq, log_done):
+                    wt.delete(DB_LOG, U64_BE.pack(seq))
+                state.log_first_seq = log_done
+                state.log_ops -= log_ops_done
+            state.manifest_generation += 1
+            manifest.generation = state.manifest_generation
+            state.txnid = wt.txnid
+            wt.put_framed(KEY_MANIFEST, manifest.pack())
+            wt.put_framed(KEY_STATE, state.pack())
+            self.level0_runs = max((sum(1 for r in manifest.of(t) if r.level == 0)
+                                    for t in range(len(self._ix.plan.tables))), default=0)
+
+        # Compaction commits need not reach the disk before returning: a
+        # lost step is redone (LMDB's NOMETASYNC keeps the file whole).
+        self._ix._store.write(body, sync=False)
+        self.steps += 1
+        self._progress.set()
+        self._ix._compacted()
+
+    # -- flush ------------------------------------------------------------------
+
+    def _flush(self, snap) -> None:
+        ix = self._ix
+        log = snap.log
+        man = _copy_manifest(snap.manifest)
+        puts, deletes = [], []
+        adds = log.adds
+        first_new = man.next_run_id
+        main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
+                    for t in range(len(ix.plan.tables))), default=0)
+        level = level_for(len(adds), 0, main)
+        kind = kind_of(level)
+        for t, design in enumerate(ix.plan.tables):
+            if not len(adds):
+                break
+            values = np.sort(design.apply(adds))
+            code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
+                else None
+            rid = man.new_run_id()
+            pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True)
+            puts += pairs
+            man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
+                                   sum(len(v) for _, v in pairs), int(values[0]), last,
+                                   code=code.to_bytes() if code else b""))
+        for space, recs in _key_records(log.keys).items():
+            rid = man.new_run_id()
+            pairs = ch.pack_record_chunks(space, rid, recs, None, True)
+            puts += pairs
+            man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, len(recs), len(pairs),
+                                   sum(len(v) for _, v in pairs)))
+        # Tombstones: the log's removals join them, its additions leave them,
+        # and a tombstone no run can hold any more goes (see _droppable).
+        t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
+        keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
+        fps = np.concatenate([t_fps[keep], log.removes])
+        stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
+        order = np.argsort(fps, kind="stable")
+        fps, stamps = fps[order], stamps[order]
+        alive = stamps > _min_fp_run_id(man)
+        fps, stamps = fps[alive], stamps[alive]
+        if not np.array_equal(fps, t_fps):
+            puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps)
+            puts += puts_t
+            deletes += deletes_t
+        self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
+                     log_ops_done=snap.state.log_ops)
+
+    def _tombstone_chunks(self, snap, man: Manifest, fps, stamps):
+        old = man.of(SPACE_TOMBSTONES)
+        deletes = [k for r in old for k in rn.chunk_keys(snap.view, r)]
+        runs = []
+        puts = []
+        if len(fps):
+            rid = man.new_run_id()
+            puts = ch.pack_tombstone_chunks(SPACE_TOMBSTONES, rid, fps, stamps)
+            runs = [Run(SPACE_TOMBSTONES, KIND_TOMBSTONES, 0, rid, len(fps), len(puts),
+                        sum(len(v) for _, v in puts), int(fps[0]), int(fps[-1]))]
+        man.replace(SPACE_TOMBSTONES, runs)
+        return puts, deletes
+
+    def _tombstones_droppable(self, man: Manifest, stamps) -> bool:
+        return bool(len(stamps)) and bool(np.any(stamps <= _min_fp_run_id(man)))
+
+    def _rewrite_tombstones(self, snap) -> None:
+        man = _copy_manifest(snap.manifest)
+        alive = snap.tombstone_stamps > _min_fp_run_id(man)
+        puts, deletes = self._tombstone_chunks(snap, man, snap.tombstones[alive],
+                                               snap.tombstone_stamps[alive])
+        self._commit(snap, puts, deletes, man)
+
+    # -- fingerprint merges ---------------------------------------------------------
+
+    def _fp_merge_step(self, snap, space: int, output: Run | None, inputs: list, level: int) -> None:
+        man = _copy_manifest(snap.manifest)
+        inputs = [_find(man, r.run_id) for r in inputs]
+        cursor = int.from_bytes(output.cursor, "big") if output is not None and output.cursor \
+            else None
+        parts, ends, read_chunks = [], [], []
+        for run in inputs:
+            live_run = run if run.merge_input else _as_input(run, cursor)
+            vals, end, exhausted = rn.read_values(snap.view, live_run, cursor, STEP_CHUNKS)
+            parts.append(vals)
+            ends.append(None if exhausted else end)
+            read_chunks.append(rn.fp_chunks(snap.view, live_run,
+                                            None if cursor is None else cursor + 1, STEP_CHUNKS))
+        bounds = [e for e in ends if e is not None]
+        final = not bounds
+        bound = min(bounds) if bounds else None
+        if bound is not None:
+            parts = [p[:np.searchsorted(p, np.uint64(bound), side="right")] for p in parts]
+        # Tombstones are dropped as they pass; the log's removals need not be.
+        hidden = np.sort(self._ix.plan.tables[space].apply(snap.tombstones)) \
+            if len(snap.tombstones) else EMPTY_U64
+        merged = merge_runs(parts, hidden)
+        if output is None:
+            kind = kind_of(level)
+            code = None
+            if kind == KIND_HUFFMAN:
+                total = sum(r.entries for r in inputs)
+                code = codec.HuffmanCode.from_values(merged, self._ix.coding,
+                                                     expected_n=max(total, 2))
+            rid = man.new_run_id()
+            output = Run(space, kind, level, rid, 0, 0, code=code.to_bytes() if code else b"",
+                         flags=RUN_MERGE_OUTPUT, merge_into=rid)
+            pos = min(man.runs.index(r) for r in inputs)
+            man.runs.insert(pos, output)
+            for r in inputs:
+                r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
+        else:
+            output = _find(man, output.run_id)
+        code = rn.run_code(output)
+        low = cursor if output.chunks else None
+        pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
+                                                  code, low, final, whole_chunks_only=not final)
+        if final:
+            done = (1 << 64) - 1
+        else:
+            done = last if last is not None else cursor
+        deletes = []
+        for run, cs in zip(inputs, read_chunks):
+            gone = [c for c in cs if done is not None and c.last <= done]
+            deletes += [c.key for c in gone]
+            run.chunks -= len(gone)
+            run.value_bytes -= sum(len(c.blocks) + ch.FP_CHUNK_HEAD.size + 8 * len(c.block_keys)
+                                   for c in gone)
+        if written:
+            if not output.chunks:
+                output.first = int(merged[0])
+            output.entries += written
+            output.chunks += len(pairs)
+            output.value_bytes += sum(len(v) for _, v in pairs)
+            output.last = last
+        if final:
+            for r in inputs:
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in set(deletes)]
+                man.runs.remove(r)
+            output.flags, output.merge_into, output.cursor = 0, 0, b""
+            if not output.chunks:
+                man.runs.remove(output)
+        elif done is not None:
+            output.cursor = done.to_bytes(8, "big")
+            for r in inputs:
+                r.cursor = output.cursor
+        self._commit(snap, pairs, deletes, man)
+
+    # -- record merges ---------------------------------------------------------
+
+    def _record_merge_step(self, snap, space: int, output: Run | None, inputs: list,
+                           level: int) -> None:
+        man = _copy_manifest(snap.manifest)
+        inputs = [_find(man, r.run_id) for r in inputs]
+        cursor = output.cursor if output is not None and output.cursor else None
+        got, ends, read = [], [], []
+        for run in inputs:
+            recs, end, exhausted = rn.all_records(snap.view, run, cursor, STEP_CHUNKS)
+            got.append(recs)
+            ends.append(None if exhausted else end)
+            read.append(rn.record_chunks(snap.view, run, cursor or b"", STEP_CHUNKS, exclusive=True))
+        bounds = [e for e in ends if e is not None]
+        final = not bounds
+        bound = min(bounds) if bounds else None
+        # Inputs are newest first: the first mention of a key wins.
+        merged = {}
+        for recs in got:
+            for key, flag, value in recs:
+                if bound is None or key <= bound:
+                    merged.setdefault(key, (flag, value))
+        bottom = all(r in inputs for r in man.of(space))
+        records = [(k, f, v) for k, (f, v) in sorted(merged.items())
+                   if not (bottom and f == ch.RECORD_DELETE)]
+        if output is None:
+            rid = man.new_run_id()
+            output = Run(space, KIND_RECORDS, level, rid, 0, 0, flags=RUN_MERGE_OUTPUT,
+                         merge_into=rid)
+            pos = min(man.runs.index(r) for r in inputs)
+            man.runs.insert(pos, output)
+            for r in inputs:
+                r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
+        else:
+            output = _find(man, output.run_id)
+        low = output.cursor if output.chunks else None
+        pairs = ch.pack_record_chunks(space, output.run_id, records, low, final) if records else []
+        deletes = []
+        for run, cs in zip(inputs, read):
+            gone = [c for c in cs if final or c.separator <= bound]
+            deletes += [c.key for c in gone]
+            run.chunks -= len(gone)
+        output.entries += len(records)
+        output.chunks += len(pairs)
+        output.value_bytes += sum(len(v) for _, v in pairs)
+        if final:
+            for r in inputs:
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in set(deletes)]
+                man.runs.remove(r)
+            output.flags, output.merge_into, output.cursor = 0, 0, b""
+            if not output.chunks:
+                man.runs.remove(output)
+        else:
+            # Everything up to the bound is consumed; the output's last
+            # separator lies at or below it.
+            output.cursor = pairs[-1][0][5:] if pairs else (output.cursor or b"")
+            output.cursor = max(output.cursor, bound)
+            for r in inputs:
+                r.cursor = output.cursor
+        self._commit(snap, pairs, deletes, man)
+
+
+# -- policy ------------------------------------------------------------------------
+
+
+def level_capacity(level: int, main_entries: int = 0) -> int:
+    """Entries a run of this level may hold before it merges into the next."""
+    if level >= MAIN_LEVEL:
+        return 1 << 63
+    cap = FLUSH_OPS * LEVEL_RATIO ** level
+    if level == MAIN_LEVEL - 1:
+        cap = max(cap, int(main_entries * MAIN_FRACTION))
+    return cap
+
+
+def level_for(entries: int, at_least: int = 0, main_entries: int = 0) -> int:
+    """The lowest level, at least at_least, whose runs may hold this many entries."""
+    level = at_least
+    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries):
+        level += 1
+    return level
+
+
+def kind_of(level: int) -> int:
+    return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
+
+
+def _choose_merge(man: Manifest, space: int, full: bool):
+    """The merge to advance in a space: (output or None, inputs newest first, level) or None."""
+    runs = man.of(space)
+    for r in runs:  # a merge in progress goes first
+        if r.merge_output:
+            return r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level
+    free = [r for r in runs if not r.merge_into]
+    if not free:
+        return None
+    record = space in RECORD_SPACES
+    if full:
+        if len(free) > 1 or (not record and free[0].kind != KIND_HUFFMAN):
+            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
+        return None
+    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    # Level-0 runs (flushes) merge up at once, with the free level-1 run.
+    level0 = [r for r in free if r.level == 0]
+    if level0:
+        inputs = level0 + [r for r in free if r.level == 1][:1]
+        return None, inputs, level_for(sum(r.entries for r in inputs), 1, main)
+    for level in sorted({r.level for r in free}):
+        here = [r for r in free if r.level == level]
+        if level >= MAIN_LEVEL:
+            if len(here) > 1:
+                return None, here, level
+            continue
+        total = sum(r.entries for r in here)
+        if total > level_capacity(level, main):
+            inputs = here + [r for r in free if r.level == level + 1][:1]
+            return None, inputs, level_for(sum(r.entries for r in inputs), level + 1, main)
+        if len(here) > 1:  # a level holds one run; two appear while one was busy
+            return None, here, level
+    return None
+
+
+def merge_runs(parts: list, hidden: np.ndarray) -> np.ndarray:
+    """Sorted distinct union of sorted distinct arrays, minus hidden (C kernel)."""
+    from ndindex import _core
+    parts = [np.ascontiguousarray(p, dtype=np.uint64) for p in parts if len(p)]
+    if not parts:
+        return EMPTY_U64
+    out = np.empty(sum(len(p) for p in parts), dtype=np.uint64)
+    n = _core.merge_unique(parts, np.ascontiguousarray(hidden, dtype=np.uint64), out)
+    return out[:n]
+
+
+def _min_fp_run_id(man: Manifest) -> int:
+    """The smallest run id among fingerprint runs (tables); tombstones stamped at or
+    below it are held by no run any more."""
+    ids = [r.run_id for r in man.runs if r.space < SPACE_TOMBSTONES]
+    return min(ids) if ids else man.next_run_id
+
+
+def _copy_manifest(man: Manifest) -> Manifest:
+    import copy
+    return copy.deepcopy(man)
+
+
+def _find(man: Manifest, run_id: int) -> Run:
+    for r in man.runs:
+        if r.run_id == run_id:
+            return r
+    raise KeyError(run_id)
+
+
+def _as_input(run: Run, cursor: int | None) -> Run:
+    """A view of a free run as a merge input above cursor (for the first step)."""
+    import dataclasses
+    if cursor is None:
+        return run
+    return dataclasses.replace(run, flags=RUN_MERGE_INPUT, merge_into=run.run_id + 1,
+                               cursor=cursor.to_bytes(8, "big"))
+
+
+def _key_records(keys: dict) -> dict:
+    """Record-space records of the log's key operations: {space: sorted records}."""
+    if not keys:
+        return {}
+    by_fp, by_key = [], []
+    for (fp, raw), put in keys.items():
+        flag = ch.RECORD_PUT if put else ch.RECORD_DELETE
+        fpb = U64_BE.pack(fp)
+        by_fp.append((fpb + raw, flag, b""))
+        by_key.append((raw + fpb, flag, b""))
+    by_fp.sort()
+    by_key.sort()
+    return {SPACE_KEYS_BY_FP: by_fp, SPACE_FPS_BY_KEY: by_key}

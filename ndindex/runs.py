@@ -1,0 +1,236 @@
+"""Runs: reading and writing the sorted runs of each space through a snapshot.
+
+A run's chunks are found in the chunks tree under the run's prefix (space,
+run id).  Readers here check what the C query kernel checks: each chunk's
+header against its key, and that chunks chain (each one's low fence is the
+previous one's last entry), so a missing or misrouted chunk is an error,
+never a silently shorter run.  Decoding is in :mod:`ndindex.chunks` and
+:mod:`ndindex.codec`; this module knows where runs live.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ndindex import chunks as ch, codec
+from ndindex.errors import CorruptionError
+from ndindex.pages import PageView
+from ndindex.records import (DB_CHUNKS, KIND_HUFFMAN, KIND_RAW, KIND_RECORDS,
+                             KIND_TOMBSTONES, Run)
+
+EMPTY_U64 = np.empty(0, dtype=np.uint64)
+
+
+@functools.lru_cache(maxsize=1024)
+def code_of(raw: bytes) -> codec.HuffmanCode:
+    """The compiled Huffman code of a run (cached: runs share few distinct codes)."""
+    return codec.HuffmanCode.from_bytes(raw)
+
+
+def run_code(run: Run) -> codec.HuffmanCode | None:
+    return code_of(run.code) if run.kind == KIND_HUFFMAN else None
+
+
+def _live_start(run: Run) -> int | None:
+    """The first value a reader may take from a merge input (above its cursor)."""
+    if run.merge_input and run.cursor:
+        return int.from_bytes(run.cursor, "big") + 1
+    return None
+
+
+def fp_chunks(view: PageView, run: Run, start: int | None = None, limit: int = -1) -> list:
+    """The run's chunks (checked FpChunk) from the one holding `start` on, at most limit.
+
+    Raises CorruptionError for a damaged chunk or a broken chain.
+    """
+    prefix = ch.run_prefix(run.space, run.run_id)
+    seek = prefix + (0 if start is None else start).to_bytes(8, "big")
+    rows = view.scan(DB_CHUNKS, seek, prefix=prefix, limit=limit)
+    out, prev = [], None
+    for key, value in rows:
+        c = ch.unpack_fp_chunk(key, value)
+        if c.kind != run.kind:
+            raise CorruptionError(f"chunk kind {c.kind} in a run of kind {run.kind}",
+                                  database=DB_CHUNKS, key=key)
+        if prev is None:
+            if start is None and not c.flags & ch.FLAG_FIRST and not run.merge_input:
+                raise CorruptionError("run's first chunk is missing", database=DB_CHUNKS, key=key)
+            if start is not None and not c.flags & ch.FLAG_FIRST and c.low_fence >= start:
+                raise CorruptionError("chunk fences do not match its neighbours",
+                                      database=DB_CHUNKS, key=key)
+        elif c.low_fence != prev.last or c.flags & ch.FLAG_FIRST:
+            raise CorruptionError("chunk fences do not match its neighbours",
+                                  database=DB_CHUNKS, key=key)
+        out.append(c)
+        prev = c
+    return out
+
+
+def read_values(view: PageView, run: Run, above: int | None = None, limit_chunks: int = -1):
+    """Decode the run's live values above `above` (exclusive), a chunk at a time.
+
+    Returns (values, end, exhausted): the sorted permuted values, the last
+    value of the last chunk read (values up to it are complete), and
+    whether the run's end was reached.  Merge inputs start above their
+    cursor; merge outputs stop at theirs.
+    """
+    start = _live_start(run)
+    if above is not None:
+        start = max(start or 0, above + 1) if above + 1 < 1 << 64 else None
+        if start is None:
+            return EMPTY_U64, (1 << 64) - 1, True
+    cs = fp_chunks(view, run, start, limit_chunks)
+    code = run_code(run)
+    parts = [c.decode(code) for c in cs]
+    values = np.concatenate(parts) if parts else EMPTY_U64
+    if start is not None and len(values) and values[0] < start:
+        values = values[np.searchsorted(values, np.uint64(start)):]
+    if run.merge_output and run.cursor:
+        values = values[:np.searchsorted(values, np.uint64(int.from_bytes(run.cursor, "big")),
+                                         side="right")]
+    exhausted = not cs or bool(cs[-1].flags & ch.FLAG_LAST) or \
+        (run.merge_output and run.cursor and cs[-1].last >= int.from_bytes(run.cursor, "big"))
+    if not cs and run.entries and run.chunks and not run.merge_output:
+        if start is None or start <= run.last:
+            raise CorruptionError(f"run {run.run_id} has no chunk at or after its start",
+                                  database=DB_CHUNKS)
+    end = cs[-1].last if cs else None
+    return values, end, bool(exhausted)
+
+
+def all_values(view: PageView, run: Run) -> np.ndarray:
+    """Every live value of a run, sorted (permuted space)."""
+    values, _, _ = read_values(view, run)
+    return values
+
+
+def build_fp_chunks(space: int, run_id: int, kind: int, values: np.ndarray,
+                    code: codec.HuffmanCode | None, low_fence: int | None,
+                    is_last: bool, whole_chunks_only: bool = False):
+    """Encode sorted distinct values into chunk (key, value) pairs.
+
+    whole_chunks_only keeps only full chunks (a merge step that is not the
+    last): returns (pairs, entries written, last value written or None).
+    """
+    if not len(values):
+        return [], 0, None
+    enc = ch.encode_values(values, kind, code)
+    counts = ch.block_entry_counts(enc, kind)
+    nb = enc.n_blocks
+    if whole_chunks_only:
+        nb = nb // ch.CHUNK_MAX_BLOCKS * ch.CHUNK_MAX_BLOCKS
+        if nb == 0:
+            return [], 0, None
+        enc = codec.EncodedTable(enc.blocks[:nb * ch.BLOCK_BYTES], enc.keys[:nb])
+        counts = counts[:nb]
+    pairs = ch.pack_fp_chunks(space, run_id, kind, enc, counts, low_fence, is_last)
+    return pairs, int(counts.sum()), int(enc.keys[-1])
+
+
+def chunk_keys(view: PageView, run: Run) -> list:
+    """The LMDB keys of every chunk of a run (no value is decoded)."""
+    prefix = ch.run_prefix(run.space, run.run_id)
+    return [key for key, _ in view.scan(DB_CHUNKS, prefix, prefix=prefix)]
+
+
+# -- tombstones ----------------------------------------------------------------
+
+
+def load_tombstones(view: PageView, run: Run | None):
+    """(fps, stamps) of the tombstone run, sorted by fingerprint; empty if none."""
+    if run is None:
+        return EMPTY_U64, np.empty(0, np.uint32)
+    prefix = ch.run_prefix(run.space, run.run_id)
+    fps, stamps, low, done = [], [], None, False
+    for key, value in view.scan(DB_CHUNKS, prefix, prefix=prefix):
+        if done:
+            raise CorruptionError("tombstone chunk after the run's last", database=DB_CHUNKS, key=key)
+        f, s, done = ch.unpack_tombstone_chunk(key, value, low)
+        fps.append(f)
+        stamps.append(s)
+        low = int(f[-1])
+    if not done or sum(len(f) for f in fps) != run.entries:
+        raise CorruptionError(f"tombstone run {run.run_id} is incomplete", database=DB_CHUNKS)
+    return np.concatenate(fps), np.concatenate(stamps)
+
+
+# -- record runs -----------------------------------------------------------------
+
+
+def _record_live(run: Run, key: bytes) -> bool:
+    if run.merge_input and run.cursor:
+        return key > run.cursor
+    if run.merge_output:
+        return bool(run.cursor) and key <= run.cursor
+    return True
+
+
+def record_chunks(view: PageView, run: Run, start: bytes = b"", limit: int = -1,
+                  exclusive: bool = False) -> list:
+    """Checked RecordChunks of a run from the one that would hold `start`.
+
+    A chunk holds the keys in (its low fence, its separator]: the first one
+    found must have a fence below start (at most start when exclusive, that
+    is when the keys wanted are those above start).
+    """
+    prefix = ch.run_prefix(run.space, run.run_id)
+    rows = view.scan(DB_CHUNKS, prefix + start, prefix=prefix, limit=limit)
+    out, prev = [], None
+    for key, value in rows:
+        c = ch.unpack_record_chunk(key, value)
+        if prev is None:
+            if c.low_fence is not None and start and \
+                    (c.low_fence > start if exclusive else c.low_fence >= start):
+                raise CorruptionError("record chunk fences do not match its neighbours",
+                                      database=DB_CHUNKS, key=key)
+            if not start and c.low_fence is not None and not run.merge_input:
+                raise CorruptionError("record run's first chunk is missing",
+                                      database=DB_CHUNKS, key=key)
+        elif c.low_fence != prev.separator:
+            raise CorruptionError("record chunk fences do not match its neighbours",
+                                  database=DB_CHUNKS, key=key)
+        out.append(c)
+        prev = c
+    return out
+
+
+def record_lookup(view: PageView, run: Run, prefix: bytes) -> list:
+    """Live records of a run whose key begins with prefix: [(key, flag, value)]."""
+    if run.chunks == 0:
+        return []
+    out = []
+    chunk_list = record_chunks(view, run, prefix, limit=1)
+    while chunk_list:
+        c = chunk_list[0]
+        for i in range(c.find_block(prefix), len(c.entries)):
+            for key, flag, value in c.block(i):
+                if key < prefix:
+                    continue
+                if not key.startswith(prefix):
+                    return out
+                if _record_live(run, key):
+                    out.append((key, flag, value))
+        if c.flags & ch.FLAG_LAST:
+            break
+        chunk_list = record_chunks(view, run, c.separator + b"\0", limit=1)
+        if chunk_list and chunk_list[0].low_fence != c.separator:
+            raise CorruptionError("record chunk fences do not match its neighbours",
+                                  database=DB_CHUNKS, key=chunk_list[0].key)
+    return out
+
+
+def all_records(view: PageView, run: Run, above: bytes | None = None, limit_chunks: int = -1):
+    """Live records of a run in order (above `above`, exclusive): (records, end, exhausted)."""
+    start = above if above is not None else (run.cursor if run.merge_input else b"")
+    cs = record_chunks(view, run, start or b"", limit_chunks, exclusive=True)
+    recs = []
+    for c in cs:
+        recs.extend(r for r in c.all_records() if _record_live(run, r[0])
+                    and (above is None or r[0] > above))
+    exhausted = not cs or bool(cs[-1].flags & ch.FLAG_LAST)
+    return recs, (cs[-1].separator if cs else None), exhausted
+
+
+__all__ = ["KIND_HUFFMAN", "KIND_RAW", "KIND_RECORDS", "KIND_TOMBSTONES"]
