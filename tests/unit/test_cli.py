@@ -44,7 +44,8 @@ def test_create_json(tmp_path, capsys):
 def test_add_from_stdin_and_query_fingerprint(ix, capsys, monkeypatch):
     lines = "# a comment\n0x0123456789abcdef https://example.org/a page\n\n42\n0x0123456789abcdee\n"
     status, out, _ = run(capsys, "add", ix, "--json", stdin=lines, monkeypatch=monkeypatch)
-    assert status == 0 and json.loads(out) == {"added": 3, "skipped": 0, "fingerprints": 3}
+    assert status == 0 and json.loads(out) == {"added": 3, "skipped": 0, "invalid": 0,
+                                                "fingerprints": 3}
     status, out, _ = run(capsys, "query", ix, "0x0123456789abcdec", "--json")
     doc = json.loads(out)
     assert status == 0 and doc["k"] == 4 and doc["query_hex"] == "0x0123456789abcdec"
@@ -62,8 +63,10 @@ def test_add_from_file_with_a_bad_line(ix, tmp_path, capsys):
     (tmp_path / "fps.txt").write_text("1\n2 two\nnot-a-number\n")
     status, out, err = run(capsys, "add", ix, str(tmp_path / "fps.txt"))
     assert status == 2 and out == ""
-    assert err == f"ndindex: error: {tmp_path / 'fps.txt'}: line 3: not a fingerprint: " \
-                  "'not-a-number' (decimal or 0x-hex)\n"
+    assert err == (f"ndindex: {tmp_path / 'fps.txt'}:3: not a fingerprint: 'not-a-number' "
+                   "(decimal or 0x-hex)\n"
+                   f"ndindex: {tmp_path / 'fps.txt'}: 1 invalid line; nothing added "
+                   "(--skip-invalid adds the valid ones)\n")
 
 
 def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
@@ -71,7 +74,8 @@ def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
     (tmp_path / "docs" / "a.txt").write_text(DOC)
     (tmp_path / "docs" / "b.bin").write_bytes(b"\0\1\2" * 100)
     status, out, err = run(capsys, "add", ix, "--docs", str(tmp_path / "docs"), "--json")
-    assert status == 0 and json.loads(out) == {"added": 1, "skipped": 1, "fingerprints": 1}
+    assert status == 0 and json.loads(out) == {"added": 1, "skipped": 1, "invalid": 0,
+                                               "fingerprints": 1}
     assert err == f"ndindex: {tmp_path / 'docs' / 'b.bin'}: looks binary, skipped\n"
     status, out, _ = run(capsys, "query", ix, "--text", DOC.replace("lazy", "sleepy"), "--json")
     doc = json.loads(out)

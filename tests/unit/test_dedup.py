@@ -78,7 +78,8 @@ def test_dedup_finds_planted_exact_and_near_duplicates(tree, tmp_path):
     exact = [p for p in big.pairs if p.exact]
     assert len(exact) == 1 and exact[0].distance == 0 and exact[0].similarity == 1.0
     assert all(p.similarity >= 0.8 and p.distance <= 10 for p in big.pairs)
-    assert result.skipped["binary"] == 3 and result.skipped["too small"] == 1
+    assert result.skipped == {"binary": 3, "too small": 1}
+    assert result.files_scanned == result.files_read == 10   # each file in one category
     assert result.errors == []
 
 
@@ -160,12 +161,16 @@ def test_symlink_loops_and_special_files(tmp_path):
     os.symlink(root / "missing", root / "y" / "broken")
     os.mkfifo(root / "y" / "fifo")
     plain = ndindex.dedup([root], index=tmp_path / "1.ndx")
-    assert plain.skipped["symlink"] == 3 and plain.skipped["special"] == 1
+    assert plain.skipped == {"symlink": 3, "special": 1} and plain.links == {}
     assert [names(c) for c in plain.clusters] == [["a.txt", "b.txt"]]
     followed = ndindex.dedup([root], index=tmp_path / "2.ndx", follow_symlinks=True)
-    assert followed.skipped["symlink loop"] == 1 and followed.skipped["hard link"] == 1
-    assert followed.skipped["broken symlink"] == 1
+    # the loop and link.txt are links to a directory and a file counted
+    # under their real names; only the broken one is skipped
+    assert followed.links == {"symlink": 2}
+    assert followed.skipped == {"broken symlink": 1, "special": 1}
     assert [names(c) for c in followed.clusters] == [["a.txt", "b.txt"]]
+    a = next(f for f in followed.clusters[0].files if f.path.endswith("a.txt"))
+    assert a.links == ((str(root / "y" / "link.txt"), "symlink"),)
 
 
 def test_unreadable_files_are_reported_and_skipped(tmp_path):
@@ -228,14 +233,18 @@ def test_cli_dedup_json_field_by_field(tree, tmp_path, capsys):
     assert status == 1 and err.startswith("ndindex: index ")
     doc = json.loads(out)
     assert doc["index"] == str(tmp_path / "ix.ndx")
-    assert doc["files_scanned"] == 12 and doc["files_read"] == 12 and doc["files_unchanged"] == 0
+    assert doc["files_scanned"] == 10 and doc["files_read"] == 10 and doc["files_unchanged"] == 0
     assert doc["skipped"] == {"binary": 3, "too small": 1} and doc["errors"] == []
     assert doc["duplicate_files"] == 5
     first = doc["clusters"][0]
     assert first["id"] == 1 and first["kind"] == "near" and len(first["files"]) == 5
     f0 = first["files"][0]
-    assert set(f0) == {"path", "size", "content_hash", "simhash"}
-    assert f0["path"] == str(tree / "a" / "original.txt") and f0["size"] == len(text(1))
+    assert set(f0) == {"path", "size", "content_hash", "simhash", "representative", "links"}
+    assert f0["representative"] is True and f0["links"] == []
+    # the representative is the largest file (reflow.txt doubles every space)
+    assert f0["path"] == str(tree / "c" / "reflow.txt")
+    assert f0["size"] == max(f["size"] for f in first["files"])
+    assert [f["path"] for f in first["files"][1:]] == sorted(f["path"] for f in first["files"][1:])
     assert len(f0["content_hash"]) == 32 and f0["simhash"].startswith("0x")
     assert first["reclaimable_bytes"] == len(text(1))
     assert {tuple(sorted(p)) for p in first["pairs"]} == {("a", "b", "distance", "exact",
@@ -247,15 +256,16 @@ def test_cli_dedup_json_field_by_field(tree, tmp_path, capsys):
     main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "--json", "-q"])
     out2, err2 = capsys.readouterr()
     doc2 = json.loads(out2)
-    assert err2 == "" and doc2["files_read"] == 0 and doc2["files_unchanged"] == 12
+    assert err2 == "" and doc2["files_read"] == 0 and doc2["files_unchanged"] == 10
+    assert doc2["skipped"] == doc["skipped"]                 # the same categories again
     assert doc2["clusters"] == doc["clusters"]
 
 
 def test_cli_dedup_csv_and_text(tree, tmp_path, capsys):
     assert main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "--csv", "-q"]) == 1
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0] == ("cluster,kind,path,size,content_hash,simhash,distance_to_first,"
-                       "similarity_to_first")
+    assert rows[0] == ("cluster,kind,path,size,content_hash,simhash,representative,"
+                       "distance_to_representative,similarity_to_representative,links")
     assert len(rows) == 1 + 5 + 2 and rows[1].startswith("1,near,")
     assert main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "-q"]) == 1
     out = capsys.readouterr().out
