@@ -790,7 +790,8 @@ def _error_line(exc: BaseException, file) -> str:
 
     The file is the exception's own (OSError.filename) or else the one the
     command works on; a message that already begins with the file's name
-    keeps one copy of it.
+    keeps one copy of it, and one that begins with a file beside it
+    (``INDEX.files: ...``) is printed as it is.
     """
     if isinstance(exc, OSError) and exc.filename is not None:
         file = exc.filename
@@ -801,6 +802,8 @@ def _error_line(exc: BaseException, file) -> str:
     for prefix in (f"{name}: ", f"{os.path.abspath(name)}: "):
         while problem.startswith(prefix):
             problem = problem[len(prefix):]
+    if problem.startswith((name, os.path.abspath(name))) and ": " in problem:
+        return f"ndindex: {problem}"
     return f"ndindex: {name}: {problem}"
 
 
