@@ -23,9 +23,10 @@ import numpy as np
 
 from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
-from ndindex.fingerprint import BinaryDataError, Fingerprinter
+from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan
+from ndindex.textfile import NotText, decode
 
 _dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
 
@@ -447,6 +448,12 @@ def _document_paths(paths):
             yield path
 
 
+def _document_text(path: str) -> str:
+    """Return a document's text in any character set (NotText if it has none)."""
+    with open(path, "rb") as fh:
+        return decode(fh.read())
+
+
 def _cmd_add(args) -> int:
     added = skipped = invalid = 0
     if not args.docs:
@@ -456,12 +463,10 @@ def _cmd_add(args) -> int:
             fpr = _fingerprinter_of(ix)
             fps, keys = [], []
             for path in _document_paths(args.docs):
-                with open(path, "rb") as fh:
-                    data = fh.read()
                 try:
-                    fps.append(fpr.simhash(data))
-                except BinaryDataError:
-                    print(f"ndindex: {path}: looks binary, skipped", file=sys.stderr)
+                    fps.append(fpr.simhash(_document_text(path)))
+                except NotText as exc:
+                    print(f"ndindex: {path}: {exc}, skipped", file=sys.stderr)
                     skipped += 1
                     continue
                 keys.append(path)
@@ -485,12 +490,10 @@ def _cmd_query(args) -> int:
         elif args.text is not None:
             q = _fingerprinter_of(ix).simhash(args.text)
         else:
-            with open(args.file, "rb") as fh:
-                data = fh.read()
             try:
-                q = _fingerprinter_of(ix).simhash(data)
-            except BinaryDataError:
-                raise ValueError(f"{args.file}: looks binary; documents must be text") from None
+                q = _fingerprinter_of(ix).simhash(_document_text(args.file))
+            except NotText as exc:
+                raise ValueError(f"{args.file}: {exc}; documents must be text") from None
         k = ix.k if args.k is None else args.k
         matches = ix.query(q, k)
     if args.json:

@@ -329,8 +329,9 @@ class _Walk:
     loop is a symlink to a directory already walked).
     """
 
-    def __init__(self, opts: _Options, exclude: set, result: DedupResult):
+    def __init__(self, opts: _Options, exclude: set, result: DedupResult, progress=None):
         self.opts = opts
+        self.progress = progress
         self.exclude = exclude
         self.result = result
         self.files: dict = {}       # (dev, ino) -> _Found, or None when skipped
@@ -388,6 +389,8 @@ class _Walk:
             return
         self.files[key] = found = _Found(path, st.st_size, st.st_mtime_ns)
         self.found.append(found)
+        if self.progress is not None and len(self.found) % 1000 == 0:
+            self.progress("scan", len(self.found), 0)
 
     def _skip_reason(self, path: bytes, st) -> str | None:
         if not stat.S_ISREG(st.st_mode):
@@ -844,9 +847,7 @@ def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float
         exclude = {os.fsencode(os.path.abspath(p)) for p in
                    (index_path, state_path, index_path + "-lock", state_path + "-wal",
                     state_path + "-shm", state_path + "-journal")}
-        if progress is not None:
-            progress("scan", 0, 0)
-        found = _Walk(opts, exclude, result).run(roots)
+        found = _Walk(opts, exclude, result, progress).run(roots)
         known = state.known()
         todo = []
         for item in found:

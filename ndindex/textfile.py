@@ -139,10 +139,10 @@ def decode(data: bytes) -> str:
     if b"\0" in head:
         name = _detect(data) if _utf16_shaped(head) else None
         if name is None or not _codec(name).startswith("utf-16"):
-            raise NotText("binary")
+            raise NotText("binary", "looks binary")
     else:
         if _binary(head):
-            raise NotText("binary")
+            raise NotText("binary", "looks binary")
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:

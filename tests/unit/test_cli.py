@@ -243,3 +243,14 @@ def test_a_closed_pipe_in_a_real_process(ix):
     finally:
         os.close(write_end)
     assert done.returncode == 141 and done.stderr == b""
+
+
+def test_documents_in_any_charset_are_text(ix, tmp_path, capsys):
+    body = ("Le cœur déçu mais l'âme plutôt naïve, Louÿs rêva de crapaüter en canoë au delà "
+            "des îles, près du mälström où brûlent les novæ. ").replace("œ", "oe") * 8
+    (tmp_path / "latin1.txt").write_bytes(body.replace("æ", "ae").encode("latin-1"))
+    (tmp_path / "utf8.txt").write_text(body.replace("æ", "ae"), encoding="utf-8")
+    status, out, err = run(capsys, "add", ix, "--docs", str(tmp_path / "latin1.txt"), "--json")
+    assert status == 0 and json.loads(out)["added"] == 1 and err == ""
+    status, out, _ = run(capsys, "query", ix, "--file", str(tmp_path / "utf8.txt"), "--json")
+    assert status == 0 and json.loads(out)["matches"][0]["distance"] == 0
