@@ -29,10 +29,12 @@ import lzma
 
 import zstandard
 
-#: Leading bytes tested for NULs and control bytes (git looks at 8000).
-SNIFF_BYTES = 8000
-#: Share of the sniffed bytes that may be C0 controls (not white space or ESC).
-MAX_CONTROL_FRACTION = 0.10
+# The fingerprinter's binary test, without its rule that invalid UTF-8 is
+# binary: here other character sets are text.  SNIFF_BYTES leading bytes are
+# tested for NULs and C0 control bytes (not white space or ESC), of which a
+# share of MAX_CONTROL_FRACTION makes the data binary.
+from ndindex.fingerprint.normalize import BINARY_MAX_CONTROL_FRACTION as MAX_CONTROL_FRACTION
+from ndindex.fingerprint.normalize import BINARY_SNIFF_BYTES as SNIFF_BYTES
 #: Bytes a charset detector sees: enough for a verdict, bounded in time.
 DETECT_BYTES = 64 << 10
 #: Decompressors by file extension.
