@@ -23,9 +23,10 @@ import numpy as np
 
 from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
-from ndindex.fingerprint import BinaryDataError, Fingerprinter
+from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan
+from ndindex.textfile import NotText, decode
 
 _dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
 
@@ -35,13 +36,21 @@ EXIT_FOUND = 1
 EXIT_NONE = 1
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: The reader of the output closed the pipe (128 + SIGPIPE, as a killed process).
+EXIT_BROKEN_PIPE = 141
 
 EXIT_CODES_HELP = """exit status:
   0    success; dedup: no duplicates; query: at least one match
   1    dedup: duplicates found (like diff); query: no match (like grep)
   2    error: bad arguments, unreadable or corrupt index or dump, a missing
        PATH (one line on stderr: "ndindex: <file>: <problem>")
-  130  interrupted (Ctrl-C); the index stays consistent and a re-run resumes"""
+  130  interrupted (Ctrl-C); the index stays consistent and a re-run resumes
+  141  the output's reader closed the pipe (ndindex stats X | head); nothing printed"""
+
+#: Invalid input lines printed before the rest are only counted.
+MAX_REPORTED_LINES = 10
+#: Fingerprints per index.add call of ``ndindex add`` (one transaction each).
+ADD_BATCH_LINES = 100_000
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9, "t": 10**12}
 
@@ -111,8 +120,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _sub(commands, "dedup", "find exact and near-duplicate files under directories",
              "Walk PATHs, fingerprint text-like files, and report clusters of files that are "
              "byte-identical or near-duplicates (simhash within k bits, then Jaccard of word "
-             "3-shingles >= the threshold).  The index and its state file (INDEX.files) make "
-             "a re-run read only new and changed files.",
+             "3-shingles >= the threshold).  Text in any character set is read, and "
+             "compressed files through their decompressor.  Each cluster is printed once, "
+             "its representative (*) first; --json and --csv give every pair.  The index "
+             "and its state file (INDEX.files) make a re-run read only new and changed "
+             "files; one --index may serve different PATHs: a file is forgotten only when "
+             "it is gone from disk.",
              ["ndindex dedup /usr/share/common-licenses",
               "ndindex dedup --index docs.ndx ~/Documents ~/Downloads",
               "ndindex dedup --json src/ > clusters.json",
@@ -129,13 +142,18 @@ def _build_parser() -> argparse.ArgumentParser:
                    metavar="C", help="candidates verified per file, nearest first (default "
                                      f"{_dedup.DEFAULT_MAX_CANDIDATES})")
     p.add_argument("--follow-symlinks", action="store_true",
-                   help="follow symbolic links (loops are detected)")
+                   help="follow symbolic links to files and directories no real name "
+                        "reaches; a link to a file found anyway is listed as its link, "
+                        "not a copy")
     p.add_argument("--min-size", type=_size, default=_dedup.DEFAULT_MIN_SIZE_BYTES, metavar="SIZE",
                    help="skip smaller files (default 1 byte: empty files are skipped)")
     p.add_argument("--max-size", type=_size, default=_dedup.DEFAULT_MAX_SIZE_BYTES, metavar="SIZE",
                    help="skip larger files (default 64M)")
     p.add_argument("--include-binary", action="store_true",
-                   help="also report byte-identical binary files")
+                   help="also report byte-identical binary (and undecodable) files")
+    p.add_argument("--no-decompress", dest="decompress", action="store_false",
+                   help="treat .gz, .bz2, .xz, .lzma and .zst files as binary instead of "
+                        "reading the text inside (at most --max-size bytes of it)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="processes reading and fingerprinting (default: one per CPU)")
     out = p.add_mutually_exclusive_group()
@@ -160,17 +178,22 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _sub(commands, "add", "add fingerprints (from a file or stdin) or documents",
              "Add fingerprints, one per line as decimal or 0x-hex, optionally followed by white "
-             "space and a document key; blank lines and lines starting with # are ignored.  "
+             "space and a document key (UTF-8); blank lines and lines starting with # are "
+             "ignored.  Any invalid line stops the whole input unless --skip-invalid.  "
              "With --docs, fingerprint the files instead (directories recursively) with the "
              "index's fingerprinter, keyed by path.",
              ["ndindex add pages.ndx fingerprints.txt",
               "printf '0x0123456789abcdef https://example.org/\\n' | ndindex add pages.ndx",
+              "ndindex add pages.ndx crawl.txt --skip-invalid",
               "ndindex add docs.ndx --docs notes/ README.md"],
              _cmd_add)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("source", nargs="?", default="-", metavar="FILE",
                    help="fingerprint list (default -: stdin)")
     p.add_argument("--docs", nargs="+", metavar="PATH", help="fingerprint these files instead")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="add the valid lines and count the invalid ones (default: report "
+                        f"the invalid lines, up to {MAX_REPORTED_LINES}, and add nothing)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "query", "find stored fingerprints near a fingerprint, text or file",
@@ -210,10 +233,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "stats", "print counts, sizes and the plan",
-             "Print the number of fingerprints, the log, the file size and bits per "
-             "fingerprint per table.", ["ndindex stats pages.ndx", "ndindex stats pages.ndx --json"],
-             _cmd_stats)
+             "Print the number of fingerprints, the file size and the tables' size in bits "
+             "per fingerprint; --tables adds a line per table.",
+             ["ndindex stats pages.ndx", "ndindex stats pages.ndx --tables",
+              "ndindex stats pages.ndx --json"], _cmd_stats)
     p.add_argument("index", metavar="INDEX")
+    p.add_argument("--tables", action="store_true", help="also print one line per table")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "verify", "check every checksum, order and directory entry",
@@ -353,24 +378,63 @@ def _cmd_create(args) -> int:
     return EXIT_OK
 
 
-def _read_fingerprint_lines(source: str):
-    """Yield (fingerprint, key or None) from a fingerprint list; ValueError naming the line."""
-    fh = sys.stdin if source == "-" else open(source, encoding="utf-8")
-    name = "<stdin>" if source == "-" else source
+class _InvalidInput(Exception):
+    """Lines of an input file that are not valid; the message lists them."""
+
+
+def _parse_line(raw: bytes):
+    """Return (fingerprint, key or None), or None for a blank or comment line.
+
+    Raises ValueError saying what is wrong with the line.
+    """
     try:
-        for number, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            parts = line.split(None, 1)
+        line = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                         f"{exc.start + 1})") from None
+    if not line or line.startswith("#"):
+        return None
+    parts = line.split(None, 1)
+    try:
+        fp = _fingerprint(parts[0])
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+    return fp, (parts[1] if len(parts) > 1 else None)
+
+
+def _read_fingerprint_lines(source: str, skip_invalid: bool):
+    """Return (fingerprints, keys, invalid count) of a fingerprint list.
+
+    Every line is checked before anything is added.  The first
+    MAX_REPORTED_LINES invalid lines are printed on stderr as
+    ``ndindex: FILE:LINE: problem``; without skip_invalid any invalid line
+    raises _InvalidInput.  Memory: the whole list (8 bytes per fingerprint
+    plus its key).
+    """
+    name = "<stdin>" if source == "-" else source
+    fh = sys.stdin.buffer if source == "-" else open(source, "rb")
+    fps, keys, invalid = [], [], 0
+    try:
+        for number, raw in enumerate(fh, 1):
             try:
-                fp = _fingerprint(parts[0])
-            except argparse.ArgumentTypeError as exc:
-                raise ValueError(f"{name}: line {number}: {exc}") from None
-            yield fp, (parts[1] if len(parts) > 1 else None)
+                item = _parse_line(raw)
+            except ValueError as exc:
+                invalid += 1
+                if invalid <= MAX_REPORTED_LINES:
+                    print(f"ndindex: {name}:{number}: {exc}", file=sys.stderr)
+                continue
+            if item is not None:
+                fps.append(item[0])
+                keys.append(item[1])
     finally:
-        if fh is not sys.stdin:
+        if fh is not sys.stdin.buffer:
             fh.close()
+    if invalid and not skip_invalid:
+        more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
+            else ""
+        raise _InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+                            f"{more}; nothing added (--skip-invalid adds the valid ones)")
+    return fps, keys, invalid
 
 
 def _document_paths(paths):
@@ -384,37 +448,38 @@ def _document_paths(paths):
             yield path
 
 
+def _document_text(path: str) -> str:
+    """Return a document's text in any character set (NotText if it has none)."""
+    with open(path, "rb") as fh:
+        return decode(fh.read())
+
+
 def _cmd_add(args) -> int:
-    added = skipped = 0
+    added = skipped = invalid = 0
+    if not args.docs:
+        fps, keys, invalid = _read_fingerprint_lines(args.source, args.skip_invalid)
     with Index.open(args.index) as ix:
         if args.docs:
             fpr = _fingerprinter_of(ix)
             fps, keys = [], []
             for path in _document_paths(args.docs):
-                with open(path, "rb") as fh:
-                    data = fh.read()
                 try:
-                    fps.append(fpr.simhash(data))
-                except BinaryDataError:
-                    print(f"ndindex: {path}: looks binary, skipped", file=sys.stderr)
+                    fps.append(fpr.simhash(_document_text(path)))
+                except NotText as exc:
+                    print(f"ndindex: {path}: {exc}, skipped", file=sys.stderr)
                     skipped += 1
                     continue
                 keys.append(path)
-            added = ix.add(np.array(fps, dtype=np.uint64), keys=keys)
-        else:
-            batch = []
-            for item in _read_fingerprint_lines(args.source):
-                batch.append(item)
-                if len(batch) >= 100_000:
-                    added += ix.add([f for f, _ in batch], keys=[k for _, k in batch])
-                    batch = []
-            if batch:
-                added += ix.add([f for f, _ in batch], keys=[k for _, k in batch])
+        for start in range(0, len(fps), ADD_BATCH_LINES):
+            added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
+                            keys=keys[start:start + ADD_BATCH_LINES])
         total = len(ix)
     if args.json:
-        _json(dict(added=added, skipped=skipped, fingerprints=total))
+        _json(dict(added=added, skipped=skipped, invalid=invalid, fingerprints=total))
     else:
-        print(f"added {added:,} fingerprints ({total:,} distinct in the index)")
+        print(f"added {added:,} fingerprints ({total:,} distinct in the index)"
+              + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+                 if invalid else ""))
     return EXIT_OK
 
 
@@ -425,12 +490,10 @@ def _cmd_query(args) -> int:
         elif args.text is not None:
             q = _fingerprinter_of(ix).simhash(args.text)
         else:
-            with open(args.file, "rb") as fh:
-                data = fh.read()
             try:
-                q = _fingerprinter_of(ix).simhash(data)
-            except BinaryDataError:
-                raise ValueError(f"{args.file}: looks binary; documents must be text") from None
+                q = _fingerprinter_of(ix).simhash(_document_text(args.file))
+            except NotText as exc:
+                raise ValueError(f"{args.file}: {exc}; documents must be text") from None
         k = ix.k if args.k is None else args.k
         matches = ix.query(q, k)
     if args.json:
@@ -481,14 +544,23 @@ def _cmd_stats(args) -> int:
     if args.json:
         _json(info)
         return EXIT_OK
+    tables = info["tables"]
+    entries = sum(t["entries"] for t in tables)
+    table_bytes = sum(t["bytes"] for t in tables)
+    prefixes = sorted({t["prefix_bits"] for t in tables})
     print(f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
           f"{info['file_bytes']:,} bytes")
-    print(f"  tables: {len(info['tables'])}, entries {info['table_entries']:,}, log "
-          f"{info['log_entries']:,}, removals pending {info['removed_pending']:,}")
-    for t in info["tables"]:
-        print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['blocks']:,} blocks  "
-              f"{t['bytes']:,} bytes  {t['bits_per_fingerprint']:.2f} bits/fingerprint "
-              f"({t['coding']})")
+    each = tables[0]["entries"] if tables else 0
+    print(f"  {len(tables)} tables (prefixes of {prefixes[0]}..{prefixes[-1]} bits), "
+          f"{each:,} fingerprints each: {table_bytes:,} bytes"
+          + (f", {8 * table_bytes / entries:.2f} bits per fingerprint per table "
+             f"(bound {info['entropy_bound_bits']:.2f})" if entries else "")
+          + (f"; {info['fingerprints'] - each:,} not yet compacted"
+             if info["fingerprints"] > each else ""))
+    if args.tables:
+        for t in tables:
+            print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['entries']:,} entries  "
+                  f"{t['bytes']:,} bytes  {t['bits_per_fingerprint']:.2f} bits/fingerprint")
     return EXIT_OK
 
 
@@ -590,8 +662,8 @@ def _cmd_dedup(args) -> int:
         result = _dedup.dedup(args.paths, index=index, k=args.k, threshold=args.threshold,
                               follow_symlinks=args.follow_symlinks, min_size=args.min_size,
                               max_size=args.max_size, include_binary=args.include_binary,
-                              max_candidates=args.max_candidates, jobs=args.jobs,
-                              progress=progress)
+                              decompress=args.decompress, max_candidates=args.max_candidates,
+                              jobs=args.jobs, progress=progress)
     finally:
         progress.clear()
     if not args.quiet:
@@ -611,24 +683,27 @@ def _pair_json(p) -> dict:
                 exact=p.exact)
 
 
+def _file_json(f, representative: bool) -> dict:
+    entry = dict(path=f.display_path, size=f.size, content_hash=f.content_hash,
+                 simhash=None if f.simhash is None else _hex(f.simhash),
+                 representative=representative,
+                 links=[dict(path=_dedup.display_path(p), kind=kind) for p, kind in f.links])
+    raw = os.fsencode(f.path)
+    if f.display_path.encode("utf-8", "surrogateescape") != raw:
+        entry["path_bytes_hex"] = raw.hex()   # the name is not valid UTF-8
+    return entry
+
+
 def _dedup_json(result) -> dict:
-    clusters = []
-    for n, c in enumerate(result.clusters, 1):
-        files = []
-        for f in c.files:
-            entry = dict(path=f.display_path, size=f.size, content_hash=f.content_hash,
-                         simhash=None if f.simhash is None else _hex(f.simhash))
-            raw = os.fsencode(f.path)
-            if f.display_path.encode("utf-8", "surrogateescape") != raw:
-                entry["path_bytes_hex"] = raw.hex()   # the name is not valid UTF-8
-            files.append(entry)
-        clusters.append(dict(id=n, kind=c.kind, files=files,
-                             reclaimable_bytes=c.reclaimable_bytes,
-                             pairs=[_pair_json(p) for p in c.pairs]))
+    clusters = [dict(id=n, kind=c.kind,
+                     files=[_file_json(f, i == 0) for i, f in enumerate(c.files)],
+                     reclaimable_bytes=c.reclaimable_bytes,
+                     pairs=[_pair_json(p) for p in c.pairs])
+                for n, c in enumerate(result.clusters, 1)]
     return dict(index=result.index_path, files_scanned=result.files_scanned,
                 files_read=result.files_read, files_unchanged=result.files_unchanged,
                 files_removed=result.files_removed, bytes_read=result.bytes_read,
-                skipped=result.skipped,
+                skipped=result.skipped, links=result.links,
                 errors=[dict(path=_dedup.display_path(p), error=e) for p, e in result.errors],
                 duplicate_files=result.duplicate_files,
                 seconds=round(result.seconds, 3), clusters=clusters)
@@ -636,16 +711,34 @@ def _dedup_json(result) -> dict:
 
 def _dedup_csv(result) -> None:
     out = csv.writer(sys.stdout, lineterminator="\n")
-    out.writerow(["cluster", "kind", "path", "size", "content_hash", "simhash",
-                  "distance_to_first", "similarity_to_first"])
+    out.writerow(["cluster", "kind", "path", "size", "content_hash", "simhash", "representative",
+                  "distance_to_representative", "similarity_to_representative", "links"])
     for n, c in enumerate(result.clusters, 1):
         to_first = {p.b: p for p in c.pairs if p.a == 0}
         for i, f in enumerate(c.files):
             p = to_first.get(i)
             out.writerow([n, c.kind, f.display_path, f.size, f.content_hash,
-                          "" if f.simhash is None else _hex(f.simhash),
-                          0 if i == 0 else ("" if p is None or p.distance is None else p.distance),
-                          "1.0" if i == 0 else ("" if p is None else f"{p.similarity:.4f}")])
+                          "" if f.simhash is None else _hex(f.simhash), int(i == 0),
+                          "" if p is None or p.distance is None else p.distance,
+                          "" if p is None else f"{p.similarity:.4f}",
+                          ";".join(_dedup.display_path(path) for path, _ in f.links)])
+
+
+def _plural(n: int, one: str, many: str | None = None) -> str:
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
+
+
+#: How the summary names each skip reason: (one, many).
+_SKIPPED_WORDS = {
+    "symlink": ("symlink not followed", "symlinks not followed"),
+    "broken symlink": ("broken symlink", "broken symlinks"),
+    "special": ("special file", "special files"),
+    "index": ("file of the index", "files of the index"),
+    "too small": ("too small", "too small"),
+    "too large": ("too large", "too large"),
+    "binary": ("binary", "binary"),
+    "undecodable": ("undecodable (no character set fits)", "undecodable (no character set fits)"),
+}
 
 
 def _dedup_text(result) -> None:
@@ -654,26 +747,35 @@ def _dedup_text(result) -> None:
         what = "identical files" if c.kind == "exact" else "near-duplicates"
         print(f"cluster {n}: {len(c.files)} {what}, {_human(total)}"
               + (f", {_human(c.reclaimable_bytes)} in exact copies" if c.reclaimable_bytes else ""))
-        for i, f in enumerate(c.files, 1):
-            print(f"  [{i}] {f.size:>10,} B  {f.display_path}")
-        for p in c.pairs:
-            if p.exact:
-                how = "identical"
-            else:
-                how = f"similarity {p.similarity:.2f}, simhash distance {p.distance}"
-            print(f"      [{p.a + 1}]-[{p.b + 1}] {how}")
+        to_first = {p.b: p for p in c.pairs if p.a == 0}
+        for i, f in enumerate(c.files):
+            p = to_first.get(i)
+            how = "" if p is None else "  (identical)" if p.exact else \
+                f"  (similarity {p.similarity:.2f}, simhash distance {p.distance})"
+            print(f"  {'*' if i == 0 else ' '} {f.size:>10,} B  {f.display_path}{how}")
+            for path, kind in f.links:
+                print(f"      {'':>10}    also {_dedup.display_path(path)} ({kind}, not a copy)")
         print()
-    skipped = sum(result.skipped.values())
-    detail = ", ".join(f"{n} {why}" for why, n in sorted(result.skipped.items()))
-    print(f"{result.files_scanned:,} files scanned ({result.files_read:,} read, "
-          f"{result.files_unchanged:,} unchanged"
-          + (f", {result.files_removed:,} gone" if result.files_removed else "") + "), "
-          f"{skipped:,} skipped" + (f" ({detail})" if detail else "")
-          + (f", {len(result.errors):,} unreadable" if result.errors else "") + ".")
+    if result.clusters:
+        print("* the representative: the largest file, which the others are compared with.")
+    parts = [f"{_plural(result.files_scanned, 'file')} checked ({result.files_read:,} read, "
+             f"{result.files_unchanged:,} unchanged"
+             + (f", {result.files_removed:,} gone from disk forgotten" if result.files_removed
+                else "") + ")"]
+    if result.skipped:
+        parts.append("skipped: " + ", ".join(
+            f"{n:,} {_SKIPPED_WORDS.get(why, (why, why))[n != 1]}"
+            for why, n in sorted(result.skipped.items())))
+    if result.links:
+        parts.append(", ".join(_plural(n, kind) for kind, n in sorted(result.links.items()))
+                     + " to files or directories already counted (links, not copies)")
+    if result.errors:
+        parts.append(f"{len(result.errors):,} unreadable")
+    print("; ".join(parts) + ".")
     if result.clusters:
         exact = sum(c.reclaimable_bytes for c in result.clusters)
-        print(f"{len(result.clusters):,} cluster{'s' if len(result.clusters) != 1 else ''}, "
-              f"{result.duplicate_files:,} duplicate file{'s' if result.duplicate_files != 1 else ''}, "
+        print(f"{_plural(len(result.clusters), 'cluster')}, "
+              f"{_plural(result.duplicate_files, 'duplicate file')}, "
               f"{_human(exact)} in exact copies.")
     else:
         print("no duplicates.")
@@ -686,15 +788,50 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _error_line(exc: BaseException, file) -> str:
+    """Return ``ndindex: <file>: <problem>`` for an error about a file.
+
+    The file is the exception's own (OSError.filename) or else the one the
+    command works on; a message that already begins with the file's name
+    keeps one copy of it, and one that begins with a file beside it
+    (``INDEX.files: ...``) is printed as it is.
+    """
+    if isinstance(exc, OSError) and exc.filename is not None:
+        file = exc.filename
+    problem = _one_line(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
+    if file is None:
+        return f"ndindex: {problem}"
+    name = _dedup.display_path(file)
+    for prefix in (f"{name}: ", f"{os.path.abspath(name)}: "):
+        while problem.startswith(prefix):
+            problem = problem[len(prefix):]
+    if problem.startswith((name, os.path.abspath(name))) and ": " in problem:
+        return f"ndindex: {problem}"
+    return f"ndindex: {name}: {problem}"
+
+
+def _silence_stdout() -> None:
+    # The reader closed the pipe: point stdout at /dev/null so that the
+    # interpreter's final flush does not fail again with a traceback.
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout is not a real file (tests)
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ndindex`` command line.
 
     Parameters: argv, the arguments without the program name (default sys.argv[1:]).
     Returns the exit status (EXIT_CODES_HELP): 0 success, 1 dedup found
-    duplicates or query found nothing, 2 an error (one line on stderr), 130
-    interrupted.
+    duplicates or query found nothing, 2 an error (one line on stderr naming
+    the file, or one per invalid input line), 130 interrupted, 141 the
+    reader of the output went away (as a process killed by SIGPIPE).
     """
     parser = _build_parser()
+    args = None
     try:
         args = parser.parse_args(argv)
         return args.run(args)
@@ -703,14 +840,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ndindex: interrupted; the index is consistent, a re-run resumes", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except OSError as exc:
-        name = exc.filename if exc.filename is not None else None
-        problem = exc.strerror or str(exc)
-        print(f"ndindex: {_dedup.display_path(name)}: {_one_line(problem)}" if name is not None
-              else f"ndindex: {_one_line(exc)}", file=sys.stderr)   # "path: problem" already
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except _InvalidInput as exc:
+        print(f"ndindex: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except NdindexError as exc:
-        print(f"ndindex: {_one_line(exc)}", file=sys.stderr)
+    except (OSError, NdindexError) as exc:
+        print(_error_line(exc, getattr(args, "index", None)), file=sys.stderr)
         return EXIT_ERROR
     except (_UsageError, ValueError, TypeError) as exc:
         print(f"ndindex: error: {_one_line(exc)}", file=sys.stderr)

@@ -78,7 +78,8 @@ def test_dedup_finds_planted_exact_and_near_duplicates(tree, tmp_path):
     exact = [p for p in big.pairs if p.exact]
     assert len(exact) == 1 and exact[0].distance == 0 and exact[0].similarity == 1.0
     assert all(p.similarity >= 0.8 and p.distance <= 10 for p in big.pairs)
-    assert result.skipped["binary"] == 3 and result.skipped["too small"] == 1
+    assert result.skipped == {"binary": 3, "too small": 1}
+    assert result.files_scanned == result.files_read == 10   # each file in one category
     assert result.errors == []
 
 
@@ -160,12 +161,16 @@ def test_symlink_loops_and_special_files(tmp_path):
     os.symlink(root / "missing", root / "y" / "broken")
     os.mkfifo(root / "y" / "fifo")
     plain = ndindex.dedup([root], index=tmp_path / "1.ndx")
-    assert plain.skipped["symlink"] == 3 and plain.skipped["special"] == 1
+    assert plain.skipped == {"symlink": 3, "special": 1} and plain.links == {}
     assert [names(c) for c in plain.clusters] == [["a.txt", "b.txt"]]
     followed = ndindex.dedup([root], index=tmp_path / "2.ndx", follow_symlinks=True)
-    assert followed.skipped["symlink loop"] == 1 and followed.skipped["hard link"] == 1
-    assert followed.skipped["broken symlink"] == 1
+    # the loop and link.txt are links to a directory and a file counted
+    # under their real names; only the broken one is skipped
+    assert followed.links == {"symlink": 2}
+    assert followed.skipped == {"broken symlink": 1, "special": 1}
     assert [names(c) for c in followed.clusters] == [["a.txt", "b.txt"]]
+    a = next(f for f in followed.clusters[0].files if f.path.endswith("a.txt"))
+    assert a.links == ((str(root / "y" / "link.txt"), "symlink"),)
 
 
 def test_unreadable_files_are_reported_and_skipped(tmp_path):
@@ -228,14 +233,18 @@ def test_cli_dedup_json_field_by_field(tree, tmp_path, capsys):
     assert status == 1 and err.startswith("ndindex: index ")
     doc = json.loads(out)
     assert doc["index"] == str(tmp_path / "ix.ndx")
-    assert doc["files_scanned"] == 12 and doc["files_read"] == 12 and doc["files_unchanged"] == 0
+    assert doc["files_scanned"] == 10 and doc["files_read"] == 10 and doc["files_unchanged"] == 0
     assert doc["skipped"] == {"binary": 3, "too small": 1} and doc["errors"] == []
     assert doc["duplicate_files"] == 5
     first = doc["clusters"][0]
     assert first["id"] == 1 and first["kind"] == "near" and len(first["files"]) == 5
     f0 = first["files"][0]
-    assert set(f0) == {"path", "size", "content_hash", "simhash"}
-    assert f0["path"] == str(tree / "a" / "original.txt") and f0["size"] == len(text(1))
+    assert set(f0) == {"path", "size", "content_hash", "simhash", "representative", "links"}
+    assert f0["representative"] is True and f0["links"] == []
+    # the representative is the largest file (reflow.txt doubles every space)
+    assert f0["path"] == str(tree / "c" / "reflow.txt")
+    assert f0["size"] == max(f["size"] for f in first["files"])
+    assert [f["path"] for f in first["files"][1:]] == sorted(f["path"] for f in first["files"][1:])
     assert len(f0["content_hash"]) == 32 and f0["simhash"].startswith("0x")
     assert first["reclaimable_bytes"] == len(text(1))
     assert {tuple(sorted(p)) for p in first["pairs"]} == {("a", "b", "distance", "exact",
@@ -247,15 +256,16 @@ def test_cli_dedup_json_field_by_field(tree, tmp_path, capsys):
     main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "--json", "-q"])
     out2, err2 = capsys.readouterr()
     doc2 = json.loads(out2)
-    assert err2 == "" and doc2["files_read"] == 0 and doc2["files_unchanged"] == 12
+    assert err2 == "" and doc2["files_read"] == 0 and doc2["files_unchanged"] == 10
+    assert doc2["skipped"] == doc["skipped"]                 # the same categories again
     assert doc2["clusters"] == doc["clusters"]
 
 
 def test_cli_dedup_csv_and_text(tree, tmp_path, capsys):
     assert main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "--csv", "-q"]) == 1
     rows = capsys.readouterr().out.splitlines()
-    assert rows[0] == ("cluster,kind,path,size,content_hash,simhash,distance_to_first,"
-                       "similarity_to_first")
+    assert rows[0] == ("cluster,kind,path,size,content_hash,simhash,representative,"
+                       "distance_to_representative,similarity_to_representative,links")
     assert len(rows) == 1 + 5 + 2 and rows[1].startswith("1,near,")
     assert main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "-q"]) == 1
     out = capsys.readouterr().out
@@ -300,3 +310,224 @@ def test_index_of_another_fingerprinter_is_rebuilt(tree, tmp_path, monkeypatch):
     assert again.files_read == first.files_read          # everything read again
     with ndindex.open(ix, readonly=True) as index:
         assert index.fingerprinter == other.to_bytes()
+
+
+# -- links, reuse of an index, interruption (issue 11) ----------------------------
+
+
+def licenses_like(root):
+    """Two near-duplicates and symlinks that sort before their targets."""
+    write(root / "DOC-1.2", text(20))
+    words = text(20).split(" ")
+    for i in (10, 100, 250):
+        words[i] = "revised"
+    write(root / "DOC-1.3", " ".join(words) + "\nan added closing line of the newer version\n")
+    os.symlink("DOC-1.3", root / "DOC")
+    write(root / "OTHER-2", text(21))
+    os.symlink("OTHER-2", root / "OTHER")
+
+
+def test_symlinks_keep_the_real_name_and_runs_with_and_without_follow_agree(tmp_path):
+    root = tmp_path / "lic"
+    licenses_like(root)
+    ix = tmp_path / "ix.ndx"
+    runs = [ndindex.dedup([root], index=ix, follow_symlinks=follow)
+            for follow in (False, True, False, True)]
+    for r in runs:
+        assert [[os.path.basename(f.path) for f in c.files] for c in r.clusters] == \
+            [["DOC-1.3", "DOC-1.2"]]
+        assert r.files_scanned == 3 and r.files_removed == 0
+    assert runs[0].files_read == 3 and all(r.files_read == 0 for r in runs[1:])
+    assert runs[0].skipped == {"symlink": 2} and runs[0].links == {}
+    assert runs[1].skipped == {} and runs[1].links == {"symlink": 2}
+    assert runs[1].clusters[0].files[0].links == ((str(root / "DOC"), "symlink"),)
+    assert runs[0].clusters[0].files[0].links == ()
+
+
+def test_hard_links_are_listed_as_links_not_copies(tmp_path, capsys):
+    root = tmp_path / "t"
+    write(root / "b.txt", text(22))
+    write(root / "c.txt", text(22))
+    os.link(root / "b.txt", root / "a-hard.txt")      # sorts first: the real name it keeps
+    result = ndindex.dedup([root], index=tmp_path / "ix.ndx")
+    assert result.links == {"hard link": 1} and result.files_scanned == 2
+    [cluster] = result.clusters
+    assert [os.path.basename(f.path) for f in cluster.files] == ["a-hard.txt", "c.txt"]
+    assert cluster.files[0].links == ((str(root / "b.txt"), "hard link"),)
+    assert cluster.reclaimable_bytes == len(text(22))   # c.txt; the hard link frees nothing
+    assert main(["dedup", str(root), "--index", str(tmp_path / "ix.ndx"), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert f"also {root / 'b.txt'} (hard link, not a copy)" in out
+    assert "1 hard link to files or directories already counted (links, not copies)" in out
+
+
+def test_one_index_for_other_paths_forgets_only_files_gone_from_disk(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write(a / "1.txt", text(30))
+    write(a / "2.txt", text(30))
+    write(b / "3.txt", text(31))
+    write(b / "4.txt", text(31))
+    ix = tmp_path / "ix.ndx"
+    first = ndindex.dedup([a], index=ix)
+    second = ndindex.dedup([b], index=ix)
+    assert second.files_removed == 0 and second.files_read == 2
+    assert [names(c) for c in second.clusters] == [["3.txt", "4.txt"]]   # only its paths
+    again = ndindex.dedup([a], index=ix)
+    assert again.files_read == 0 and again.files_unchanged == 2      # remembered, not re-read
+    assert [names(c) for c in again.clusters] == [names(c) for c in first.clusters]
+    os.unlink(a / "2.txt")
+    third = ndindex.dedup([b], index=ix)                  # a file outside the paths is gone
+    assert third.files_removed == 1 and third.files_read == 0
+    index_keys_cover_state(ix)
+    with ndindex.open(ix, readonly=True) as index:
+        keys = {k for fp in index.fingerprints() for k in index.keys(int(fp))}
+    assert keys == {str(a / "1.txt"), str(b / "3.txt"), str(b / "4.txt")}
+
+
+def test_interrupted_run_keeps_what_it_stored_each_second(tree, tmp_path, monkeypatch):
+    ix = tmp_path / "ix.ndx"
+    ticks = iter(range(0, 10**6, 2))          # every look at the clock: two seconds later
+    monkeypatch.setattr(dedup_module, "_clock", lambda: next(ticks), raising=False)
+    examined = []
+    real = dedup_module._examine
+
+    def examine_then_interrupt(item, opts):
+        if len(examined) == 5:
+            raise KeyboardInterrupt
+        examined.append(item)
+        return real(item, opts)
+
+    monkeypatch.setattr(dedup_module, "_examine", examine_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ndindex.dedup([tree], index=ix)           # BATCH_FILES (2048) is far away
+    monkeypatch.undo()
+    resumed = ndindex.dedup([tree], index=ix)
+    # the five files examined before Ctrl-C were kept: three texts, two binaries
+    assert resumed.files_unchanged == 3 and resumed.files_read == resumed.files_scanned - 3
+    fresh = ndindex.dedup([tree], index=tmp_path / "fresh.ndx")
+    assert [names(c) for c in resumed.clusters] == [names(c) for c in fresh.clusters]
+    index_keys_cover_state(ix)
+
+
+# -- what is text: charsets, compression, binary and undecodable --------------------
+
+
+LATIN = ("Le cœur déçu mais l'âme plutôt naïve, Louÿs rêva de crapaüter en canoë au delà "
+         "des îles, près du mälström où brûlent les novæ. ")
+
+
+def french(seed: int) -> str:
+    rng = random.Random(seed)
+    words = LATIN.split()
+    return "\n".join(" ".join(rng.choice(words) + str(rng.randrange(300)) for _ in range(12))
+                     for _ in range(40)) + "\n"
+
+
+def test_latin1_utf16_and_utf8_copies_of_one_text_are_near_duplicates(tmp_path):
+    root = tmp_path / "t"
+    body = french(1).replace("œ", "oe").replace("æ", "ae")   # Latin-1 has no œ or æ
+    write(root / "utf8.txt", body.encode("utf-8"))
+    write(root / "latin1.txt", body.encode("latin-1"))
+    write(root / "utf16.txt", body.encode("utf-16"))
+    write(root / "utf16le-no-bom.txt", body.encode("utf-16-le"))
+    result = ndindex.dedup([root], index=tmp_path / "ix.ndx")
+    assert result.skipped == {} and result.files_scanned == 4
+    [cluster] = result.clusters
+    assert names(cluster) == ["latin1.txt", "utf16.txt", "utf16le-no-bom.txt", "utf8.txt"]
+    assert len({f.simhash for f in cluster.files}) == 1          # one text, four encodings
+    assert all(p.similarity == 1.0 and not p.exact for p in cluster.pairs)
+
+
+def test_compressed_text_is_read_through_its_decompressor(tmp_path, capsys):
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+    root = tmp_path / "t"
+    body = text(40).encode()
+    write(root / "plain.txt", body)
+    write(root / "notes.txt.gz", gzip.compress(body))
+    write(root / "notes.bz2", bz2.compress(body))
+    write(root / "notes.xz", lzma.compress(body))
+    write(root / "notes.zst", zstandard.ZstdCompressor().compress(body))
+    write(root / "page.html.gz", gzip.compress(b"<html><body><p>" + body + b"</p></body></html>"))
+    write(root / "broken.gz", gzip.compress(body)[:-30])
+    write(root / "archive.tar.gz", gzip.compress(body))          # a tarball: binary by name
+    result = ndindex.dedup([root], index=tmp_path / "ix.ndx")
+    assert [names(c) for c in result.clusters] == [
+        ["notes.bz2", "notes.txt.gz", "notes.xz", "notes.zst", "page.html.gz", "plain.txt"]]
+    assert result.skipped == {"binary": 1}
+    assert [(os.path.basename(p), e.startswith("corrupt .gz data")) for p, e in result.errors] \
+        == [("broken.gz", True)]
+    off = ndindex.dedup([root], index=tmp_path / "off.ndx", decompress=False)
+    assert off.skipped == {"binary": 7} and off.clusters == []
+    assert main(["dedup", str(root), "--index", str(tmp_path / "cli.ndx"), "-q",
+                 "--no-decompress", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] == {"binary": 7}
+
+
+def test_decompression_is_bounded_by_max_size(tmp_path, monkeypatch):
+    import gzip
+    root = tmp_path / "t"
+    write(root / "bomb.txt.gz", gzip.compress(b"a " * (8 << 20)))       # 16 MiB of text
+    write(root / "small.txt.gz", gzip.compress(text(41).encode()))
+    sizes = []
+    real = dedup_module.textfile.decode
+    monkeypatch.setattr(dedup_module.textfile, "decode",
+                        lambda data: sizes.append(len(data)) or real(data))
+    result = ndindex.dedup([root], index=tmp_path / "ix.ndx", max_size=1 << 20)
+    assert result.skipped == {"too large": 1} and result.files_read == 1
+    assert sizes == [len(text(41))]                # the bomb never reached the decoder
+
+
+def test_undecodable_text_is_counted_apart_from_binary(tmp_path):
+    root = tmp_path / "t"
+    write(root / "bom-but-latin1.txt", b"\xef\xbb\xbf" + french(2).encode("latin-1", "replace"))
+    write(root / "nul.dat", b"\0\1\2\3" * 500)
+    write(root / "ok.txt", text(42))
+    first = ndindex.dedup([root], index=tmp_path / "ix.ndx")
+    assert first.skipped == {"undecodable": 1, "binary": 1} and first.files_scanned == 1
+    again = ndindex.dedup([root], index=tmp_path / "ix.ndx")
+    assert again.skipped == first.skipped and again.files_read == 0
+
+
+def test_k_outside_the_planner_range_has_one_message(tmp_path, capsys):
+    write(tmp_path / "t" / "a.txt", text(1))
+    for k in ("65", "20", "-1"):
+        assert main(["dedup", str(tmp_path / "t"), "-k", k, "-q",
+                     "--index", str(tmp_path / f"{k}.ndx")]) == 2
+        assert capsys.readouterr().err == f"ndindex: error: k must be in 0..12, got {k}\n"
+
+
+def test_a_cluster_prints_once_with_its_representative(tmp_path, capsys):
+    root = tmp_path / "t"
+    for i in range(14):
+        write(root / f"copy{i:02d}.txt", text(50))
+    assert main(["dedup", str(root), "--index", str(tmp_path / "ix.ndx"), "-q"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    files = [line for line in out if line.endswith("(identical)") or line.startswith("  *")]
+    assert out[0] == f"cluster 1: 14 identical files, {14 * len(text(50)) / 1024:.1f} KiB, " \
+                     f"{13 * len(text(50)) / 1024:.1f} KiB in exact copies"
+    assert len(files) == 14 and out[1].startswith("  *") and out[1].endswith("copy00.txt")
+    assert not any("]-[" in line for line in out)          # no pair lines
+    assert main(["dedup", str(root), "--index", str(tmp_path / "ix.ndx"), "-q", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["clusters"][0]["pairs"]) == 91           # every pair, for a program
+
+
+def test_state_on_a_read_only_disk_is_a_read_only_error(tmp_path, monkeypatch, capsys):
+    import sqlite3
+    write(tmp_path / "t" / "a.txt", text(1))
+    ix = tmp_path / "ix.ndx"
+    sqlite3.connect(str(ix) + ".files").close()
+    real = sqlite3.connect
+    # SQLite's own answer on a file it may not write
+    monkeypatch.setattr(dedup_module.sqlite3, "connect",
+                        lambda path, **kw: real(f"file:{path}?mode=ro", uri=True, **kw))
+    with pytest.raises(ndindex.ReadOnlyError, match="cannot write the dedup state file"):
+        ndindex.dedup([tmp_path / "t"], index=ix)
+    assert main(["dedup", str(tmp_path / "t"), "--index", str(ix), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"ndindex: {ix}.files: cannot write the dedup state file (not writable); "
+                   "give an --index on a writable disk\n")
