@@ -39,7 +39,8 @@ import numpy as np
 
 from ndindex import _core, fpfile, plan as plans
 from ndindex.arrays import sorted_unique
-from ndindex.index import Index, _as_fingerprints
+from ndindex.index import Index
+from ndindex.validate import fingerprints as _as_fingerprints
 
 __all__ = ["PAIR_DTYPE", "DEFAULT_CHUNK_SIZE", "QueryTables", "join", "self_join", "join_to_files"]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 
 import numpy as np
 import zstandard
@@ -258,8 +259,23 @@ def unpack_tombstone_chunk(key: bytes, value, low_expected: int | None):
 
 # -- record chunks (7.8) ---------------------------------------------------------
 
-_compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=False,
-                                       write_content_size=False, write_dict_id=False)
+# zstandard's (de)compressor objects must not be shared between threads.
+_local = threading.local()
+
+
+def _compressor() -> zstandard.ZstdCompressor:
+    c = getattr(_local, "compressor", None)
+    if c is None:
+        c = _local.compressor = zstandard.ZstdCompressor(
+            level=ZSTD_LEVEL, write_checksum=False, write_content_size=False, write_dict_id=False)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "decompressor", None)
+    if d is None:
+        d = _local.decompressor = zstandard.ZstdDecompressor()
+    return d
 
 
 def pack_records(records) -> bytes:
@@ -321,7 +337,7 @@ def pack_record_chunks(space: int, run_id: int, records: list, low_fence: bytes 
         flags = (FLAG_FIRST if low_fence is None else 0) | \
             (FLAG_LAST if is_last and g == len(groups) - 1 else 0)
         fence = b"" if low_fence is None else low_fence
-        comp = [_compressor.compress(pack_records(b)) for b in group]
+        comp = [_compressor().compress(pack_records(b)) for b in group]
         raws = [len(pack_records(b)) for b in group]
         dir_bytes = sum(DIR_ENTRY.size + len(b[0][0]) for b in group)
         offset = RECORD_CHUNK_HEAD.size + len(fence) + dir_bytes
@@ -336,9 +352,6 @@ def pack_record_chunks(space: int, run_id: int, records: list, low_fence: bytes 
         out.append((key, struct.pack("<I", crc) + body + b"".join(comp)))
         low_fence = sep
     return out
-
-
-_decompressor = zstandard.ZstdDecompressor()
 
 
 @dataclasses.dataclass
@@ -365,7 +378,7 @@ class RecordChunk:
         if _core.crc32c(comp) != crc:
             raise _bad(f"record block {i}: checksum mismatch", self.key)
         try:
-            raw = _decompressor.decompress(comp, max_output_size=rlen)
+            raw = _decompressor().decompress(comp, max_output_size=rlen)
         except zstandard.ZstdError as exc:
             raise _bad(f"record block {i}: {exc}", self.key) from None
         if len(raw) != rlen:

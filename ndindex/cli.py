@@ -532,9 +532,11 @@ def _cmd_compact(args) -> int:
     if args.json:
         _json(report)
     else:
-        print(f"compacted: {report['entries']:,} fingerprints, {report['blocks_rewritten']:,} "
-              f"blocks rewritten, {report['tables_rebuilt']} tables rebuilt, "
-              f"{report['seconds']:.3f} s")
+        runs = report["runs"]
+        print(f"compacted: {report['steps']:,} steps, {max(runs) if runs else 0} run(s) per "
+              f"table, {report['file_bytes']:,} bytes"
+              + (" (free space given back)" if report.get("vacuumed") else "")
+              + f", {report['seconds']:.3f} s")
     return EXIT_OK
 
 
@@ -570,8 +572,9 @@ def _cmd_verify(args) -> int:
     if args.json:
         _json(dict(ok=True, **report))
     else:
-        print(f"{args.index}: ok ({report['tables']} tables, {report['blocks']:,} blocks, "
-              f"{report['table_entries']:,} table entries, {report['log_entries']:,} in the log)")
+        print(f"{args.index}: ok ({report['tables']} tables, {report['runs']} runs, "
+              f"{report['chunks']:,} chunks, {report['table_entries']:,} fingerprints in the "
+              f"runs, {report['log_entries']:,} operations in the log)")
     return EXIT_OK
 
 

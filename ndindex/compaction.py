@@ -196,13 +196,14 @@ class Compactor:
     def _step(self, snap, force_flush: bool, full: bool) -> bool:
         st = snap.state
         idle = time.monotonic() - self._last_write >= FLUSH_IDLE_SECONDS
-        if st.log_first_seq < st.log_next_seq and (st.log_ops >= FLUSH_OPS or force_flush or idle):
+        if st.log_first_seq < st.log_next_seq and (st.log_ops >= self._ix.log_limit or force_flush
+                                                   or idle):
             self._flush(snap)
             return True
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         for i in range(len(spaces)):
             space = spaces[(self._next_space + i) % len(spaces)]
-            merge = _choose_merge(snap.manifest, space, full)
+            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit)
             if merge is not None:
                 self._next_space = (self._next_space + i + 1) % len(spaces)
                 if space in RECORD_SPACES:
@@ -261,7 +262,7 @@ class Compactor:
         first_new = man.next_run_id
         main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
                     for t in range(len(ix.plan.tables))), default=0)
-        level = level_for(len(adds), 0, main)
+        level = level_for(len(adds), 0, main, ix.log_limit)
         kind = kind_of(level)
         for t, design in enumerate(ix.plan.tables):
             if not len(adds):
@@ -362,13 +363,24 @@ class Compactor:
         else:
             output = _find(man, output.run_id)
         code = rn.run_code(output)
-        low = cursor if output.chunks else None
+        # The next chunk's fence is the last value written, which the
+        # cursor (what the inputs gave up) may lie beyond.
+        low = output.last if output.chunks else None
         pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
                                                   code, low, final, whole_chunks_only=not final)
+        if not final and not written and len(merged):
+            # Less than a chunk's worth up to the bound: write it as a short
+            # chunk rather than make no progress.
+            pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
+                                                      code, low, False)
         if final:
             done = (1 << 64) - 1
         else:
-            done = last if last is not None else cursor
+            # Input values up to `done` are consumed: up to the last value
+            # written, or up to the bound when the step kept nothing.
+            done = last if written else bound
+            if cursor is not None and done <= cursor:
+                raise RuntimeError(f"merge into run {output.run_id} made no progress")
         deletes = []
         for run, cs in zip(inputs, read_chunks):
             gone = [c for c in cs if done is not None and c.last <= done]
@@ -431,7 +443,7 @@ class Compactor:
                 r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
         else:
             output = _find(man, output.run_id)
-        low = output.cursor if output.chunks else None
+        low = output.fence if output.chunks else None
         pairs = ch.pack_record_chunks(space, output.run_id, records, low, final) if records else []
         deletes = []
         for run, cs in zip(inputs, read):
@@ -441,11 +453,13 @@ class Compactor:
         output.entries += len(records)
         output.chunks += len(pairs)
         output.value_bytes += sum(len(v) for _, v in pairs)
+        if pairs:
+            output.fence = pairs[-1][0][5:]
         if final:
             for r in inputs:
                 deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in set(deletes)]
                 man.runs.remove(r)
-            output.flags, output.merge_into, output.cursor = 0, 0, b""
+            output.flags, output.merge_into, output.cursor, output.fence = 0, 0, b"", b""
             if not output.chunks:
                 man.runs.remove(output)
         else:
@@ -461,20 +475,21 @@ class Compactor:
 # -- policy ------------------------------------------------------------------------
 
 
-def level_capacity(level: int, main_entries: int = 0) -> int:
+def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
     """Entries a run of this level may hold before it merges into the next."""
     if level >= MAIN_LEVEL:
         return 1 << 63
-    cap = FLUSH_OPS * LEVEL_RATIO ** level
+    cap = flush_ops * LEVEL_RATIO ** level
     if level == MAIN_LEVEL - 1:
         cap = max(cap, int(main_entries * MAIN_FRACTION))
     return cap
 
 
-def level_for(entries: int, at_least: int = 0, main_entries: int = 0) -> int:
+def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
+              flush_ops: int = FLUSH_OPS) -> int:
     """The lowest level, at least at_least, whose runs may hold this many entries."""
     level = at_least
-    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries):
+    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries, flush_ops):
         level += 1
     return level
 
@@ -483,7 +498,7 @@ def kind_of(level: int) -> int:
     return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
 
 
-def _choose_merge(man: Manifest, space: int, full: bool):
+def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS):
     """The merge to advance in a space: (output or None, inputs newest first, level) or None."""
     runs = man.of(space)
     for r in runs:  # a merge in progress goes first
@@ -502,7 +517,7 @@ def _choose_merge(man: Manifest, space: int, full: bool):
     level0 = [r for r in free if r.level == 0]
     if level0:
         inputs = level0 + [r for r in free if r.level == 1][:1]
-        return None, inputs, level_for(sum(r.entries for r in inputs), 1, main)
+        return None, inputs, level_for(sum(r.entries for r in inputs), 1, main, flush_ops)
     for level in sorted({r.level for r in free}):
         here = [r for r in free if r.level == level]
         if level >= MAIN_LEVEL:
@@ -510,9 +525,10 @@ def _choose_merge(man: Manifest, space: int, full: bool):
                 return None, here, level
             continue
         total = sum(r.entries for r in here)
-        if total > level_capacity(level, main):
+        if total > level_capacity(level, main, flush_ops):
             inputs = here + [r for r in free if r.level == level + 1][:1]
-            return None, inputs, level_for(sum(r.entries for r in inputs), level + 1, main)
+            return None, inputs, level_for(sum(r.entries for r in inputs), level + 1, main,
+                                           flush_ops)
         if len(here) > 1:  # a level holds one run; two appear while one was busy
             return None, here, level
     return None

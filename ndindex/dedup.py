@@ -93,7 +93,7 @@ DEFAULT_EXPECTED_FILES = 1_000_000
 STATE_SCHEMA_VERSION = 1
 #: A file that keeps changing while it is read is skipped after this many tries.
 READ_ATTEMPTS = 2
-#: Document keys are at most 500 bytes (store.MAX_DOC_KEY_BYTES); longer
+#: Document keys are at most 500 bytes (records.MAX_DOC_KEY_BYTES); longer
 #: paths are keyed by a digest, prefixed by a NUL that no path contains.
 MAX_PATH_KEY_BYTES = 500
 
@@ -908,9 +908,6 @@ def _open_state(index_path: str, state_path: str, fp: Fingerprinter, k: int) -> 
         if k > ix.k:
             ix.close()
             raise ValueError(f"k={k} is above the index's k={ix.k}; use another --index")
-        # Queries at k = 10 scan hundreds of entries per table; decoded
-        # tables (8 bytes per file per table) make that a popcount scan.
-        ix.preload()
     except BaseException:
         state.close()
         raise

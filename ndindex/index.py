@@ -592,9 +592,9 @@ class Index:
         key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
         file_bytes = self._store.file_bytes()
         return dict(
-            path=self.path, k=self.k, fingerprints=n, log_operations=snap.state.log_ops,
+            path=self.path, k=self.k, fingerprints=n, log_entries=snap.state.log_ops,
             log_records=snap.state.log_next_seq - snap.state.log_first_seq,
-            tombstones=len(snap.tombstones), tables=per_table,
+            removed_pending=len(snap.tombstones), tables=per_table,
             key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
             file_bytes=file_bytes,
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,

@@ -69,8 +69,10 @@ class Snapshot:
         self.tombstone_run_id = tomb_run.run_id if tomb_run else 0
         self.table_runs = [self.manifest.of(t) for t in range(len(plan.tables))]
         # The log and the kernel are built on first use: compaction steps
-        # take snapshots too and need neither.
-        self._prev = prev
+        # take snapshots too and need neither.  Only the previous log is
+        # kept, never the previous snapshot (its read transaction must end).
+        self._prev = (prev.state, prev.log, prev.log_tables) \
+            if prev is not None and "log" in prev.__dict__ else None
         self._build_lock = threading.Lock()
         self._count = None
         #: Serialises lookups that share this snapshot's pages with threads.
@@ -107,7 +109,13 @@ class Snapshot:
             self.hide_runs)
 
     def _directory(self, run):
-        """The run's directory (cached across snapshots: its chunks never move), or None."""
+        """The run's directory, or None (runs too large are found through the tree).
+
+        Cached across snapshots while the run lasts: its chunks are never
+        rewritten, and a merge input only loses chunks below its cursor.
+        Not cached: merge outputs (they grow), and runs with a chunk small
+        enough to live inside a leaf page (it moves with the page).
+        """
         if run.chunks > DIRECTORY_MAX_CHUNKS:
             return None
         cache = self._directories
@@ -115,10 +123,10 @@ class Snapshot:
             return cache[run.run_id]
         start = int.from_bytes(run.cursor, "big") + 1 if run.merge_input and run.cursor else 0
         view = self.view
-        cap, _ = _core.run_directory(view.buf, view.psize, view.npages,
-                                     tuple(view.trees[DB_CHUNKS]), run.space, run.run_id,
-                                     run.kind, start)
-        if not run.merge_output:
+        cap, _, inline = _core.run_directory(view.buf, view.psize, view.npages,
+                                             tuple(view.trees[DB_CHUNKS]), run.space,
+                                             run.run_id, run.kind, start)
+        if not run.merge_output and not inline:
             live = {r.run_id for r in self.manifest.runs}
             for stale in [rid for rid in cache if rid not in live]:
                 del cache[stale]
@@ -147,11 +155,15 @@ class Snapshot:
         return out
 
     def _load_log(self, prev) -> None:
-        """Set self.log and self.log_tables, extending prev's when only records were added."""
+        """Set self.log and self.log_tables, extending prev's when only records were added.
+
+        prev: (state, log, log_tables) of an earlier snapshot, or None.
+        """
         st = self.state
-        extend = prev is not None and "log" in prev.__dict__ and \
-            prev.state.log_first_seq == st.log_first_seq and \
-            prev.state.log_next_seq <= st.log_next_seq
+        if prev is not None:
+            prev_state, prev_log, prev_tables = prev
+        extend = prev is not None and prev_state.log_first_seq == st.log_first_seq and \
+            prev_state.log_next_seq <= st.log_next_seq
         d = self.__dict__
         if not extend:
             log = LogOverlay()
@@ -161,11 +173,11 @@ class Snapshot:
                                for t in self.plan.tables]
             d["log"] = log
             return
-        fresh = self._read_log(prev.state.log_next_seq, st.log_next_seq)
+        fresh = self._read_log(prev_state.log_next_seq, st.log_next_seq)
         if not fresh:
-            d["log_tables"], d["log"] = prev.log_tables, prev.log
+            d["log_tables"], d["log"] = prev_tables, prev_log
             return
-        log = prev.log.copy()
+        log = prev_log.copy()
         before = log.adds
         for record in fresh:
             log.apply(record)
@@ -174,7 +186,7 @@ class Snapshot:
             # Only additions: merge them into the sorted per-table copies
             # (a memmove each) instead of sorting the whole log again.
             d["log_tables"] = [insert_sorted(t, np.sort(p.apply(new))) if len(new) else t
-                               for t, p in zip(prev.log_tables, self.plan.tables)]
+                               for t, p in zip(prev_tables, self.plan.tables)]
         else:
             d["log_tables"] = [np.sort(p.apply(log.adds)) if len(log.adds) else EMPTY_U64
                                for p in self.plan.tables]

@@ -183,6 +183,9 @@ class Run:
     cursor: bytes = b""
     code: bytes = b""
     merge_into: int = 0
+    #: A record run being written by a merge: its last chunk's separator,
+    #: the low fence of the chunk the next step writes.
+    fence: bytes = b""
 
     @property
     def merge_input(self) -> bool:
@@ -197,6 +200,7 @@ class Run:
         return (RUN_HEAD.pack(self.space, self.kind, self.level, self.flags, self.run_id,
                               self.entries, self.chunks, self.merge_into, self.first, self.last)
                 + struct.pack("<QH", self.value_bytes, len(self.cursor)) + self.cursor
+                + struct.pack("<H", len(self.fence)) + self.fence
                 + struct.pack("<B", len(code)) + code)
 
     @classmethod
@@ -211,9 +215,14 @@ class Run:
         pos += RUN_HEAD.size
         value_bytes, clen = struct.unpack_from("<QH", buf, pos)
         pos += 10
-        need(clen + 1)
+        need(clen + 2)
         cursor = bytes(buf[pos:pos + clen])
         pos += clen
+        (flen,) = struct.unpack_from("<H", buf, pos)
+        pos += 2
+        need(flen + 1)
+        fence = bytes(buf[pos:pos + flen])
+        pos += flen
         code_len = buf[pos]
         pos += 1
         need(code_len)
@@ -239,8 +248,11 @@ class Run:
         if bad:
             raise CorruptionError(f"manifest: run {run_id} has impossible {bad}",
                                   database=DB_META, key=KEY_MANIFEST)
+        if fence and not flags & RUN_MERGE_OUTPUT:
+            raise CorruptionError(f"manifest: run {run_id} has a fence but writes no merge",
+                                  database=DB_META, key=KEY_MANIFEST)
         return cls(space, kind, level, run_id, entries, chunks, value_bytes, first, last,
-                   flags, cursor, code, merge_into), pos
+                   flags, cursor, code, merge_into, fence), pos
 
 
 @dataclasses.dataclass

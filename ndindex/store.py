@@ -228,7 +228,12 @@ class Store:
         try:
             return cls(path, env, readonly, durability)
         except lmdb.NotFoundError as exc:
+            v1 = _is_format_v1(env)
             env.close()
+            if v1:
+                raise FormatError(f"{path}: an index in file format 1; this version of ndindex "
+                                  f"reads format {rec.FORMAT_VERSION}: convert it with "
+                                  f"`ndindex upgrade {path}`") from exc
             raise FormatError(f"{path}: not an ndindex file (a named database is missing)") from exc
         except lmdb.Error as exc:
             env.close()
@@ -454,6 +459,15 @@ class WriteTxn:
     def delete(self, db: str, key: bytes) -> bool:
         self._check_path(db, key)
         return self._txn.delete(key, db=self._store._dbs[db])
+
+
+def _is_format_v1(env: lmdb.Environment) -> bool:
+    """Whether the environment holds format 1's named databases (its main tree was checked)."""
+    try:
+        with env.begin() as txn:
+            return txn.get(b"segments") is not None and txn.get(b"chunks") is None
+    except lmdb.Error:
+        return False
 
 
 def _meta_at(buf, slot: int, psize: int):

@@ -421,11 +421,12 @@ static PyObject *py_query_many(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(run_directory_doc,
              "run_directory(file, psize, npages, chunks_tree, space, run_id, kind, start)\n"
-             "    -> (capsule, chunks)\n\n"
+             "    -> (capsule, chunks, inline_chunks)\n\n"
              "List the chunks of a run that hold values >= start, checking each header\n"
-             "and their fences, for make_snapshot.  The pages must stay as they are while\n"
-             "the directory is used: the run's chunks are never rewritten.  Raises\n"
-             "CorruptionError.");
+             "and their fences, for make_snapshot.  A chunk stored in its own overflow\n"
+             "pages stays put until it is deleted; one stored inside a leaf page\n"
+             "(inline_chunks counts them) moves when the page is copied, so a directory\n"
+             "with inline chunks serves its own snapshot only.  Raises CorruptionError.");
 static PyObject *py_run_directory(PyObject *self, PyObject *args) {
     PyObject *file, *chunks;
     unsigned long psize, run_id;
@@ -486,12 +487,36 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
         PyMem_Free(box);
         return NULL;
     }
-    PyObject *res = Py_BuildValue("(Nn)", cap, (Py_ssize_t)box->d.nchunks);
+    PyObject *res = Py_BuildValue("(Nnn)", cap, (Py_ssize_t)box->d.nchunks,
+                                  (Py_ssize_t)box->d.inline_chunks);
     return res;
+}
+
+PyDoc_STRVAR(run_directory_chunks_doc,
+             "run_directory_chunks(directory) -> list[(last, offset, nblocks)]\n\n"
+             "What a run directory lists: each chunk's last value, the offset of its value\n"
+             "in the file, its block count.");
+static PyObject *py_run_directory_chunks(PyObject *self, PyObject *arg) {
+    directory_box *box = PyCapsule_GetPointer(arg, DIRECTORY_CAPSULE);
+    if (!box)
+        return NULL;
+    PyObject *out = PyList_New((Py_ssize_t)box->d.nchunks);
+    for (size_t i = 0; out && i < box->d.nchunks; i++) {
+        PyObject *item = Py_BuildValue("(Knk)", (unsigned long long)box->d.last[i],
+                                       (Py_ssize_t)(box->d.value[i] - (const uint8_t *)box->file.buf),
+                                       (unsigned long)box->d.nblocks[i]);
+        if (!item) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    return out;
 }
 
 PyMethodDef query_methods[] = {
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
+    {"run_directory_chunks", py_run_directory_chunks, METH_O, run_directory_chunks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query", py_query, METH_VARARGS, query_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},

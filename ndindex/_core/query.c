@@ -74,6 +74,18 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Words for a negative codec status (static strings). */
+static const char *block_status_text(long rc) {
+    switch (rc) {
+    case CODEC_BAD_CHECKSUM: return "block checksum mismatch";
+    case CODEC_BAD_COUNT: return "block holds an impossible count";
+    case CODEC_OVERRUN: return "block bitstream runs past its end";
+    case CODEC_NOT_SORTED: return "block values do not increase or end at its key";
+    case CODEC_BAD_PADDING: return "block padding is not zero";
+    default: return "block does not decode";
+    }
+}
+
 static int corrupt(query_error *err, const char *what) {
     err->what = what;
     return QUERY_CORRUPT;
@@ -195,8 +207,7 @@ static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uin
                                      sizeof found / sizeof *found, trusted);
         }
         if (n < 0)
-            return corrupt(err, n == CODEC_BAD_CHECKSUM ? "block checksum mismatch"
-                                                        : "block does not decode");
+            return corrupt(err, block_status_text(n));
         if (verified && !trusted)
             verified[b] = 1; /* a benign race: another thread may set it too */
         for (long i = 0; i < n; i++)
@@ -378,6 +389,7 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
             }
         }
         prev_last = load_be64(k8 + 5);
+        out->inline_chunks += flags != MDBP_F_BIGDATA;
         out->last[out->nchunks] = prev_last;
         out->value[out->nchunks] = val;
         out->nblocks[out->nchunks] = (uint16_t)nblocks;

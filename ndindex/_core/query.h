@@ -45,6 +45,10 @@ typedef struct {
     const uint8_t **value;
     uint16_t *nblocks;
     uint8_t *verified;
+    /* Chunks small enough for LMDB to keep inside a leaf page: such a value
+     * moves whenever its page is copied, so the directory holding it is good
+     * for its own snapshot only. */
+    size_t inline_chunks;
 } run_directory;
 
 typedef struct {
