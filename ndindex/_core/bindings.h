@@ -27,5 +27,6 @@ PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize
 const char *ndx_status_text(long rc);
 
 extern PyMethodDef batch_methods[];
+extern PyMethodDef docs_methods[];
 
 #endif
