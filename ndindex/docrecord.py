@@ -27,8 +27,11 @@ MAX_VALUES = 65536
 _DATABASE = "document record"
 
 
-def encode_record(sketch) -> bytes:
+def encode_record(sketch, rice_parameter: int | None = None) -> bytes:
     """Return the record of a bottom-k sketch (strictly increasing uint32 values).
+
+    rice_parameter: None picks the shortest code ([DR06]); 0..31 forces one
+    (any is valid to a reader).
 
     Raises:
         ValueError: values not strictly increasing, out of uint32 range, or
@@ -44,7 +47,8 @@ def encode_record(sketch) -> bytes:
         raise ValueError("sketch values must be integers in [0, 2**32)")
     if len(values) > MAX_VALUES:
         raise ValueError(f"a sketch holds at most {MAX_VALUES} values, got {len(values)}")
-    k, stream = _core.rice_encode(np.ascontiguousarray(values, dtype=np.uint32))
+    k, stream = _core.rice_encode(np.ascontiguousarray(values, dtype=np.uint32),
+                                  -1 if rice_parameter is None else rice_parameter)
     return bytes((RECORD_VERSION, k)) + _leb128(len(values)) + stream
 
 

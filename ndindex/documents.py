@@ -16,10 +16,14 @@ in C).  The record is in :mod:`ndindex.docrecord`, the keys in
 :mod:`ndindex.fingerprint.bands`; both are specified in
 format-spec/documents.md.
 
-Short texts.  A text whose sketch holds fewer than ``rows`` (5) distinct
-shingle values -- fewer than 7 words -- has no band keys: it matches only
-texts with the same shingle set (an exact match after normalisation).  The
-results list those texts in ``exact_only`` with a note.
+Short texts.  Band keys need ``rows`` (5) distinct shingles, and are weak
+below about 10; texts of at most 9 shingles (11 words) also get deletion
+keys, which find every pair of such texts at Jaccard >= 0.8 for certain
+(:mod:`ndindex.fingerprint.bands`).  Below s / (s + 1) >= threshold, that
+is fewer than 4 shingles (6 words) at 0.8 or 9 (11 words) at 0.9, no
+other set can reach the threshold: such a text matches only texts with the
+same shingles, an exact match after normalisation.  The results list
+those texts in ``exact_only`` with a note.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from ndindex import _core
 from ndindex.arrays import sorted_unique
 from ndindex.cluster import clusters_from_pairs
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
-from ndindex.fingerprint.bands import KeyDesign, KeyMaker
+from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
 
 __all__ = ["DocumentSketches", "NearDuplicatePairs", "NearDuplicateClusters", "PAIR_DTYPE",
            "fingerprint_documents", "band_candidates", "verify", "near_duplicate_pairs",
@@ -62,8 +66,8 @@ class DocumentSketches:
 
     Document i's sketch is ``values[offsets[i]:offsets[i + 1]]`` (sorted
     distinct uint32, at most bottom_k) and its lookup keys are
-    ``keys[key_offsets[i]:key_offsets[i + 1]]`` (uint64; the first is the
-    exact key, the band keys follow unless the document is exact-only).
+    ``keys[key_offsets[i]:key_offsets[i + 1]]`` (uint64, in the order of
+    [DK23]: the exact key, band keys, deletion keys).
     """
 
     values: np.ndarray
@@ -89,10 +93,10 @@ class DocumentSketches:
         """Return every document's exact key (uint64, one per document)."""
         return self.keys[self.key_offsets[:-1]]
 
-    @property
-    def exact_only(self) -> np.ndarray:
-        """Return a mask of the documents too short for band keys."""
-        return np.diff(self.offsets) < self.design.rows
+    def exact_only(self, threshold: float) -> np.ndarray:
+        """Return a mask of the documents whose sketches are too small for any
+        other shingle set to reach threshold (see :func:`min_values_for`)."""
+        return np.diff(self.offsets) < min_values_for(threshold)
 
     def take(self, indices) -> DocumentSketches:
         """Return the sketches and keys of the given documents, in that order."""
@@ -275,7 +279,7 @@ class _Verified:
     rep_b: np.ndarray
     jaccard: np.ndarray
     exact_only: np.ndarray   # indices of the texts matched exactly only
-    rows: int
+    threshold: float
 
 
 def _group_identical(docs: DocumentSketches) -> np.ndarray:
@@ -314,15 +318,17 @@ def _run(texts, threshold, workers, fingerprinter, design, candidates) -> _Verif
     sims = verify(rep_docs, left, right)
     ok = sims >= threshold
     return _Verified(len(docs), group, reps[left[ok]], reps[right[ok]], sims[ok],
-                     np.flatnonzero(docs.exact_only), design.rows)
+                     np.flatnonzero(docs.exact_only(threshold)), threshold)
 
 
 def _note(verified: _Verified) -> str | None:
     if not len(verified.exact_only):
         return None
-    return (f"{len(verified.exact_only)} text(s) have fewer than {verified.rows} distinct word "
-            f"3-shingles (fewer than {verified.rows + 2} words): they are matched as exact "
-            "duplicates only (same words after normalisation); see exact_only")
+    s = min_values_for(verified.threshold)
+    return (f"{len(verified.exact_only)} text(s) have fewer than {s} distinct word 3-shingles "
+            f"(fewer than {s + 2} words): no other text can reach Jaccard "
+            f"{verified.threshold:g} with them, so they are matched as exact duplicates only "
+            "(the same words after normalisation); see exact_only")
 
 
 @dataclasses.dataclass
@@ -333,8 +339,8 @@ class NearDuplicatePairs:
         pairs: PAIR_DTYPE array (a < b, indices into the texts; jaccard, the
             bottom-k estimate, exact for texts of under bottom_k shingles),
             sorted by (a, b).
-        exact_only: indices of the texts too short for band keys, matched
-            exactly only.
+        exact_only: indices of the texts too short for any other text to
+            reach the threshold: matched exactly only.
         note: a sentence about exact_only, or None when it is empty.
     """
 

@@ -16,9 +16,13 @@ of 5 rows evaluate 20 multiply-adds per shingle, not 100.
 
 Every document also has an *exact key*, the hash of its whole bottom-k
 sketch: documents with identical sketches share it, which is how exact
-duplicates are grouped, and it is the only key of a document with fewer than
-``rows`` distinct shingle values (too short for bands: exact matches only).
-Knows nothing of storage.
+duplicates are grouped.  A document of at most DELETION_MAX_VALUES values
+adds the exact keys of its sketch with one value deleted.  Bands are weak on
+such small sets (a document of fewer than ``rows`` values has none), but
+there Jaccard >= 0.8 leaves no room for more than one value of difference
+(|A u B| - |A n B| <= 0.2 |A u B| < 2 when |A u B| <= 9), so the two sets
+are equal or one is the other plus a value, and the deletion keys find
+every such pair.  Knows nothing of storage.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ DEFAULT_BANDS = 20
 DEFAULT_ROWS = 5
 #: Seed of the exact key's XXH64 (band j uses seed j < 65536).
 EXACT_KEY_SEED = 2**64 - 1
+#: Documents of at most this many sketch values add deletion keys: the
+#: largest union in which Jaccard >= 0.8 allows a difference of one value.
+DELETION_MAX_VALUES = 9
 #: A band design is chosen for thresholds down to this, so that a pair at
 #: the threshold is missed with probability at most MISS_AT_THRESHOLD.
 MISS_AT_THRESHOLD = 4e-4
@@ -151,12 +158,31 @@ class KeyMaker:
 
     def lookup_keys(self, features, sketch) -> np.ndarray:
         """Return every lookup key of a document ([DK23]): the exact key of its
-        bottom-k sketch, then its band keys when the sketch holds at least
-        ``rows`` values (none otherwise: exact matches only)."""
-        exact = np.array([exact_key(sketch)], dtype=np.uint64)
-        if len(sketch) < self.design.rows:
-            return exact
-        return np.concatenate([exact, self.band_keys(features)])
+        bottom-k sketch; its band keys when the sketch holds at least ``rows``
+        values; then, when it holds at most DELETION_MAX_VALUES, the deletion
+        keys in the order of the deleted value."""
+        keys = [np.array([exact_key(sketch)], dtype=np.uint64)]
+        if len(sketch) >= self.design.rows:
+            keys.append(self.band_keys(features))
+        if len(sketch) <= DELETION_MAX_VALUES:
+            keys.append(deletion_keys(sketch))
+        return np.concatenate(keys)
+
+
+def deletion_keys(sketch) -> np.ndarray:
+    """Return the exact keys of the sketch with each value deleted in turn ([DK24])."""
+    values = np.asarray(sketch, dtype=np.uint32)
+    return np.array([exact_key(np.delete(values, i)) for i in range(len(values))],
+                    dtype=np.uint64)
+
+
+def min_values_for(threshold: float) -> int:
+    """Return the fewest sketch values s for which a set other than the same one
+    can reach Jaccard ``threshold`` (s / (s + 1) >= threshold): below it a
+    document can only match an identical shingle set."""
+    if threshold >= 1.0:
+        return 2**31
+    return max(1, math.ceil(threshold / (1.0 - threshold) - 1e-9))
 
 
 def exact_key(sketch) -> int:
