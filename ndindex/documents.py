@@ -17,8 +17,8 @@ in C).  The record is in :mod:`ndindex.docrecord`, the keys in
 format-spec/documents.md.
 
 Short texts.  Band keys need ``rows`` (5) distinct shingles, and are weak
-below about 10; texts of at most 9 shingles (11 words) also get deletion
-keys, which find every pair of such texts at Jaccard >= 0.8 for certain
+below about 10; texts of 5 to 9 shingles (7 to 11 words) also get deletion
+keys, which find every pair of short texts at Jaccard >= 0.8 for certain
 (:mod:`ndindex.fingerprint.bands`).  Below s / (s + 1) >= threshold, that
 is fewer than 4 shingles (6 words) at 0.8 or 9 (11 words) at 0.9, no
 other set can reach the threshold: such a text matches only texts with the

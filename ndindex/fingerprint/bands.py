@@ -16,13 +16,17 @@ of 5 rows evaluate 20 multiply-adds per shingle, not 100.
 
 Every document also has an *exact key*, the hash of its whole bottom-k
 sketch: documents with identical sketches share it, which is how exact
-duplicates are grouped.  A document of at most DELETION_MAX_VALUES values
-adds the exact keys of its sketch with one value deleted.  Bands are weak on
-such small sets (a document of fewer than ``rows`` values has none), but
-there Jaccard >= 0.8 leaves no room for more than one value of difference
-(|A u B| - |A n B| <= 0.2 |A u B| < 2 when |A u B| <= 9), so the two sets
-are equal or one is the other plus a value, and the deletion keys find
-every such pair.  Knows nothing of storage.
+duplicates are grouped.  A document of DELETION_MIN_VALUES to
+DELETION_MAX_VALUES values adds *deletion keys*, the exact keys of its
+sketch with one value deleted.  Bands are weak on such small sets (a
+document of fewer than ``rows`` values has none), but there Jaccard >= 0.8
+leaves no room for more than one value of difference (|A u B| - |A n B| <=
+0.2 |A u B| < 2 when |A u B| <= 9): the two sets are equal, or the larger
+is the smaller plus one value, and then the larger's deletion key equals the
+smaller's exact key.  (4 / 5 = 0.8 is the smallest such pair, so sets of
+under 5 values need no deletion keys; sets of 2-4 values would share their
+deletion keys with every set that has the same few shingles, as all
+"debug symbols for X" do.)  Knows nothing of storage.
 """
 
 from __future__ import annotations
@@ -44,8 +48,11 @@ DEFAULT_BANDS = 20
 DEFAULT_ROWS = 5
 #: Seed of the exact key's XXH64 (band j uses seed j < 65536).
 EXACT_KEY_SEED = 2**64 - 1
-#: Documents of at most this many sketch values add deletion keys: the
-#: largest union in which Jaccard >= 0.8 allows a difference of one value.
+#: Documents of DELETION_MIN_VALUES..DELETION_MAX_VALUES sketch values add
+#: deletion keys: 9 is the largest union in which Jaccard >= 0.8 allows a
+#: difference of one value only, 5 the smallest set one larger than another
+#: at Jaccard >= 0.8 (4 / 5).
+DELETION_MIN_VALUES = 5
 DELETION_MAX_VALUES = 9
 #: A band design is chosen for thresholds down to this, so that a pair at
 #: the threshold is missed with probability at most MISS_AT_THRESHOLD.
@@ -159,12 +166,12 @@ class KeyMaker:
     def lookup_keys(self, features, sketch) -> np.ndarray:
         """Return every lookup key of a document ([DK23]): the exact key of its
         bottom-k sketch; its band keys when the sketch holds at least ``rows``
-        values; then, when it holds at most DELETION_MAX_VALUES, the deletion
-        keys in the order of the deleted value."""
+        values; then, when it holds DELETION_MIN_VALUES..DELETION_MAX_VALUES,
+        the deletion keys in the order of the deleted value."""
         keys = [np.array([exact_key(sketch)], dtype=np.uint64)]
         if len(sketch) >= self.design.rows:
             keys.append(self.band_keys(features))
-        if len(sketch) <= DELETION_MAX_VALUES:
+        if DELETION_MIN_VALUES <= len(sketch) <= DELETION_MAX_VALUES:
             keys.append(deletion_keys(sketch))
         return np.concatenate(keys)
 
