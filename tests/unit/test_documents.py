@@ -134,7 +134,7 @@ def test_short_texts_match_exactly_only_with_a_note():
 
 
 def test_every_small_pair_at_08_is_found():
-    # All sets of at most 9 shingles one value apart, whatever the bands do.
+    # [DK26]: all sets of at most 9 shingles one value apart, whatever the bands do.
     rng = np.random.default_rng(9)
     texts = []
     for size in range(4, 10):
