@@ -247,12 +247,15 @@ def _ranges(lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(starts, lengths)
 
 
-def verify(docs: DocumentSketches, left, right) -> np.ndarray:
+def verify(docs: DocumentSketches, left, right, threshold: float = 0.0) -> np.ndarray:
     """Return the bottom-k similarity ([DV30]) of each pair (left[i], right[i]).
 
     Exact Jaccard of the shingle sets when both sketches hold fewer than
-    bottom_k values; otherwise the bottom-k estimate.  Raises ValueError for
-    an index outside the documents.  Cost: O(bottom_k) per pair in C.
+    bottom_k values; otherwise the bottom-k estimate.  With a threshold > 0,
+    a pair that cannot reach it may stop early and get an upper bound of its
+    similarity instead (still below the threshold): what is >= threshold is
+    exact.  Raises ValueError for an index outside the documents.
+    Cost: O(bottom_k) per pair in C; false candidates stop after a part.
     """
     left = np.ascontiguousarray(left, dtype=np.int64)
     right = np.ascontiguousarray(right, dtype=np.int64)
@@ -262,7 +265,8 @@ def verify(docs: DocumentSketches, left, right) -> np.ndarray:
     for start in range(0, len(left), VERIFY_BATCH_PAIRS):
         part = slice(start, start + VERIFY_BATCH_PAIRS)
         out[part] = np.frombuffer(_core.similarity(docs.values, docs.offsets, left[part],
-                                                   right[part], docs.bottom_k), dtype=np.float64)
+                                                   right[part], docs.bottom_k, float(threshold)),
+                                   dtype=np.float64)
     return out
 
 
@@ -315,7 +319,7 @@ def _run(texts, threshold, workers, fingerprinter, design, candidates) -> _Verif
     reps = np.flatnonzero(group == np.arange(len(docs)))
     rep_docs = docs.take(reps)
     left, right = (candidates or band_candidates)(rep_docs)
-    sims = verify(rep_docs, left, right)
+    sims = verify(rep_docs, left, right, threshold)
     ok = sims >= threshold
     return _Verified(len(docs), group, reps[left[ok]], reps[right[ok]], sims[ok],
                      np.flatnonzero(docs.exact_only(threshold)), threshold)

@@ -155,15 +155,17 @@ done:
 }
 
 PyDoc_STRVAR(similarity_doc,
-             "similarity(values, offsets, left, right, k) -> bytearray\n\n"
+             "similarity(values, offsets, left, right, k, threshold=0.0) -> bytearray\n\n"
              "Bottom-k similarity (native float64) of each document pair (left[i],\n"
              "right[i]); sketch d is values[offsets[d]:offsets[d + 1]] (native uint32,\n"
-             "sorted, distinct; offsets native int64, non-decreasing).  Raises\n"
-             "ValueError for an index outside the sketches or bad offsets.");
+             "sorted, distinct; offsets native int64, non-decreasing).  With threshold\n"
+             "> 0, a pair that cannot reach it may get an upper bound below it instead.\n"
+             "Raises ValueError for an index outside the sketches or bad offsets.");
 static PyObject *py_similarity(PyObject *self, PyObject *args) {
     Py_buffer v, off, l, r;
     Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*n:similarity", &v, &off, &l, &r, &k))
+    double threshold = 0.0;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*n|d:similarity", &v, &off, &l, &r, &k, &threshold))
         return NULL;
     PyObject *out = NULL;
     Py_ssize_t nv = items(&v, 4, "values"), no = items(&off, 8, "offsets");
@@ -196,10 +198,10 @@ static PyObject *py_similarity(PyObject *self, PyObject *args) {
     double *res = (double *)PyByteArray_AS_STRING(out);
     if (np_ > GIL_RELEASE_ITEMS) {
         Py_BEGIN_ALLOW_THREADS
-        docs_similarity(v.buf, o, lp, rp, (size_t)np_, (size_t)k, res);
+        docs_similarity(v.buf, o, lp, rp, (size_t)np_, (size_t)k, threshold, res);
         Py_END_ALLOW_THREADS
     } else {
-        docs_similarity(v.buf, o, lp, rp, (size_t)np_, (size_t)k, res);
+        docs_similarity(v.buf, o, lp, rp, (size_t)np_, (size_t)k, threshold, res);
     }
 done:
     PyBuffer_Release(&v);

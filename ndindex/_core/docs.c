@@ -143,22 +143,39 @@ int docs_rice_decode(const uint8_t *data, size_t len, size_t n, int k, uint32_t 
     return DOCS_OK;
 }
 
-void docs_similarity(const uint32_t *values, const int64_t *offsets,
-                     const int64_t *left, const int64_t *right, size_t npairs, size_t k,
+void docs_similarity(const uint32_t *values, const int64_t *offsets, const int64_t *left,
+                     const int64_t *right, size_t npairs, size_t k, double threshold,
                      double *out) {
     for (size_t p = 0; p < npairs; p++) {
         const uint32_t *x = values + offsets[left[p]], *y = values + offsets[right[p]];
         size_t nx = (size_t)(offsets[left[p] + 1] - offsets[left[p]]);
         size_t ny = (size_t)(offsets[right[p] + 1] - offsets[right[p]]);
         size_t i = 0, j = 0, united = 0, both = 0;
-        /* Merge the two sorted sketches until k union values are seen. */
+        int below = 0;
+        /* Merge the two sorted sketches until k union values are seen.  Every
+         * 64 steps, stop if even matching every value still to come (at most
+         * r = min(what is left of either sketch, of k)) keeps the pair below
+         * the threshold: (both + r) / (united + r) bounds the result, and it
+         * is what is returned then. */
         while (united < k && i < nx && j < ny) {
             uint32_t u = x[i], v = y[j];
             both += u == v;
             i += u <= v;
             j += v <= u;
             united++;
+            if (threshold > 0 && (united & 63) == 0) {
+                size_t r = nx - i < ny - j ? nx - i : ny - j;
+                r = r < k - united ? r : k - united;
+                double bound = (double)(both + r) / (double)(united + r);
+                if (bound < threshold) {
+                    out[p] = bound;
+                    below = 1;
+                    break;
+                }
+            }
         }
+        if (below)
+            continue;
         /* One sketch is used up: the rest of the union comes from the other. */
         size_t rest = (nx - i) + (ny - j);
         united += rest < k - united ? rest : k - united;

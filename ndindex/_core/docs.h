@@ -47,8 +47,11 @@ int docs_rice_decode(const uint8_t *data, size_t len, size_t n, int k, uint32_t 
  * CSR array (values[offsets[d] .. offsets[d+1]) sorted, distinct); for each
  * pair i, among the k smallest values of the union of left[i]'s and
  * right[i]'s sketches, the fraction present in both (1 when the union is
- * empty).  Indices must be checked by the caller. */
+ * empty).  With threshold > 0 a pair that cannot reach it may stop early and
+ * get an upper bound of its similarity, below threshold, instead.  Indices
+ * must be checked by the caller. */
 void docs_similarity(const uint32_t *values, const int64_t *offsets, const int64_t *left,
-                     const int64_t *right, size_t npairs, size_t k, double *out);
+                     const int64_t *right, size_t npairs, size_t k, double threshold,
+                     double *out);
 
 #endif

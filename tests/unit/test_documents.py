@@ -270,3 +270,24 @@ def test_key_design_for_threshold_and_bytes():
         KeyDesign(bands=0)
     with pytest.raises(ValueError):
         KeyDesign.for_threshold(0.05)
+
+
+def test_verify_with_threshold_is_exact_above_it_and_below_it_otherwise():
+    rng = np.random.default_rng(11)
+    pool = rng.choice(2**32, 50_000, replace=False).astype(np.uint32)
+    sketches = []
+    for _ in range(40):     # overlaps from none to nearly all, sizes 1..3000
+        size = int(rng.integers(1, 3000))
+        start = int(rng.integers(0, 2000))
+        sketches.append(np.sort(pool[start:start + size])[:1024])
+    docs = documents.DocumentSketches(
+        np.concatenate(sketches), np.r_[0, np.cumsum([len(s) for s in sketches])].astype(np.int64),
+        np.empty(0, np.uint64), np.zeros(len(sketches) + 1, np.int64), 1024, KeyDesign())
+    left, right = np.triu_indices(len(sketches), 1)
+    exact = verify(docs, left, right)
+    for t in (0.3, 0.8, 0.95):
+        fast = verify(docs, left, right, t)
+        above = exact >= t
+        assert np.array_equal(fast[above], exact[above])
+        assert np.all(fast[~above] < t) and np.all(fast[~above] >= exact[~above])
+        assert 0 < above.sum() < len(exact)
