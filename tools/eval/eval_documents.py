@@ -150,10 +150,32 @@ def _cell(hit, got_mask, found, true_mask) -> dict:
             "recall": round(recalled / true, 4) if true else None}
 
 
+def summary(results: dict) -> list[str]:
+    """All corpora together, per size and threshold (the targets' cells)."""
+    lines = ["| texts | t | true pairs | reported | precision | recall |", "|---|---|---|---|---|---|"]
+    for size in ("short", "long"):
+        for t in map(str, THRESHOLDS):
+            true = reported = correct = recalled = 0
+            for sizes in results.values():
+                if size not in sizes:
+                    continue
+                c = sizes[size]["thresholds"][t]["cells"][size]
+                true += c["true"]
+                reported += c["reported"]
+                correct += round((c["precision"] or 0) * c["reported"])
+                recalled += round((c["recall"] or 0) * c["true"])
+            lines.append(f"| {size} | {t} | {true} | {reported} | "
+                         f"{correct / max(reported, 1):.4f} | {recalled / max(true, 1):.4f} |")
+    return lines
+
+
 def report(results: dict, info: dict) -> str:
     lines = ["# Document pipeline: precision and recall on real text", "",
              f"Command: `python tools/eval/eval_documents.py --max-short {info['max_short']} "
              f"--max-long {info['max_long']}`; {info['date']}, commit {info['commit']}.", "",
+             "All corpora:", ""] + summary(results) + ["", "Per corpus (copyright: the "
+             "tuning set; man, packages: held out), and short pairs by the word count of the "
+             "shorter text:", "",
              "| corpus | texts | t | cell | true pairs | reported | precision | recall | "
              "candidates | docs/s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, sizes in results.items():
@@ -174,7 +196,13 @@ def main(argv=None) -> int:
     parser.add_argument("--max-short", type=int, default=60_000)
     parser.add_argument("--max-long", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--from-json", help="rewrite results.md from a results.json")
     args = parser.parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as fh:
+            saved = json.load(fh)
+        print(report(saved["results"], saved["info"]))
+        return 0
     fp = Fingerprinter()
     data = build(args.max_short, args.max_long, args.seed)
     results = {}
