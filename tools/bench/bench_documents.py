@@ -52,7 +52,8 @@ import corpus  # noqa: E402
 import eval_documents  # noqa: E402
 from ndindex.arrays import sorted_unique  # noqa: E402
 from ndindex.docrecord import encode_record  # noqa: E402
-from ndindex.documents import fingerprint_documents, near_duplicate_pairs  # noqa: E402
+from ndindex.documents import (band_candidates, fingerprint_documents,  # noqa: E402
+                               near_duplicate_pairs, verify)
 from ndindex.fingerprint import Fingerprinter, extract  # noqa: E402
 
 WORD = re.compile(r"\w+")
@@ -104,6 +105,20 @@ def speed(texts: list[str], name: str, fp: Fingerprinter, repeat: int) -> list[s
         p, r = quality(got, truth)
         lines.append(f"| {label} | {seconds:.2f} | {len(texts) / seconds:,.0f} | {p:.4f} | {r:.4f} |")
     lines.append(f"ratio (docs/s ndindex / datasketch): {best['datasketch'] / best['ndindex']:.2f}x")
+    # Untimed above: what the records and keys of these texts cost, and the
+    # verification kernel's rate on their candidates.
+    docs = fingerprint_documents(texts, fp, workers=1)
+    record_bytes = sum(len(encode_record(docs.sketch(i))) for i in range(len(docs)))
+    left, right = band_candidates(docs)
+    started = time.perf_counter()
+    verify(docs, left, right, THRESHOLD)
+    seconds = max(time.perf_counter() - started, 1e-9)
+    lines.append(f"record {record_bytes / len(docs):.1f} B/text "
+                 f"({8 * record_bytes / max(1, len(docs.values)):.1f} bits a value, "
+                 f"{len(docs.values) / len(docs):.0f} values), "
+                 f"{len(docs.keys) / len(docs):.1f} lookup keys/text; "
+                 f"{len(left):,} candidates verified in {seconds:.3f} s "
+                 f"({len(left) / seconds / 1e6:.2f} M pairs/s)")
     return lines
 
 
