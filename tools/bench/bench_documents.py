@@ -176,8 +176,18 @@ def storage(n: int, seed: int, fp: Fingerprinter, workers: int) -> list[str]:
              f"bound): mean {candidates:.2f}",
              f"fingerprinting one ~2 KB text (sketch + keys, one call): p50 "
              f"{1e6 * np.median(times):.0f} us over {len(times)} texts"]
+    # The index maps document ids to the caller's keys either way; today's
+    # files below include them (the same paths), so add them for comparison.
+    key_bytes = sum(len(p) + 8 for p in _paths(n)) / n
+    lines.append(f"with the same document keys as below (path + u64 id each, {key_bytes:.1f} "
+                 f"B/doc): {(record_bytes + 12 * entries) / n + key_bytes:.1f} B/doc raw, "
+                 f"{(record_bytes + delta + 4 * entries) / n + key_bytes:.1f} B/doc delta-coded")
     lines += dedup_layout(texts, docs, fp)
     return lines
+
+
+def _paths(n: int) -> list[str]:
+    return [f"/data/corpus/part-{i // 1000:04d}/doc-{i:07d}.txt" for i in range(n)]
 
 
 def dedup_layout(texts, docs, fp: Fingerprinter) -> list[str]:
@@ -186,7 +196,7 @@ def dedup_layout(texts, docs, fp: Fingerprinter) -> list[str]:
     from ndindex.dedup import _SCHEMA, PREFILTER_VALUES
     n = len(texts)
     simhashes = np.fromiter((fp.simhash(t) for t in texts), dtype=np.uint64, count=n)
-    paths = [f"/data/corpus/part-{i // 1000:04d}/doc-{i:07d}.txt" for i in range(n)]
+    paths = _paths(n)
     with tempfile.TemporaryDirectory() as tmp:
         index_path = os.path.join(tmp, "dedup.ndx")
         with Index.create(index_path, k=10, expected_n=n, fingerprinter=fp.to_bytes()) as ix:

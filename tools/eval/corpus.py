@@ -175,3 +175,29 @@ def man_name_lines() -> list[str]:
 def _raw(path: str) -> str:
     with gzip.open(path, "rb") as fh:
         return fh.read().decode("utf-8", errors="replace")
+
+
+def changelog_texts() -> tuple[list[str], list[str]]:
+    """Return (items, entries) of the Debian changelogs, READMEs and NEWS files
+    under /usr/share/doc: items are the "* ..." bullets of changelog entries
+    (sentences, with natural near-duplicates: "New upstream release",
+    "Bump Standards-Version to 4.6.2"); entries are whole release entries and
+    README / NEWS files (long texts)."""
+    items, entries = [], []
+    paths = sorted(set(glob.glob("/usr/share/doc/*/changelog*")
+                       + glob.glob("/usr/share/doc/*/NEWS*") + glob.glob("/usr/share/doc/*/README*")))
+    for path in paths:
+        real = os.path.realpath(path)
+        if not os.path.isfile(real):
+            continue
+        text = _read(real)
+        if not text:
+            continue
+        if "/changelog" not in path:
+            entries.append(text)
+            continue
+        for entry in re.split(r"\n(?=\S+ \([^)]*\) )", text):
+            entries.append(entry)
+            for item in re.split(r"\n\s*[*+-] ", "\n" + entry)[1:]:
+                items.append(" ".join(item.split("\n -- ")[0].split()))
+    return items, entries
