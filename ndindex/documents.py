@@ -403,37 +403,43 @@ def near_duplicate_pairs(texts: Sequence, threshold: float = DEFAULT_THRESHOLD, 
     count; TypeError / BinaryDataError for a text that is not text.
     """
     v = _run(texts, threshold, workers, fingerprinter, design, candidates)
-    members = _members(v.group)
-    parts_a, parts_b, parts_j = [], [], []
+    size = np.bincount(v.group, minlength=v.n)
+    members = {int(g[0]): g for g in _members(v.group, size)}
+    # Most texts have no identical twin: their verified pairs are the output.
+    single = (size[v.rep_a] == 1) & (size[v.rep_b] == 1)
+    parts_a, parts_b, parts_j = [v.rep_a[single]], [v.rep_b[single]], [v.jaccard[single]]
     # Pairs inside a group of identical sketches.
-    for group in members:
-        if len(group) > 1:
-            i, j = np.triu_indices(len(group), 1)
-            parts_a.append(group[i])
-            parts_b.append(group[j])
-            parts_j.append(np.ones(len(i)))
+    for group in members.values():
+        i, j = np.triu_indices(len(group), 1)
+        parts_a.append(group[i])
+        parts_b.append(group[j])
+        parts_j.append(np.ones(len(i)))
     # Every member of one group with every member of the other.
-    index = {int(g[0]): g for g in members}
-    for ra, rb, s in zip(v.rep_a.tolist(), v.rep_b.tolist(), v.jaccard.tolist()):
-        ga, gb = index[ra], index[rb]
+    for ra, rb, s in zip(v.rep_a[~single].tolist(), v.rep_b[~single].tolist(),
+                         v.jaccard[~single].tolist()):
+        ga = members.get(ra, np.array([ra]))
+        gb = members.get(rb, np.array([rb]))
         parts_a.append(np.repeat(ga, len(gb)))
         parts_b.append(np.tile(gb, len(ga)))
         parts_j.append(np.full(len(ga) * len(gb), s))
-    out = np.empty(sum(len(p) for p in parts_a), dtype=PAIR_DTYPE)
-    if len(out):
-        a, b = np.concatenate(parts_a), np.concatenate(parts_b)
-        out["a"], out["b"] = np.minimum(a, b), np.maximum(a, b)
-        out["jaccard"] = np.concatenate(parts_j)
-        out = out[np.lexsort((out["b"], out["a"]))]
+    a, b = np.concatenate(parts_a).astype(np.int64), np.concatenate(parts_b).astype(np.int64)
+    out = np.empty(len(a), dtype=PAIR_DTYPE)
+    out["a"], out["b"] = np.minimum(a, b), np.maximum(a, b)
+    out["jaccard"] = np.concatenate(parts_j)
+    out = out[np.lexsort((out["b"], out["a"]))]
     return NearDuplicatePairs(out, v.exact_only, _note(v))
 
 
-def _members(group: np.ndarray) -> list[np.ndarray]:
-    """Return the documents of each group (sorted), groups of one included."""
-    order = np.argsort(group, kind="stable")
+def _members(group: np.ndarray, size: np.ndarray) -> list[np.ndarray]:
+    """Return the documents (sorted) of each group of two or more; the first is
+    the group's representative."""
+    docs = np.flatnonzero(size[group] > 1)
+    if not len(docs):
+        return []
+    order = docs[np.argsort(group[docs], kind="stable")]
     g = group[order]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]]) if len(g) else np.empty(0, np.int64)
-    return np.split(order, starts[1:]) if len(g) else []
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    return np.split(order, starts[1:])
 
 
 def near_duplicate_clusters(texts: Sequence, threshold: float = DEFAULT_THRESHOLD, *,

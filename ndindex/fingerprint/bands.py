@@ -142,8 +142,7 @@ class KeyDesign:
 
 
 def _log_comb(n: np.ndarray, r: int) -> np.ndarray:
-    from math import lgamma
-    lg = np.vectorize(lgamma, otypes=[np.float64])
+    lg = np.vectorize(math.lgamma, otypes=[np.float64])
     n = np.maximum(n, r)
     return lg(n + 1) - lg(r + 1) - lg(n - r + 1)
 
