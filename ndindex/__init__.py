@@ -14,10 +14,12 @@ from ndindex.plan import Plan, choose_plan
 # The function shadows its module as an attribute of the package: reach the
 # module with importlib.import_module("ndindex.dedup").
 from ndindex.dedup import Cluster, DedupResult, DuplicateFile, dedup  # noqa: E402
+from ndindex.documents import near_duplicate_clusters, near_duplicate_pairs  # noqa: E402
 
 __all__ = [
     "Index", "Match", "MATCH_DTYPE", "open", "Plan", "choose_plan",
     "NdindexError", "FormatError", "CorruptionError", "ClosedError", "CapacityError",
     "ReadOnlyError", "dedup", "DedupResult", "Cluster", "DuplicateFile",
+    "near_duplicate_pairs", "near_duplicate_clusters",
 ]
 __version__ = "0.1.0"

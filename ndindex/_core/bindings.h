@@ -30,6 +30,7 @@ PyObject *ndx_raise_corruption_at(PyObject *message, const char *database, const
 const char *ndx_status_text(long rc);
 
 extern PyMethodDef batch_methods[];
+extern PyMethodDef docs_methods[];
 
 #include "lmdbpage.h"
 extern PyMethodDef lmdbpage_methods[];
