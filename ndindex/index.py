@@ -124,11 +124,9 @@ class Index:
             raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
         if coding not in codec.CODING_NAMES:
             raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
-        header = Header(k, len(plan.tables), expected_n, secrets.token_bytes(16))
-        # The coding is kept in the manifest's empty state by the first code.
+        header = Header(k, len(plan.tables), expected_n, secrets.token_bytes(16), coding)
         initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
-                   rec.KEY_MANIFEST: Manifest().pack(),
-                   b"coding": bytes([coding])}
+                   rec.KEY_MANIFEST: Manifest().pack()}
         if fingerprinter is not None:
             initial[rec.KEY_FINGERPRINTER] = bytes(fingerprinter)
         try:
@@ -190,18 +188,10 @@ class Index:
                 if len(plan.tables) != header.tables:
                     raise CorruptionError(f"header names {header.tables} tables, plan has "
                                           f"{len(plan.tables)}", database=rec.DB_META, key=rec.KEY_PLAN)
-                raw_coding = view.get(rec.DB_META, b"coding")
-                coding = rec.unframe(raw_coding, rec.DB_META, b"coding")[0] if raw_coding \
-                    is not None else CODING_DELTA
-                if coding not in codec.CODING_NAMES:
-                    raise CorruptionError(f"coding {coding} unknown", database=rec.DB_META,
-                                          key=b"coding")
             finally:
                 txn.abort()
-            ix = cls(store, header, plan, durability=durability,
-                     background_compaction=background_compaction, log_limit=log_limit)
-            ix._coding = coding
-            return ix
+            return cls(store, header, plan, durability=durability,
+                       background_compaction=background_compaction, log_limit=log_limit)
         except BaseException:
             store.close()
             raise
@@ -257,7 +247,7 @@ class Index:
     @property
     def coding(self) -> int:
         """The block coding of the tables (codec.CODING_XOR or CODING_DELTA)."""
-        return self._coding
+        return self._header.coding
 
     @property
     def readonly(self) -> bool:
@@ -588,7 +578,7 @@ class Index:
                 table=i, prefix_bits=design.prefix_bits, entries=n, runs=len(runs),
                 run_entries=[r.entries for r in runs], bytes=value_bytes,
                 bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
-                coding=codec.CODING_NAMES[self._coding]))
+                coding=codec.CODING_NAMES[self.coding]))
         key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
         file_bytes = self._store.file_bytes()
         return dict(

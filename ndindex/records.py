@@ -83,21 +83,24 @@ def unframe(value, database: str, key: bytes) -> bytes:
 
 # -- header (7.2) ----------------------------------------------------------------
 
-HEADER = struct.Struct("<8sHHBBBBQ16s")  # magic, read_v, write_v, f, k, t, reserved, expected_n, file_id
+HEADER = struct.Struct("<8sHHBBBBQ16s")  # magic, read_v, write_v, f, k, t, coding, expected_n, file_id
 
 
 @dataclasses.dataclass(frozen=True)
 class Header:
+    """The header record (FORMAT.md 7.2)."""
+
     k: int
     tables: int
     expected_n: int
     file_id: bytes
+    coding: int = 1
     read_version: int = FORMAT_VERSION
     write_version: int = FORMAT_VERSION
 
     def pack(self) -> bytes:
         return HEADER.pack(MAGIC, self.read_version, self.write_version, 64, self.k,
-                           self.tables, 0, self.expected_n, self.file_id)
+                           self.tables, self.coding, self.expected_n, self.file_id)
 
     @classmethod
     def unpack(cls, payload: bytes, path: str) -> "Header":
@@ -110,11 +113,11 @@ class Header:
         if len(payload) != HEADER.size:
             raise CorruptionError(f"header is {len(payload)} bytes, expected {HEADER.size}",
                                   database=DB_META, key=KEY_HEADER)
-        _, _, _, f, k, t, reserved, expected_n, file_id = HEADER.unpack(payload)
-        if f != 64 or reserved != 0 or not 1 <= t or k > 63:
-            raise CorruptionError(f"header f={f} k={k} t={t} reserved={reserved} impossible",
-                                  database=DB_META, key=KEY_HEADER)
-        return cls(k, t, expected_n, file_id, read_v, write_v)
+        _, _, _, f, k, t, coding, expected_n, file_id = HEADER.unpack(payload)
+        if f != 64 or coding > 1 or not 1 <= t or k > 63 or expected_n < 1:
+            raise CorruptionError(f"header f={f} k={k} t={t} coding={coding} expected_n="
+                                  f"{expected_n} impossible", database=DB_META, key=KEY_HEADER)
+        return cls(k, t, expected_n, file_id, coding, read_v, write_v)
 
 
 # -- state (7.3) -----------------------------------------------------------------
