@@ -28,4 +28,6 @@ const char *ndx_status_text(long rc);
 
 extern PyMethodDef batch_methods[];
 
+extern PyMethodDef psm_methods[];
+
 #endif
