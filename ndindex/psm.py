@@ -31,6 +31,7 @@ as ``Index.query_many`` does.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Iterable, Iterator
@@ -60,6 +61,7 @@ def default_header_bits(n: int) -> int:
     return max(1, min(MAX_HEADER_BITS, round(math.log2(max(n, 2)))))
 
 
+@functools.lru_cache(maxsize=256)
 def flip_set_count(header_bits: int, k: int) -> int:
     """Return the number of flip sets of at most k of the header bits: the probes
     of an exhaustive (exact) query."""
@@ -67,22 +69,25 @@ def flip_set_count(header_bits: int, k: int) -> int:
 
 
 def _check_query_args(header_bits: int, k, max_probes) -> tuple[int, int]:
-    k = operator.index(k)
-    if not 0 <= k <= 64:
-        raise ValueError(f"k must be in 0..64, got {k}")
+    k = _check_k(k)
     total = flip_set_count(header_bits, k)
     if max_probes is None:
         if total > MAX_PROBES:
             raise ValueError(f"{total} flip sets of at most {k} of {header_bits} header bits: "
                              "give max_probes")
         return k, total
-    max_probes = operator.index(max_probes)
+    if type(max_probes) is not int:
+        max_probes = operator.index(max_probes)
     if not 0 <= max_probes <= MAX_PROBES:
         raise ValueError(f"max_probes must be in 0..{MAX_PROBES}, got {max_probes}")
     return k, min(max_probes, total)
 
 
 def _probabilities(probabilities, rows: int | None) -> np.ndarray:
+    p = probabilities
+    if rows is None and type(p) is np.ndarray and p.dtype == np.float64 and p.shape == (64,) \
+            and p.flags.c_contiguous:
+        return p  # the common case, checked cheaply (the kernel checks each value)
     p = np.ascontiguousarray(probabilities, dtype=np.float64)
     want = (64,) if rows is None else (rows, 64)
     if p.shape != want:
@@ -128,6 +133,8 @@ def probe_headers(q: int, probabilities, header_bits: int, k: int,
 
 
 def _check_u64(q) -> int:
+    if type(q) is int and 0 <= q < 1 << 64:  # the common case, checked cheaply
+        return q
     if isinstance(q, bool) or not isinstance(q, (int, np.integer)):
         raise TypeError(f"a fingerprint must be an int, got {type(q).__name__}")
     q = int(q)
@@ -235,7 +242,8 @@ class PsmTable:
 
 
 def _check_k(k) -> int:
-    k = operator.index(k)
+    if type(k) is not int:
+        k = operator.index(k)
     if not 0 <= k <= 64:
         raise ValueError(f"k must be in 0..64, got {k}")
     return k
