@@ -111,10 +111,11 @@ def main(argv=None) -> int:
 
 def report(r: dict) -> None:
     ratio = r["psm_bytes_per_fp"] / r["bphs_bytes_per_fp"]
-    print(f"\nk = {r['k']}: {r['tables']} permuted tables ({r['scheme']}); PSM one table, "
+    print(f"\nk = {r['k']}: {r['tables']} permuted tables ({r['scheme'].splitlines()[0]}); "
+          "PSM one table, "
           f"p = {r['header_bits']} header bits; {r['truth_pairs']:,} true pairs within k")
-    print(f"  bytes per fingerprint (codec blocks + keys): tables {r['bphs_bytes_per_fp']:.3f}, "
-          f"PSM {r['psm_bytes_per_fp']:.3f}, ratio {ratio:.4f} (1/{1 / ratio:.2f}); "
+    print(f"  bytes per fingerprint (codec blocks + keys): tables {r['bphs_bytes_per_fp']:.4f}, "
+          f"PSM {r['psm_bytes_per_fp']:.4f}, ratio {ratio:.5f} (1/{1 / ratio:.3f}); "
           f"Index file {r['bphs_file_bytes_per_fp']:.3f}")
     print(f"  memory while querying: tables preloaded {r['bphs_ram_bytes_per_fp']:.1f} B/fp "
           f"(in place: the mapped file), PSM {r['psm_ram_bytes_per_fp']:.1f} B/fp "

@@ -149,7 +149,11 @@ def alternative_models(wa: np.ndarray, wb: np.ndarray) -> dict:
         t = w[0] + w[1] * zz
         return float(np.sum(np.logaddexp(0, t) - ff * t))
     w = minimize(nll, [-1.0, -5.0]).x
+    raw = (-sign * (wb - wa)).ravel()
+    mu_raw, sd_raw = float(raw.mean()), float(raw.std())
     return {
+        f"normal on raw margins |V| (mu={mu_raw:.2f}, sigma={sd_raw:.2f})":
+            ("raw", FlipModel(mu_raw, sd_raw)),
         "empirical survival of Y (16 knots)": log_linear(knots, surv),
         "binned flip rate (16 knots)": log_linear(np.maximum.accumulate(bins), rate),
         f"logistic on z (a={w[0]:.3f}, b={w[1]:.3f})":
@@ -614,7 +618,11 @@ def main(argv=None) -> int:
     candidates = {f"normal (mu={model.mu:.4f}, sigma={model.sigma:.4f}) [chosen]":
                   model.probabilities}
     for name, fn in alternative_models(weights[fit_a], weights[fit_b]).items():
-        candidates[name] = lambda w, fn=fn: fn(normalised_margins(w))
+        if isinstance(fn, tuple):   # the normal model on |V| itself, not |V| / rms(V)
+            candidates[name] = lambda w, m=fn[1]: 0.5 * np.frompyfunc(math.erfc, 1, 1)(
+                (np.abs(w) - m.mu) / (m.sigma * math.sqrt(2))).astype(float)
+        else:
+            candidates[name] = lambda w, fn=fn: fn(normalised_margins(w))
     candidates["no model (all bits alike)"] = lambda w: np.full(w.shape, 0.1)
     res["models"] = {}
     dist = popcount(fps[ev_a] ^ fps[ev_b])
