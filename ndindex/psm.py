@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -232,8 +232,7 @@ static PyObject *py_psm_expand(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     size_t nq = (size_t)qs.len / 8;
     if (qs.len % 8 || p < 0 || p > 63 || max_probes < 0) {
-        PyErr_SetString(PyExc_ValueError,
-                        "queries must be uint64, p in 0..63 and max_probes >= 0");
+        PyErr_SetString(PyExc_ValueError, "queries must be uint64, p in 0..63 and max_probes >= 0");
         PyBuffer_Release(&qs);
         return NULL;
     }

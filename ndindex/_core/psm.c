@@ -190,7 +190,9 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static inline uint64_t header_of(uint64_t x, int p) { return p ? x >> (64 - p) : 0; }
+static inline uint64_t header_of(uint64_t x, int p) {
+    return p ? x >> (64 - p) : 0;
+}
 
 /* Sort the matches r[start..] by value, drop repeats, then order them by
  * distance, values ascending within one (stable counting sort). */

@@ -6,9 +6,9 @@ the document pipeline.
     python tools/eval/eval_psm.py --out bench-out/eval-psm
 
 Needs the eval extra (pip install -e '.[eval]').  Writes results.json,
-results.md and three PNGs to --out (copy them to docs/img/ for docs/psm.md).
-About 10 minutes and 3 GB on the project's 2-core machine with the default
---background 1000000.
+results.md and three PNGs to --out (docs/psm-results.md and docs/img/psm_*
+are copies).  About 3 minutes on the project's 2-core machine with the
+default --background 1000000.
 
 Data.  The offline corpus of tools/eval/corpus.py (Debian copyright files,
 common licenses, manual pages): paragraphs of 50-200 words ("short") and
