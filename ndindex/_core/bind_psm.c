@@ -243,7 +243,9 @@ static PyObject *py_psm_expand(PyObject *self, PyObject *args) {
     size_t per = (size_t)max_probes, total = 0;
     uint64_t *h = NULL, *owner = NULL;
     long rc = 0;
-    if (nq && per) {
+    if (nq && per && nq > SIZE_MAX / per / sizeof *h) {
+        rc = PSM_NOMEM;
+    } else if (nq && per) {
         h = PyMem_RawMalloc(nq * per * sizeof *h);
         owner = PyMem_RawMalloc(nq * per * sizeof *owner);
         if (!h || !owner)

@@ -264,16 +264,18 @@ HOT_KERNEL int psm_probe(const psm_table *t, uint64_t q, int k, const uint64_t *
     return order_matches(out, start, q);
 }
 
-long psm_headers(uint64_t q, const double *probs, int p, int k, size_t max_out, uint64_t *out) {
+/* The heap over q's header bits (ascending positions 64-p..63), sizes 0..k. */
+static int header_heap(vosh_heap *v, const double *probs, int p, int k) {
     uint8_t positions[64];
-    double hp[64];
-    for (int i = 0; i < p; i++) { /* header bits, ascending positions */
+    for (int i = 0; i < p; i++)
         positions[i] = (uint8_t)(64 - p + i);
-        hp[i] = probs[64 - p + i];
-    }
+    return vosh_init(v, probs + 64 - p, positions, p, 0, k);
+}
+
+long psm_headers(uint64_t q, const double *probs, int p, int k, size_t max_out, uint64_t *out) {
     vosh_heap v;
     long n = 0;
-    int rc = vosh_init(&v, hp, positions, p, 0, k);
+    int rc = header_heap(&v, probs, p, k);
     uint64_t mask;
     while (rc == 0 && (size_t)n < max_out && (rc = vosh_next(&v, &mask)) == 1) {
         out[n++] = header_of(q ^ mask, p);
@@ -285,16 +287,22 @@ long psm_headers(uint64_t q, const double *probs, int p, int k, size_t max_out, 
 
 int psm_query(const psm_table *t, uint64_t q, const double *probs, int k, size_t max_probes,
               uint64_t tag, psm_results *out, size_t *probes) {
-    uint64_t small[256];
-    uint64_t *headers = max_probes <= 256 ? small : malloc(max_probes * sizeof *headers);
-    if (!headers)
-        return PSM_NOMEM;
-    long n = psm_headers(q, probs, t->p, k, max_probes, headers);
-    int rc = n < 0 ? (int)n : psm_probe(t, q, k, headers, (size_t)n, tag, out);
-    *probes = n < 0 ? 0 : (size_t)n;
-    if (headers != small)
-        free(headers);
-    return rc;
+    /* Headers are probed as they leave the heap: no array of max_probes. */
+    size_t start = out->n, n = 0;
+    vosh_heap v;
+    int rc = header_heap(&v, probs, t->p, k);
+    uint64_t mask;
+    while (rc == 0 && n < max_probes && (rc = vosh_next(&v, &mask)) == 1) {
+        rc = probe_one(t, q, k, header_of(q ^ mask, t->p), tag, out);
+        n++;
+    }
+    vosh_free(&v);
+    *probes = n;
+    if (rc < 0) {
+        out->n = start;
+        return rc;
+    }
+    return order_matches(out, start, q);
 }
 
 /* First index i >= from with header(a[i]) >= h: galloping, since the next
