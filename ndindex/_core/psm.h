@@ -68,8 +68,9 @@ int psm_probe(const psm_table *t, uint64_t q, int k, const uint64_t *headers, si
  * number written, or PSM_NOMEM. */
 long psm_headers(uint64_t q, const double *probs, int p, int k, size_t max_out, uint64_t *out);
 
-/* psm_headers then psm_probe: the online query.  *probes receives the
- * number of headers probed.  Returns 0 or PSM_NOMEM. */
+/* The online query: what psm_probe returns for psm_headers' first
+ * max_probes headers, each probed as the heap yields it.  *probes receives
+ * the number of headers probed.  Returns 0 or PSM_NOMEM. */
 int psm_query(const psm_table *t, uint64_t q, const double *probs, int k, size_t max_probes,
               uint64_t tag, psm_results *out, size_t *probes);
 
