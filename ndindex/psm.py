@@ -264,12 +264,14 @@ def _expand(queries: np.ndarray, probabilities: np.ndarray, header_bits: int, k:
 
 
 def _pairs(raw) -> np.ndarray:
+    """Kernel pairs as a PAIR_DTYPE array, distinct, sorted by (q, f): a value
+    repeated in Q (two documents, one simhash) probes for both, once."""
     q, f, d = raw
     out = np.empty(len(d), dtype=PAIR_DTYPE)
     out["q"] = np.frombuffer(q, dtype=np.uint64)
     out["f"] = np.frombuffer(f, dtype=np.uint64)
     out["distance"] = np.frombuffer(d, dtype=np.uint8)
-    return out[np.lexsort((out["f"], out["q"]))] if len(out) > 1 else out
+    return np.unique(out) if len(out) > 1 else out
 
 
 def _chunks(stored, chunk_size: int) -> Iterator[np.ndarray]:
@@ -290,7 +292,8 @@ def join(queries, probabilities, stored, k: int, *, header_bits: int,
     """Yield the pairs of a query batch Q and a stored collection, chunk by chunk.
 
     Parameters:
-        queries: the batch Q (n uint64; repeats are matched once each).
+        queries: the batch Q (n uint64).  Q is a set: a repeated value
+            probes the headers of each occurrence and its pairs come once.
         probabilities: (n, 64) flip probabilities of the queries.
         stored: the collection F: a uint64 array or an iterable of arrays
             (chunks; each is sorted here unless it already is).
@@ -302,11 +305,11 @@ def join(queries, probabilities, stored, k: int, *, header_bits: int,
     Yields:
         One PAIR_DTYPE array (q, f, distance <= k) per chunk of F, sorted by
         (q, f): every f of the chunk whose header is one of q's first
-        max_probes flipped headers.  A pair is reported once per chunk
-        occurrence of f (a set F gives each pair once).
+        max_probes flipped headers.  A value that occurs in two chunks of
+        F yields its pairs in both.
 
     Raises:
-        ValueError, TypeError: bad arguments.
+        ValueError, TypeError: bad arguments (at the call, before any pair).
 
     Cost: one sort of n * max_probes (header, query) entries, then per chunk
     one merge of the entries with the chunk: O(entries + chunk) and a
@@ -318,8 +321,8 @@ def join(queries, probabilities, stored, k: int, *, header_bits: int,
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     headers, owners = _expand(qs, probs, header_bits, k, max_probes)
-    for chunk in _chunks(stored, chunk_size):
-        yield _pairs(_core.psm_join(headers, owners, chunk, header_bits, k, False))
+    return (_pairs(_core.psm_join(headers, owners, chunk, header_bits, k, False))
+            for chunk in _chunks(stored, chunk_size))
 
 
 class PsmCollection:
@@ -386,11 +389,12 @@ class PsmCollection:
     def flush(self) -> np.ndarray:
         """Match the batch Q and sort it into the collection; return its pairs.
 
-        Returns a PAIR_DTYPE array sorted by (q, f): (q, f) for q in Q and f
-        stored (f may equal q when q was stored already), then (q, q') for
-        two distinct fingerprints of Q with q < q', each once.  A pair is
-        found when f's header is among q's first max_probes flipped headers
-        (for two new ones: either's).
+        Returns a PAIR_DTYPE array sorted by (q, f), each pair once: (q, f)
+        for q in Q and f stored (f may equal q when q was stored already)
+        and (q, q') for two distinct fingerprints of Q with q < q'.  A pair
+        is found when f's header is among q's first max_probes flipped
+        headers (for two new ones: either's; for a value added twice in
+        one batch: either occurrence's).
         """
         if not self._n_pending:
             return np.empty(0, dtype=PAIR_DTYPE)
@@ -405,11 +409,10 @@ class PsmCollection:
         inner = _pairs(_core.psm_join(headers, owners, batch, p, self.k, True))
         lo, hi = np.minimum(inner["q"], inner["f"]), np.maximum(inner["q"], inner["f"])
         inner["q"], inner["f"] = lo, hi
-        found.append(np.unique(inner))
+        found.append(inner)
         self.values = merge_sorted(self.values, batch, EMPTY_U64)
         self._pending, self._n_pending = [], 0
-        pairs = np.concatenate(found)
-        return pairs[np.lexsort((pairs["f"], pairs["q"]))]
+        return np.unique(np.concatenate(found))
 
 
 # -- candidates for the document pipeline -----------------------------------------

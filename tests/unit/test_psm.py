@@ -90,6 +90,8 @@ def test_bad_tables_and_batches_raise():
     with pytest.raises(ValueError, match="sorted"):
         _core.psm_join(np.array([1, 0], dtype=np.uint64), np.zeros(2, dtype=np.uint64),
                        np.zeros(1, dtype=np.uint64), 1, 1, False)
+    with pytest.raises(ValueError, match="shape"):     # at the call, not at the first chunk
+        psm.join([1, 2], np.zeros((3, 64)), [np.arange(4, dtype=np.uint64)], 1, header_bits=2)
     with pytest.raises(ValueError, match="batch_size"):
         psm.PsmCollection(k=1, batch_size=0)
     col = psm.PsmCollection(k=1, batch_size=4)
