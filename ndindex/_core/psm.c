@@ -7,6 +7,9 @@
 
 #include "codec.h" /* HOT_KERNEL */
 
+/* Headers probed together, their directory slots prefetched first. */
+#define PSM_PROBE_GROUP 64
+
 /* ---------------------------------------------------------------- VOSH */
 
 static double log_odds(double p) {
@@ -254,13 +257,29 @@ static inline int probe_one(const psm_table *t, uint64_t q, int k, uint64_t h, u
     return 0;
 }
 
+/* Probe a group of headers: their directory slots are prefetched first, so
+ * the group's cache misses overlap instead of queueing one after another
+ * (a probe of a large table is a miss on the directory, then on the values). */
+static int probe_group(const psm_table *t, uint64_t q, int k, const uint64_t *headers, size_t n,
+                       uint64_t tag, psm_results *out) {
+    uint64_t limit = t->p ? ~0ull >> (64 - t->p) : 0;
+    for (size_t i = 0; i < n; i++)
+        if (headers[i] <= limit)
+            __builtin_prefetch(&t->dir[t->b ? headers[i] >> (t->p - t->b) : 0]);
+    for (size_t i = 0; i < n; i++)
+        if (headers[i] <= limit && probe_one(t, q, k, headers[i], tag, out) < 0)
+            return PSM_NOMEM;
+    return 0;
+}
+
 HOT_KERNEL int psm_probe(const psm_table *t, uint64_t q, int k, const uint64_t *headers,
                          size_t nheaders, uint64_t tag, psm_results *out) {
     size_t start = out->n;
-    uint64_t limit = t->p ? ~0ull >> (64 - t->p) : 0;
-    for (size_t i = 0; i < nheaders; i++)
-        if (headers[i] <= limit && probe_one(t, q, k, headers[i], tag, out) < 0)
+    for (size_t i = 0; i < nheaders; i += PSM_PROBE_GROUP) {
+        size_t g = nheaders - i < PSM_PROBE_GROUP ? nheaders - i : PSM_PROBE_GROUP;
+        if (probe_group(t, q, k, headers + i, g, tag, out) < 0)
             return PSM_NOMEM;
+    }
     return order_matches(out, start, q);
 }
 
@@ -287,14 +306,23 @@ long psm_headers(uint64_t q, const double *probs, int p, int k, size_t max_out, 
 
 int psm_query(const psm_table *t, uint64_t q, const double *probs, int k, size_t max_probes,
               uint64_t tag, psm_results *out, size_t *probes) {
-    /* Headers are probed as they leave the heap: no array of max_probes. */
+    /* Headers leave the heap a group at a time: memory stays bounded by the
+     * group whatever max_probes is, and each group's probes overlap their
+     * misses (probing each header as it left the heap was slower: every miss
+     * waited behind the heap work before it). */
     size_t start = out->n, n = 0;
+    uint64_t group[PSM_PROBE_GROUP], mask;
     vosh_heap v;
-    int rc = header_heap(&v, probs, t->p, k);
-    uint64_t mask;
-    while (rc == 0 && n < max_probes && (rc = vosh_next(&v, &mask)) == 1) {
-        rc = probe_one(t, q, k, header_of(q ^ mask, t->p), tag, out);
-        n++;
+    int rc = header_heap(&v, probs, t->p, k), more = 1;
+    while (rc == 0 && more && n < max_probes) {
+        size_t g = 0;
+        while (g < PSM_PROBE_GROUP && n + g < max_probes && (more = vosh_next(&v, &mask)) == 1)
+            group[g++] = header_of(q ^ mask, t->p);
+        if (more < 0)
+            rc = more;
+        else
+            rc = probe_group(t, q, k, group, g, tag, out);
+        n += g;
     }
     vosh_free(&v);
     *probes = n;
