@@ -917,9 +917,11 @@ def _open_state(index_path: str, state_path: str, fp: Fingerprinter, k: int) -> 
 
 def _comparable(raw: bytes) -> bytes:
     # The unicode_version field is informative ([FP50]): a Python upgrade must
-    # not orphan an index; every other field must match.
+    # not orphan an index.  The flip model only orders probes ([FP80]), so an
+    # index written before it existed stays usable.  Every other field must match.
     cfg = Fingerprinter.from_bytes(raw).to_dict()
     cfg.pop("unicode_version", None)
+    cfg.pop("flip_model", None)
     return repr(sorted(cfg.items())).encode()
 
 

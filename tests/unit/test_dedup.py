@@ -531,3 +531,22 @@ def test_state_on_a_read_only_disk_is_a_read_only_error(tmp_path, monkeypatch, c
     err = capsys.readouterr().err
     assert err == (f"ndindex: {ix}.files: cannot write the dedup state file (not writable); "
                    "give an --index on a writable disk\n")
+
+
+def test_index_of_the_same_pipeline_without_flip_model_is_kept(tree, tmp_path, monkeypatch):
+    """An index written before the flip model existed (a version-1 record) is
+    the same pipeline: the flip model only orders probes, so nothing is re-read."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Before(Fingerprinter):
+        flip_model: object = None
+
+    ix = tmp_path / "ix.ndx"
+    monkeypatch.setattr(dedup_module, "Fingerprinter", Before)
+    first = ndindex.dedup([tree], index=ix)
+    with ndindex.open(ix, readonly=True) as index:
+        assert index.fingerprinter[4:6] == b"\x01\x00"    # a version-1 record
+    monkeypatch.undo()
+    again = ndindex.dedup([tree], index=ix)
+    assert first.files_read > 0 and again.files_read == 0
