@@ -492,19 +492,18 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
     return res;
 }
 
-PyDoc_STRVAR(run_directory_chunks_doc,
-             "run_directory_chunks(directory) -> list[(last, offset, nblocks)]\n\n"
-             "What a run directory lists: each chunk's last value, the offset of its value\n"
-             "in the file, its block count.");
-static PyObject *py_run_directory_chunks(PyObject *self, PyObject *arg) {
+PyDoc_STRVAR(run_directory_blocks_doc,
+             "run_directory_blocks(directory) -> list[(last, offset)]\n\n"
+             "What a run directory lists: each block's last value and its offset in the\n"
+             "file.");
+static PyObject *py_run_directory_blocks(PyObject *self, PyObject *arg) {
     directory_box *box = PyCapsule_GetPointer(arg, DIRECTORY_CAPSULE);
     if (!box)
         return NULL;
-    PyObject *out = PyList_New((Py_ssize_t)box->d.nchunks);
-    for (size_t i = 0; out && i < box->d.nchunks; i++) {
-        PyObject *item = Py_BuildValue("(Knk)", (unsigned long long)box->d.last[i],
-                                       (Py_ssize_t)(box->d.value[i] - (const uint8_t *)box->file.buf),
-                                       (unsigned long)box->d.nblocks[i]);
+    PyObject *out = PyList_New((Py_ssize_t)box->d.nblocks);
+    for (size_t i = 0; out && i < box->d.nblocks; i++) {
+        PyObject *item = Py_BuildValue("(Kn)", (unsigned long long)box->d.last[i],
+                                       (Py_ssize_t)(box->d.block[i] - (const uint8_t *)box->file.buf));
         if (!item) {
             Py_CLEAR(out);
             break;
@@ -516,7 +515,7 @@ static PyObject *py_run_directory_chunks(PyObject *self, PyObject *arg) {
 
 PyMethodDef query_methods[] = {
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
-    {"run_directory_chunks", py_run_directory_chunks, METH_O, run_directory_chunks_doc},
+    {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query", py_query, METH_VARARGS, query_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},

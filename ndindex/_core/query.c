@@ -222,6 +222,56 @@ static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uin
     return 0;
 }
 
+/* First block of a directory whose last value is >= lo (nblocks if none). */
+static inline size_t directory_block(const run_directory *d, uint64_t lo) {
+    size_t a = 0, z = d->nblocks;
+    while (a < z) {
+        size_t mid = (a + z) / 2;
+        if (d->last[mid] < lo)
+            a = mid + 1;
+        else
+            z = mid;
+    }
+    return a;
+}
+
+/* Probe a listed run's blocks for values in [lo, hi] (already clipped to the
+ * run's live range). */
+static int probe_directory(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                           uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
+                           query_error *err) {
+    const query_table *tb = &s->tables[t];
+    const run_directory *d = run->dir;
+    uint64_t found[1 + BLOCK_PAYLOAD_BITS];
+    size_t b = directory_block(d, lo);
+    if (b == d->nblocks)
+        return corrupt(err, "no block covers a value inside the run");
+    for (; b < d->nblocks; b++) {
+        const uint8_t *block = d->block[b];
+        int trusted = d->verified[b];
+        long n;
+        if (run->kind == RUN_KIND_RAW) {
+            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
+                return corrupt(err, "block checksum mismatch");
+            n = raw_probe(block, d->last[b], lo, hi, qp, k, found, sizeof found / sizeof *found);
+        } else {
+            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
+                                     sizeof found / sizeof *found, trusted);
+        }
+        if (n < 0)
+            return corrupt(err, block_status_text(n));
+        if (!trusted)
+            d->verified[b] = 1; /* a benign race: another thread may set it too */
+        for (long i = 0; i < n; i++)
+            if (found[i] >= lo && found[i] <= hi &&
+                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+                return QUERY_NOMEM;
+        if (d->last[b] >= hi)
+            break;
+    }
+    return 0;
+}
+
 /* Probe one run of table t for permuted values in [lo, hi] within k of qp. */
 static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
                      uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
@@ -244,28 +294,8 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
     err->run_id = run->run_id;
     err->has_key = 0;
     int done = 0;
-    const run_directory *d = run->dir;
-    if (d) {
-        size_t a = 0, z = d->nchunks;
-        while (a < z) { /* first chunk whose last value is >= lo */
-            size_t mid = (a + z) / 2;
-            if (d->last[mid] < lo)
-                a = mid + 1;
-            else
-                z = mid;
-        }
-        if (a == d->nchunks)
-            return corrupt(err, "no chunk covers a value inside the run");
-        for (; a < d->nchunks && !done; a++) {
-            int rc = probe_chunk(s, t, run, q, qp, lo, hi, k, d->value[a], d->nblocks[a],
-                                 d->verified + a * CHUNK_MAX_BLOCKS, out, err, &done);
-            if (rc < 0)
-                return rc;
-            if (d->last[a] >= hi)
-                break;
-        }
-        return 0;
-    }
+    if (run->dir)
+        return probe_directory(s, t, run, q, qp, lo, hi, k, out, err);
     uint8_t key[CHUNK_KEY_BYTES];
     key[0] = run->space;
     key[1] = (uint8_t)(run->run_id >> 24);
@@ -325,8 +355,7 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
 
 void run_directory_free(run_directory *d) {
     free(d->last);
-    free(d->value);
-    free(d->nblocks);
+    free(d->block);
     free(d->verified);
     memset(d, 0, sizeof *d);
 }
@@ -372,27 +401,29 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
             err->what = "chunk fences do not match its neighbours";
             goto fail;
         }
-        if (out->nchunks == cap) {
-            cap = cap ? 2 * cap : 16;
+        if (out->nblocks + nblocks > cap) {
+            while (out->nblocks + nblocks > cap)
+                cap = cap ? 2 * cap : 256;
             uint64_t *l = realloc(out->last, cap * sizeof *l);
             if (l)
                 out->last = l;
-            const uint8_t **v = realloc(out->value, cap * sizeof *v);
-            if (v)
-                out->value = v;
-            uint16_t *nb = realloc(out->nblocks, cap * sizeof *nb);
-            if (nb)
-                out->nblocks = nb;
-            if (!l || !v || !nb) {
+            const uint8_t **bp = realloc(out->block, cap * sizeof *bp);
+            if (bp)
+                out->block = bp;
+            if (!l || !bp) {
                 run_directory_free(out);
                 return QUERY_NOMEM;
             }
         }
+        const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+        const uint8_t *blocks = keys + 8 * (size_t)nblocks;
+        for (unsigned b = 0; b < nblocks; b++) {
+            out->last[out->nblocks] = load_le64(keys + 8 * b);
+            out->block[out->nblocks] = blocks + (size_t)b * BLOCK_BYTES;
+            out->nblocks++;
+        }
         prev_last = load_be64(k8 + 5);
         out->inline_chunks += flags != MDBP_F_BIGDATA;
-        out->last[out->nchunks] = prev_last;
-        out->value[out->nchunks] = val;
-        out->nblocks[out->nchunks] = (uint16_t)nblocks;
         out->nchunks++;
         rc = mdbp_next(&c, &pe);
     }
@@ -400,7 +431,7 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
         err->pgno = pe.pgno;
         goto bad_tree;
     }
-    out->verified = calloc(out->nchunks ? out->nchunks * CHUNK_MAX_BLOCKS : 1, 1);
+    out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
     if (!out->verified) {
         run_directory_free(out);
         return QUERY_NOMEM;
@@ -433,6 +464,20 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
         size_t run_start = out->n;
+        /* Listed runs: find each one's block first and prefetch it, so the
+         * cache misses of all runs overlap instead of queueing up. */
+        for (int r = 0; r < tb->nruns; r++) {
+            const query_run *run = &tb->runs[r];
+            if (!run->dir || lo > run->last || (run->has_hi && lo > run->hi))
+                continue;
+            uint64_t from = run->has_lo && lo <= run->lo ? run->lo + 1 : lo;
+            size_t b = directory_block(run->dir, from);
+            if (b < run->dir->nblocks) {
+                const uint8_t *blk = run->dir->block[b];
+                for (int line = 0; line < BLOCK_BYTES; line += 256)
+                    __builtin_prefetch(blk + line);
+            }
+        }
         for (int r = 0; r < tb->nruns; r++) {
             int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
             if (rc < 0) {

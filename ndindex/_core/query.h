@@ -32,23 +32,21 @@ typedef struct {
 #define RAW_BLOCK_HEADER_BYTES 8
 #define RAW_BLOCK_MAX_VALUES ((BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES) / 8)
 
-/* A run's chunks found once, for runs small enough to list: each chunk's
- * last value and value, headers checked when listed (run_directory_build).
- * verified[c * CHUNK_MAX_BLOCKS + b] becomes 1 once block b of chunk c has
- * passed its checksum.  Valid while the run's chunks stay where they are:
- * chunks are never rewritten, a merge input only loses chunks below its
- * cursor (never probed again), so one directory serves every snapshot that
- * holds the run. */
+/* A run's blocks found once, for runs small enough to list: each block's
+ * last value and address, chunk headers checked when listed
+ * (run_directory_build).  verified[b] becomes 1 once block b has passed its
+ * checksum.  Valid while the run's chunks stay where they are: chunks are
+ * never rewritten, a merge input only loses chunks below its cursor (never
+ * probed again), so one directory serves every snapshot that holds the run
+ * -- unless a chunk lives inside a leaf page (inline_chunks): such a value
+ * moves whenever its page is copied, and the directory serves its own
+ * snapshot only. */
 typedef struct {
-    size_t nchunks;
+    size_t nblocks;
     uint64_t *last;
-    const uint8_t **value;
-    uint16_t *nblocks;
+    const uint8_t **block;
     uint8_t *verified;
-    /* Chunks small enough for LMDB to keep inside a leaf page: such a value
-     * moves whenever its page is copied, so the directory holding it is good
-     * for its own snapshot only. */
-    size_t inline_chunks;
+    size_t nchunks, inline_chunks;
 } run_directory;
 
 typedef struct {
