@@ -35,4 +35,6 @@ PyObject *ndx_raise_lmdb(const mdbp_error *e);
 /* A map over a buffer of pages; -1 with ValueError if it does not fit. */
 int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map);
 
+extern PyMethodDef lmdbcheck_methods[];
+
 #endif
