@@ -363,7 +363,8 @@ static int mark_free(walker *w) {
     }
     /* Pages past the end of the file were never written: LMDB can only
      * have freed them, so the free list must name each exactly once. */
-    qsort(w->past_end, w->npast, sizeof(uint64_t), cmp_u64);
+    if (w->npast > 1)
+        qsort(w->past_end, w->npast, sizeof(uint64_t), cmp_u64);
     for (size_t i = 1; i < w->npast; i++)
         if (w->past_end[i] == w->past_end[i - 1])
             return fail(w->e, w->past_end[i], "page listed free twice");
