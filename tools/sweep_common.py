@@ -115,6 +115,25 @@ class IndexModel:
         return tuple(sorted(self.keys.get(int(fp), ()), key=key_order))
 
 
+def state_of(ix, fps) -> dict:
+    """What the index holds of these fingerprints: fingerprint -> its keys, for those present.
+
+    Uses query(fp, 0, keys=True) only, so it needs nothing beyond the
+    public API the sweeps may rely on (no enumeration of the index).
+    """
+    out = {}
+    for fp in sorted({int(v) for v in fps}):
+        for m in ix.query(fp, 0, keys=True):
+            out[int(m.fingerprint)] = tuple(m.keys)
+    return out
+
+
+def accepted(func, **kwargs) -> dict:
+    """The keyword arguments func accepts, of those given."""
+    params = inspect.signature(func).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
 def as_answer(matches) -> list[tuple]:
     """Index.query results in the model's form."""
     return [(int(m.fingerprint), int(m.distance), tuple(m.keys)) for m in matches]

@@ -51,7 +51,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep_common import (IndexModel, api_options, as_answer, parse_options,  # noqa: E402
-                          remove_index_files, run_child, scratch_dir)
+                          remove_index_files, run_child, scratch_dir, state_of)
 
 N_FINGERPRINTS = 20_000
 K = 3
@@ -97,7 +97,7 @@ def build_base(path: str, seed: int, options: dict) -> dict:
         remove(fingerprints=log[:50])
         previous = model.copy()
         add(last, [f"last-{i}" for i in range(len(last))])  # the last commit
-        got = {int(fp): tuple(ix.keys(int(fp))) for fp in ix.fingerprints()}
+        got = state_of(ix, fps)
     if got != model.state():
         raise SystemExit("sweep_corruption: the built index disagrees with the model; "
                          "the oracle or the library is wrong")

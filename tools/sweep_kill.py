@@ -52,8 +52,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sweep_common import (Child, IndexModel, api_options, parse_options,  # noqa: E402
-                          remove_index_files, run_child, scratch_dir)
+from sweep_common import (Child, IndexModel, accepted, api_options, parse_options,  # noqa: E402
+                          remove_index_files, run_child, state_of)
 
 K = 3
 EXPECTED_N = 100_000
@@ -123,12 +123,12 @@ def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> 
         elif kind == "remove_key":
             ix.remove(keys=args["keys"])
         else:
-            ix.compact(full=kind == "compact_full")
+            ix.compact(**accepted(ix.compact, full=kind == "compact_full"))
         send("ack", j)
 
 
-def read_back(path: str, options: dict, send) -> dict:
-    """Open the index after a kill, verify it, and return what it holds."""
+def read_back(path: str, options: dict, universe: set, send) -> dict:
+    """Open the index after a kill, verify it, and return what it holds of universe."""
     import ndindex
 
     if not os.path.exists(path):
@@ -149,10 +149,7 @@ def read_back(path: str, options: dict, send) -> dict:
             ix.verify()
         except Exception as exc:
             return dict(exists=True, verify_error=f"{type(exc).__qualname__}: {exc}"[:300])
-        state = {}
-        for fps, keys in ix.items():
-            state.update(zip(fps.tolist(), (tuple(k) for k in keys)))
-        return dict(exists=True, state=state)
+        return dict(exists=True, state=state_of(ix, universe))
     finally:
         ix.close()
 
@@ -169,11 +166,13 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
     remove_index_files(path)
     rng = np.random.default_rng([seed, lane, 1 << 40])
     taken = collections.defaultdict(lambda: [FIRST_GUESS_SECONDS])  # durations seen, by kind
-    model, next_op, records = IndexModel(), 0, []
+    # universe: every fingerprint an add of this file may have written; the
+    # check reads back exactly these (the public API has no enumeration).
+    model, next_op, records, universe = IndexModel(), 0, [], set()
     for cycle in range(cycles):
         if cycle % fresh_every == 0 and cycle:
             remove_index_files(path)
-            model = IndexModel()
+            model, universe = IndexModel(), set()
         fresh = not os.path.exists(path)
         # The kill: `delay` after operation `target` starts (counted from this
         # cycle's first), a random fraction of a duration that kind of
@@ -188,6 +187,7 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
             now = time.monotonic()
             if kind == "start":
                 started[obj], in_flight = now, obj
+                universe.update(_added(seed, lane, obj))
                 if obj == target:
                     kill_at = now + delay
             elif kind == "ack":
@@ -205,6 +205,7 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
         for kind, obj in child.messages(time.monotonic() + 5):
             if kind == "start":
                 in_flight = obj
+                universe.update(_added(seed, lane, obj))
             elif kind == "ack":
                 acked.append(obj)
                 in_flight = None
@@ -212,14 +213,14 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
                 escaped = obj
         child.wait()
         rec = check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,
-                          existed=not fresh)
+                          existed=not fresh, universe=universe)
         records.append(rec)
         next_op = max([next_op - 1] + [a for a in acked if a != "create"]
                       + ([in_flight] if isinstance(in_flight, int) else [])) + 1
         state = rec.pop("state", None)
         if rec["outcome"] in ("unopenable", "verify-failed", "checker-crash"):
             remove_index_files(path)  # start the lane over
-            model = IndexModel()
+            model, universe = IndexModel(), set()
         elif state is not None:
             model = IndexModel()
             model.keys = {fp: set(ks) for fp, ks in state.items()}
@@ -227,8 +228,16 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
     return records
 
 
+def _added(seed: int, lane: int, j) -> list[int]:
+    """The fingerprints operation j adds (none unless it is an add)."""
+    if j == "create":
+        return []
+    kind, args = operation(seed, lane, j)
+    return args["fps"].tolist() if kind == "add" else []
+
+
 def check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,
-                existed: bool) -> dict:
+                existed: bool, universe: set) -> dict:
     """Compare the file after a kill with the acknowledged state (and the one in flight)."""
     done = model.copy()
     for j in acked:
@@ -241,16 +250,18 @@ def check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escap
         "create" if in_flight == "create" else operation_kind(seed, lane, in_flight))
     rec = dict(lane=lane, cycle=cycle, killed_in=killed_in, acked=len(acked),
                escaped=escaped[-300:] if escaped else None)
-    rec.update(_compare(path, options, done, maybe, must_exist=existed or "create" in acked))
+    rec.update(_compare(path, options, done, maybe, universe,
+                        must_exist=existed or "create" in acked))
     if escaped and rec["outcome"] == "ok":  # the writer failed on its own, before any kill
         rec.update(outcome="writer-error", detail=escaped[-300:])
     return rec
 
 
-def _compare(path, options, done: IndexModel, maybe: IndexModel, must_exist: bool) -> dict:
+def _compare(path, options, done: IndexModel, maybe: IndexModel, universe: set,
+             must_exist: bool) -> dict:
     """Read the file back in a forked child and compare it with the two allowed states."""
     rec = {}
-    got = run_child(lambda send: read_back(path, options, send), 120)
+    got = run_child(lambda send: read_back(path, options, universe, send), 120)
     res = got["result"]
     if res is None:
         rec.update(outcome="checker-crash", detail=got["escaped"] or f"signal {got['signal']}")
