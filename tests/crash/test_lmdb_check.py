@@ -208,6 +208,50 @@ def test_lmdb_file_passes_with_lmdb_s_own_counts(lmdb_file, tmp_path):
     assert "error" not in report["other"]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_every_file_lmdb_writes_passes(tmp_path, seed):
+    """No false alarms: random puts and deletes (big values, sorted duplicates growing into
+    sub-databases and shrinking, integer keys) over many transactions; both snapshots pass
+    after every commit, and so does a compacting copy."""
+    rnd = random.Random(seed)
+    path = str(tmp_path / "r.mdb")
+    env = lmdb.open(path, subdir=False, max_dbs=4, map_size=1 << 30)
+    dbs = [env.open_db(b"plain"), env.open_db(b"dups", dupsort=True),
+           env.open_db(b"ints", integerkey=True)]
+    sub_databases = 0
+    try:
+        for _ in range(12):
+            with env.begin(write=True) as txn:
+                for _ in range(rnd.randint(1, 600)):
+                    which = rnd.randrange(3)
+                    db = dbs[which]
+                    key = (struct.pack("<Q", rnd.randrange(3000)) if which == 2
+                           else b"k%d" % rnd.randrange(12 if which == 1 else 1500))
+                    r = rnd.random()
+                    if r < (0.85 if which == 1 else 0.6):
+                        size = rnd.randint(1, 200) if which == 1 else rnd.choice([1, 50, 900, 5000, 20000])
+                        txn.put(key, rnd.randbytes(size), db=db)
+                    elif which == 1 and r < 0.95:
+                        cur = txn.cursor(db=db)
+                        if cur.set_key(key):
+                            for _ in range(rnd.randint(1, 60)):
+                                if not cur.delete() or cur.key() != key:
+                                    break
+                    else:
+                        txn.delete(key, db=db)
+            with open(path, "rb") as fh:
+                report = _core.lmdb_check(fh.read(), both=True)
+            assert "error" not in report["other"], report["other"]
+            sub_databases += report["trees"]["dups"]["dup_pages"] > 0
+        assert sub_databases  # duplicates did outgrow their sub-pages
+        copy = str(tmp_path / "copy.mdb")
+        env.copy(copy, compact=True)
+        with open(copy, "rb") as fh:
+            assert _core.lmdb_check(fh.read(), both=True)["free_pages"] == 0
+    finally:
+        env.close()
+
+
 def test_page_map_accounts_for_every_page(lmdb_file):
     """[L25] [L33]-[L37]: each page is exactly one thing, every page of an overflow run too."""
     m, kinds, owners = page_map(lmdb_file)
