@@ -41,5 +41,6 @@ PyObject *ndx_raise_lmdb(const mdbp_error *e);
 int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map);
 
 extern PyMethodDef psm_methods[];
+extern PyMethodDef lmdbcheck_methods[];
 
 #endif
