@@ -110,7 +110,7 @@ def _check_fp_run(view, run) -> np.ndarray:
     if cs and not cs[-1].flags & ch.FLAG_LAST and not run.merge_output:
         raise CorruptionError(f"{space_name(run.space)} run {run.run_id} lacks its last chunk",
                               database=DB_CHUNKS, key=cs[-1].key)
-    values, _, _ = rn.read_values(view, run)
+    values = rn.read_values(view, run).values
     if not run.merge_into:
         if len(values) != run.entries:
             raise CorruptionError(f"{space_name(run.space)} run {run.run_id} holds {len(values)} "

@@ -29,7 +29,9 @@ from a snapshot commits only if the manifest is still the one it read.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
 import fcntl
 import os
 import threading
@@ -73,9 +75,12 @@ IDLE_WAIT_SECONDS = 0.5
 #: outrun compaction and leave queries probing an ever longer log.
 SLOWDOWN_LOGS = 2
 STOP_LOGS = 6
-#: The same for runs not yet merged: level-0 runs in the table that has most.
-SLOWDOWN_RUNS = 3
-STOP_RUNS = 6
+#: The same for runs not yet merged: runs below the main level in the table
+#: that has most (two or three in the steady state).
+SLOWDOWN_RUNS = 5
+STOP_RUNS = 8
+#: With this many level-0 runs waiting, the compactor merges before it flushes.
+MERGE_FIRST_RUNS = 2
 SLOWDOWN_SECONDS = 0.002
 STOP_WAIT_SECONDS = 0.04
 #: Byte ranges of the index file locked (Linux OFD locks, else POSIX locks):
@@ -117,9 +122,14 @@ class Compactor:
         self._next_space = 0
         self.error: BaseException | None = None
         self.steps = 0
-        #: Most level-0 runs any table holds, as of the last step (for throttle).
+        #: Most runs below the main level any table holds, and the log's
+        #: operations, as of the last commit (for throttle).
         self.level0_runs = 0
+        self.log_ops = 0
         self._thread = None
+        workers = min(os.cpu_count() or 1, 4)
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "ndindex-merge") \
+            if workers > 1 else None
         if background:
             self._thread = threading.Thread(target=self._loop, name="ndindex-compaction",
                                             daemon=True)
@@ -127,20 +137,25 @@ class Compactor:
 
     # -- scheduling -----------------------------------------------------------
 
-    def notify(self) -> None:
+    def notify(self, state=None) -> None:
         """A commit happened: there may be work."""
         self._last_write = time.monotonic()
+        if state is not None:
+            self.log_ops = state.log_ops
         self._wake.set()
 
     def throttle(self, state, log_limit: int) -> None:
         """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS)."""
         if self._thread is None or state is None:
             return
-        debt = state.log_ops / max(log_limit, 1)
-        if debt >= STOP_LOGS or self.level0_runs >= STOP_RUNS:
+        # Wait while the debt is above the stop line, at most STOP_WAIT_SECONDS
+        # in all, so that no single add() stalls for long.
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
+                and time.monotonic() < deadline and not self._stop.is_set():
             self._progress.clear()
-            self._progress.wait(STOP_WAIT_SECONDS)
-        elif debt >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
+            self._progress.wait(max(0.0, deadline - time.monotonic()))
+        if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
             time.sleep(SLOWDOWN_SECONDS)
 
     def close(self) -> None:
@@ -148,6 +163,8 @@ class Compactor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -196,26 +213,68 @@ class Compactor:
     def _step(self, snap, force_flush: bool, full: bool) -> bool:
         st = snap.state
         idle = time.monotonic() - self._last_write >= FLUSH_IDLE_SECONDS
-        if st.log_first_seq < st.log_next_seq and (st.log_ops >= self._ix.log_limit or force_flush
-                                                   or idle):
+        log_due = st.log_first_seq < st.log_next_seq and \
+            (st.log_ops >= self._ix.log_limit or force_flush or idle)
+        # Flushing first would starve the merges of a busy writer: level-0
+        # runs would pile up.  Merge first once they do, unless the log
+        # itself has grown long.
+        level0 = max((sum(1 for r in snap.manifest.of(t) if r.level == 0)
+                      for t in range(len(self._ix.plan.tables))), default=0)
+        if log_due and (level0 < MERGE_FIRST_RUNS or st.log_ops >= STOP_LOGS * self._ix.log_limit):
             self._flush(snap)
             return True
-        spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
-        for i in range(len(spaces)):
-            space = spaces[(self._next_space + i) % len(spaces)]
-            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit)
-            if merge is not None:
-                self._next_space = (self._next_space + i + 1) % len(spaces)
-                if space in RECORD_SPACES:
-                    self._record_merge_step(snap, space, *merge)
-                else:
-                    self._fp_merge_step(snap, space, *merge)
-                return True
+        if self._merge_round(snap, full):
+            return True
+        if log_due:
+            self._flush(snap)
+            return True
         if full and len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
                                                                        snap.tombstone_stamps):
             self._rewrite_tombstones(snap)
             return True
         return False
+
+    def _merge_round(self, snap, full: bool) -> bool:
+        """One step of every merge that is due, computed in parallel, committed together.
+
+        Each space's step touches only its own runs, so the steps of a round
+        are independent: their heavy parts (reading, merging, encoding) run
+        in C with the GIL released, on as many threads as there are cores.
+        """
+        man = _copy_manifest(snap.manifest)
+        jobs = []
+        spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
+        for space in spaces:
+            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit)
+            if merge is None:
+                continue
+            output, inputs, level = merge
+            inputs = [_find(man, r.run_id) for r in inputs]
+            if output is None:
+                rid = man.new_run_id()
+                kind = KIND_RECORDS if space in RECORD_SPACES else kind_of(level)
+                output = Run(space, kind, level, rid, 0, 0, flags=RUN_MERGE_OUTPUT, merge_into=rid)
+                man.runs.insert(min(man.runs.index(r) for r in inputs), output)
+                for r in inputs:
+                    r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
+            else:
+                output = _find(man, output.run_id)
+            step = self._record_merge_step if space in RECORD_SPACES else self._fp_merge_step
+            jobs.append((step, space, output, inputs))
+        if not jobs:
+            return False
+        if len(jobs) > 1 and self._pool is not None:
+            results = list(self._pool.map(lambda j: j[0](snap, man, *j[1:]), jobs))
+        else:
+            results = [j[0](snap, man, *j[1:]) for j in jobs]
+        puts, deletes = [], []
+        for (p, d, gone) in results:
+            puts += p
+            deletes += d
+            for run in gone:
+                man.runs.remove(run)
+        self._commit(snap, puts, deletes, man)
+        return True
 
     # -- committing ---------------------------------------------------------------
 
@@ -241,8 +300,9 @@ class Compactor:
             state.txnid = wt.txnid
             wt.put_framed(KEY_MANIFEST, manifest.pack())
             wt.put_framed(KEY_STATE, state.pack())
-            self.level0_runs = max((sum(1 for r in manifest.of(t) if r.level == 0)
+            self.level0_runs = max((sum(1 for r in manifest.of(t) if r.level < MAIN_LEVEL)
                                     for t in range(len(self._ix.plan.tables))), default=0)
+            self.log_ops = state.log_ops
 
         # Compaction commits need not reach the disk before returning: a
         # lost step is redone (LMDB's NOMETASYNC keeps the file whole).
@@ -262,7 +322,10 @@ class Compactor:
         first_new = man.next_run_id
         main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
                     for t in range(len(ix.plan.tables))), default=0)
-        level = level_for(len(adds), 0, main, ix.log_limit)
+        # A flush is a level-0 run (merged up at once), unless it is larger
+        # than any raw level may hold: then it is a main run of its own.
+        level = 0 if len(adds) <= level_capacity(MAIN_LEVEL - 1, main, ix.log_limit) \
+            else MAIN_LEVEL
         kind = kind_of(level)
         for t, design in enumerate(ix.plan.tables):
             if not len(adds):
@@ -324,19 +387,19 @@ class Compactor:
 
     # -- fingerprint merges ---------------------------------------------------------
 
-    def _fp_merge_step(self, snap, space: int, output: Run | None, inputs: list, level: int) -> None:
-        man = _copy_manifest(snap.manifest)
-        inputs = [_find(man, r.run_id) for r in inputs]
-        cursor = int.from_bytes(output.cursor, "big") if output is not None and output.cursor \
-            else None
+    def _fp_merge_step(self, snap, man: Manifest, space: int, output: Run, inputs: list):
+        """Advance a merge of a table's runs by one step; return (puts, deletes, runs gone).
+
+        Changes only the Run objects of this merge (safe beside other spaces'
+        steps on other threads).
+        """
+        cursor = int.from_bytes(output.cursor, "big") if output.cursor else None
         parts, ends, read_chunks = [], [], []
         for run in inputs:
-            live_run = run if run.merge_input else _as_input(run, cursor)
-            vals, end, exhausted = rn.read_values(snap.view, live_run, cursor, STEP_CHUNKS)
-            parts.append(vals)
-            ends.append(None if exhausted else end)
-            read_chunks.append(rn.fp_chunks(snap.view, live_run,
-                                            None if cursor is None else cursor + 1, STEP_CHUNKS))
+            sl = rn.read_values(snap.view, run, cursor, STEP_CHUNKS)
+            parts.append(sl.values)
+            ends.append(None if sl.exhausted else sl.end)
+            read_chunks.append(sl.chunk_keys)
         bounds = [e for e in ends if e is not None]
         final = not bounds
         bound = min(bounds) if bounds else None
@@ -346,22 +409,12 @@ class Compactor:
         hidden = np.sort(self._ix.plan.tables[space].apply(snap.tombstones)) \
             if len(snap.tombstones) else EMPTY_U64
         merged = merge_runs(parts, hidden)
-        if output is None:
-            kind = kind_of(level)
-            code = None
-            if kind == KIND_HUFFMAN:
-                total = sum(r.entries for r in inputs)
-                code = codec.HuffmanCode.from_values(merged, self._ix.coding,
-                                                     expected_n=max(total, 2))
-            rid = man.new_run_id()
-            output = Run(space, kind, level, rid, 0, 0, code=code.to_bytes() if code else b"",
-                         flags=RUN_MERGE_OUTPUT, merge_into=rid)
-            pos = min(man.runs.index(r) for r in inputs)
-            man.runs.insert(pos, output)
-            for r in inputs:
-                r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
-        else:
-            output = _find(man, output.run_id)
+        if output.kind == KIND_HUFFMAN and not output.code:
+            # The code is chosen once, from the first values the merge writes:
+            # every part of the key space has the same gap distribution.
+            total = sum(r.entries for r in inputs)
+            output.code = codec.HuffmanCode.from_values(merged, self._ix.coding,
+                                                        expected_n=max(total, 2)).to_bytes()
         code = rn.run_code(output)
         # The next chunk's fence is the last value written, which the
         # cursor (what the inputs gave up) may lie beyond.
@@ -382,12 +435,10 @@ class Compactor:
             if cursor is not None and done <= cursor:
                 raise RuntimeError(f"merge into run {output.run_id} made no progress")
         deletes = []
-        for run, cs in zip(inputs, read_chunks):
-            gone = [c for c in cs if done is not None and c.last <= done]
-            deletes += [c.key for c in gone]
+        for run, keys in zip(inputs, read_chunks):
+            gone = [k for k in keys if int.from_bytes(k[5:], "big") <= done]
+            deletes += gone
             run.chunks -= len(gone)
-            run.value_bytes -= sum(len(c.blocks) + ch.FP_CHUNK_HEAD.size + 8 * len(c.block_keys)
-                                   for c in gone)
         if written:
             if not output.chunks:
                 output.first = int(merged[0])
@@ -395,26 +446,26 @@ class Compactor:
             output.chunks += len(pairs)
             output.value_bytes += sum(len(v) for _, v in pairs)
             output.last = last
+        removed = []
         if final:
+            seen = set(deletes)
             for r in inputs:
-                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in set(deletes)]
-                man.runs.remove(r)
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
+                removed.append(r)
             output.flags, output.merge_into, output.cursor = 0, 0, b""
             if not output.chunks:
-                man.runs.remove(output)
-        elif done is not None:
+                removed.append(output)
+        else:
             output.cursor = done.to_bytes(8, "big")
             for r in inputs:
                 r.cursor = output.cursor
-        self._commit(snap, pairs, deletes, man)
+        return pairs, deletes, removed
 
     # -- record merges ---------------------------------------------------------
 
-    def _record_merge_step(self, snap, space: int, output: Run | None, inputs: list,
-                           level: int) -> None:
-        man = _copy_manifest(snap.manifest)
-        inputs = [_find(man, r.run_id) for r in inputs]
-        cursor = output.cursor if output is not None and output.cursor else None
+    def _record_merge_step(self, snap, man: Manifest, space: int, output: Run, inputs: list):
+        """Advance a merge of a key space's record runs by one step (see _fp_merge_step)."""
+        cursor = output.cursor if output.cursor else None
         got, ends, read = [], [], []
         for run in inputs:
             recs, end, exhausted = rn.all_records(snap.view, run, cursor, STEP_CHUNKS)
@@ -430,19 +481,11 @@ class Compactor:
             for key, flag, value in recs:
                 if bound is None or key <= bound:
                     merged.setdefault(key, (flag, value))
-        bottom = all(r in inputs for r in man.of(space))
+        # Deletions matter only while an older run might hold the key.
+        bottom = all(r.run_id in {i.run_id for i in inputs} or r.run_id == output.run_id
+                     for r in snap.manifest.of(space))
         records = [(k, f, v) for k, (f, v) in sorted(merged.items())
                    if not (bottom and f == ch.RECORD_DELETE)]
-        if output is None:
-            rid = man.new_run_id()
-            output = Run(space, KIND_RECORDS, level, rid, 0, 0, flags=RUN_MERGE_OUTPUT,
-                         merge_into=rid)
-            pos = min(man.runs.index(r) for r in inputs)
-            man.runs.insert(pos, output)
-            for r in inputs:
-                r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
-        else:
-            output = _find(man, output.run_id)
         low = output.fence if output.chunks else None
         pairs = ch.pack_record_chunks(space, output.run_id, records, low, final) if records else []
         deletes = []
@@ -455,21 +498,22 @@ class Compactor:
         output.value_bytes += sum(len(v) for _, v in pairs)
         if pairs:
             output.fence = pairs[-1][0][5:]
+        removed = []
         if final:
+            seen = set(deletes)
             for r in inputs:
-                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in set(deletes)]
-                man.runs.remove(r)
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
+                removed.append(r)
             output.flags, output.merge_into, output.cursor, output.fence = 0, 0, b"", b""
             if not output.chunks:
-                man.runs.remove(output)
+                removed.append(output)
         else:
             # Everything up to the bound is consumed; the output's last
             # separator lies at or below it.
-            output.cursor = pairs[-1][0][5:] if pairs else (output.cursor or b"")
-            output.cursor = max(output.cursor, bound)
+            output.cursor = bound
             for r in inputs:
                 r.cursor = output.cursor
-        self._commit(snap, pairs, deletes, man)
+        return pairs, deletes, removed
 
 
 # -- policy ------------------------------------------------------------------------
@@ -553,8 +597,8 @@ def _min_fp_run_id(man: Manifest) -> int:
 
 
 def _copy_manifest(man: Manifest) -> Manifest:
-    import copy
-    return copy.deepcopy(man)
+    """A copy a step may change (runs are flat dataclasses of immutable fields)."""
+    return Manifest(man.generation, man.next_run_id, [dataclasses.replace(r) for r in man.runs])
 
 
 def _find(man: Manifest, run_id: int) -> Run:
@@ -562,15 +606,6 @@ def _find(man: Manifest, run_id: int) -> Run:
         if r.run_id == run_id:
             return r
     raise KeyError(run_id)
-
-
-def _as_input(run: Run, cursor: int | None) -> Run:
-    """A view of a free run as a merge input above cursor (for the first step)."""
-    import dataclasses
-    if cursor is None:
-        return run
-    return dataclasses.replace(run, flags=RUN_MERGE_INPUT, merge_into=run.run_id + 1,
-                               cursor=cursor.to_bytes(8, "big"))
 
 
 def _key_records(keys: dict) -> dict:

@@ -292,7 +292,7 @@ class Index:
 
     def _wrote(self, state: State) -> None:
         if self._compactor is not None:
-            self._compactor.notify()
+            self._compactor.notify(state)
             self._compactor.throttle(state, self.log_limit)
 
     def _compacted(self) -> None:

@@ -278,8 +278,8 @@ class Snapshot:
         lo = -1
         while True:
             if spine is not None:
-                vals, end, exhausted = rn.read_values(self.view, spine, lo if lo >= 0 else None,
-                                                      per_chunk)
+                vals, end, exhausted, _ = rn.read_values(self.view, spine, lo if lo >= 0 else None,
+                                                         per_chunk)
             else:
                 vals, end, exhausted = EMPTY_U64, None, True
             hi = (1 << 64) - 1 if exhausted or end is None else end
@@ -287,7 +287,7 @@ class Snapshot:
             for r in others:
                 have, have_end, done = pending_others[r.run_id]
                 while not done and (have_end is None or have_end < hi):
-                    more, have_end, done = rn.read_values(
+                    more, have_end, done, _ = rn.read_values(
                         self.view, r, have_end if have_end is not None else None, per_chunk)
                     have = np.concatenate([have, more])
                 cut = np.searchsorted(have, np.uint64(hi), side="right")

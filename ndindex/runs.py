@@ -11,14 +11,15 @@ never a silently shorter run.  Decoding is in :mod:`ndindex.chunks` and
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import chunks as ch, codec
+from ndindex import _core, chunks as ch, codec
 from ndindex.errors import CorruptionError
 from ndindex.pages import PageView
 from ndindex.records import (DB_CHUNKS, KIND_HUFFMAN, KIND_RAW, KIND_RECORDS,
-                             KIND_TOMBSTONES, Run)
+                             KIND_TOMBSTONES, Run, space_name)
 
 EMPTY_U64 = np.empty(0, dtype=np.uint64)
 
@@ -68,42 +69,50 @@ def fp_chunks(view: PageView, run: Run, start: int | None = None, limit: int = -
     return out
 
 
-def read_values(view: PageView, run: Run, above: int | None = None, limit_chunks: int = -1):
-    """Decode the run's live values above `above` (exclusive), a chunk at a time.
+class Slice(NamedTuple):
+    """Values read from a run: sorted, complete up to `end`; the chunks they came from."""
 
-    Returns (values, end, exhausted): the sorted permuted values, the last
-    value of the last chunk read (values up to it are complete), and
-    whether the run's end was reached.  Merge inputs start above their
-    cursor; merge outputs stop at theirs.
+    values: np.ndarray
+    end: int | None       # the last value of the last chunk read (None: nothing read)
+    exhausted: bool       # no live chunk of the run lies beyond
+    chunk_keys: list      # LMDB keys of the chunks read
+
+
+def read_values(view: PageView, run: Run, above: int | None = None,
+                limit_chunks: int = -1) -> Slice:
+    """Decode the run's live values above `above` (exclusive), up to limit_chunks chunks.
+
+    One C call (``_core.run_read``): chunk headers, fences and every block
+    are checked.  Merge inputs start above their cursor; merge outputs stop
+    at theirs.  Raises CorruptionError.
     """
     start = _live_start(run)
     if above is not None:
-        start = max(start or 0, above + 1) if above + 1 < 1 << 64 else None
-        if start is None:
-            return EMPTY_U64, (1 << 64) - 1, True
-    cs = fp_chunks(view, run, start, limit_chunks)
-    code = run_code(run)
-    parts = [c.decode(code) for c in cs]
-    values = np.concatenate(parts) if parts else EMPTY_U64
-    if start is not None and len(values) and values[0] < start:
-        values = values[np.searchsorted(values, np.uint64(start)):]
+        if above + 1 >= 1 << 64:
+            return Slice(EMPTY_U64, (1 << 64) - 1, True, [])
+        start = max(start or 0, above + 1)
+    code = run_code(run).compiled if run.kind == KIND_HUFFMAN else None
+    raw, keys, end, exhausted, last_seen = _core.run_read(
+        view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]), run.space, run.run_id,
+        run.kind, code, start or 0, limit_chunks if limit_chunks > 0 else 1 << 62)
+    values = np.frombuffer(raw, dtype=np.uint64)
     if run.merge_output and run.cursor:
-        values = values[:np.searchsorted(values, np.uint64(int.from_bytes(run.cursor, "big")),
-                                         side="right")]
-    exhausted = not cs or bool(cs[-1].flags & ch.FLAG_LAST) or \
-        (run.merge_output and run.cursor and cs[-1].last >= int.from_bytes(run.cursor, "big"))
-    if not cs and run.entries and run.chunks and not run.merge_output:
-        if start is None or start <= run.last:
-            raise CorruptionError(f"run {run.run_id} has no chunk at or after its start",
-                                  database=DB_CHUNKS)
-    end = cs[-1].last if cs else None
-    return values, end, bool(exhausted)
+        cursor = int.from_bytes(run.cursor, "big")
+        values = values[:np.searchsorted(values, np.uint64(cursor), side="right")]
+        exhausted = exhausted or (bool(keys) and end >= cursor)
+    elif exhausted and not last_seen and run.chunks and not run.merge_output:
+        # A complete run's chunks end with one flagged as its last.
+        raise CorruptionError(f"{space_name(run.space)} run {run.run_id} lacks its last chunk",
+                              database=DB_CHUNKS)
+    if not keys and run.chunks and not run.merge_output and (start is None or start <= run.last):
+        raise CorruptionError(f"{space_name(run.space)} run {run.run_id} has no chunk at or "
+                              "after its start", database=DB_CHUNKS)
+    return Slice(values, end if keys else None, bool(exhausted), keys)
 
 
 def all_values(view: PageView, run: Run) -> np.ndarray:
     """Every live value of a run, sorted (permuted space)."""
-    values, _, _ = read_values(view, run)
-    return values
+    return read_values(view, run).values
 
 
 def build_fp_chunks(space: int, run_id: int, kind: int, values: np.ndarray,

@@ -513,7 +513,96 @@ static PyObject *py_run_directory_blocks(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* A tree (root or None, depth, flags) into db; -1 with an exception. */
+static int parse_tree(PyObject *obj, mdbp_db *db) {
+    PyObject *root;
+    int depth;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(obj, "OiI", &root, &depth, &flags))
+        return -1;
+    memset(db, 0, sizeof *db);
+    db->root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
+    if (PyErr_Occurred())
+        return -1;
+    if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "tree depth or flags out of range");
+        return -1;
+    }
+    db->depth = (uint16_t)depth;
+    db->flags = (uint16_t)flags;
+    return 0;
+}
+
+PyDoc_STRVAR(run_read_doc,
+             "run_read(file, psize, npages, chunks_tree, space, run_id, kind, code, start,\n"
+             "         max_chunks) -> (values, keys, end, exhausted, last_seen)\n\n"
+             "Read up to max_chunks chunks of a run from the one holding start, checking\n"
+             "headers, fences and every block; return the values >= start (uint64 bytes),\n"
+             "the chunks' keys, the last value of the last chunk read, whether no chunk of\n"
+             "the run follows, and whether the run's last chunk was read.  code: the run's\n"
+             "compiled code (Huffman runs) or None.  GIL released.  Raises CorruptionError.");
+static PyObject *py_run_read(PyObject *self, PyObject *args) {
+    PyObject *file, *chunks, *code;
+    unsigned long psize, run_id;
+    unsigned long long npages, start;
+    int space, kind;
+    Py_ssize_t max_chunks;
+    if (!PyArg_ParseTuple(args, "OkKOikiOKn", &file, &psize, &npages, &chunks, &space, &run_id,
+                          &kind, &code, &start, &max_chunks))
+        return NULL;
+    if (space < 0 || space > 255 || run_id > 0xFFFFFFFFul || max_chunks < 1 ||
+        (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)) {
+        PyErr_SetString(PyExc_ValueError, "space, run id, kind or max_chunks out of range");
+        return NULL;
+    }
+    const codec_code *c = NULL;
+    if (kind == RUN_KIND_HUFFMAN && ndx_get_code(code, &c) < 0)
+        return NULL;
+    mdbp_db tree;
+    if (parse_tree(chunks, &tree) < 0)
+        return NULL;
+    Py_buffer fb;
+    if (PyObject_GetBuffer(file, &fb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    mdbp_map map;
+    PyObject *res = NULL;
+    run_slice sl;
+    query_error err = {0};
+    if (ndx_get_map(&fb, psize, npages, &map) == 0) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = run_read(&map, &tree, (uint8_t)space, (uint32_t)run_id,
+                                             (uint8_t)kind, c, start, (size_t)max_chunks, &sl,
+                                             &err);
+        Py_END_ALLOW_THREADS if (rc < 0) {
+            err.table = space;
+            raise_query_error(rc, &err);
+        }
+        else {
+            PyObject *values = PyBytes_FromStringAndSize((const char *)sl.values,
+                                                         (Py_ssize_t)(sl.nvalues * 8));
+            PyObject *keys = PyList_New((Py_ssize_t)sl.nchunks);
+            for (size_t i = 0; keys && i < sl.nchunks; i++) {
+                PyObject *k = PyBytes_FromStringAndSize((const char *)sl.keys[i], CHUNK_KEY_BYTES);
+                if (!k) {
+                    Py_CLEAR(keys);
+                    break;
+                }
+                PyList_SET_ITEM(keys, (Py_ssize_t)i, k);
+            }
+            if (values && keys)
+                res = Py_BuildValue("(OOKii)", values, keys, (unsigned long long)sl.end,
+                                    sl.exhausted, sl.last_seen);
+            Py_XDECREF(values);
+            Py_XDECREF(keys);
+            run_slice_free(&sl);
+        }
+    }
+    PyBuffer_Release(&fb);
+    return res;
+}
+
 PyMethodDef query_methods[] = {
+    {"run_read", py_run_read, METH_VARARGS, run_read_doc},
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
     {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},

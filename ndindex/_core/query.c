@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arrays.h"
 #include "crc32c.h"
 
 static int reserve(query_results *r, size_t extra) {
@@ -441,6 +442,146 @@ bad_tree:
     err->what = pe.what;
 fail:
     run_directory_free(out);
+    return QUERY_CORRUPT;
+}
+
+void run_slice_free(run_slice *s) {
+    free(s->values);
+    free(s->keys);
+    memset(s, 0, sizeof *s);
+}
+
+int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
+             uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
+             run_slice *out, query_error *err) {
+    memset(out, 0, sizeof *out);
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = space;
+    key[1] = (uint8_t)(run_id >> 24);
+    key[2] = (uint8_t)(run_id >> 16);
+    key[3] = (uint8_t)(run_id >> 8);
+    key[4] = (uint8_t)run_id;
+    store_be64(key + 5, start);
+    err->run_id = run_id;
+    mdbp_cursor c;
+    mdbp_error pe;
+    size_t keycap = 0;
+    uint64_t prev_last = 0;
+    int rc = mdbp_seek(map, chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    while (rc == MDBP_FOUND && out->nchunks < max_chunks) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0) {
+            out->exhausted = 1;
+            break;
+        }
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            err->what = pe.what;
+            goto fail;
+        }
+        if ((flags != 0 && flags != MDBP_F_BIGDATA) || chunk_check(k8, val, vlen, &nblocks, err) < 0 ||
+            val[4] != kind) {
+            if (!err->what || flags > MDBP_F_BIGDATA)
+                err->what = "chunk is not one of its run's";
+            goto fail;
+        }
+        uint64_t low = load_le64(val + 16);
+        if (out->nchunks ? low != prev_last : !(val[5] & CHUNK_FLAG_FIRST) && low >= start) {
+            err->what = "chunk fences do not match its neighbours";
+            goto fail;
+        }
+        uint64_t entries = load_le64(val + 24);
+        if (entries > (uint64_t)nblocks * (1 + BLOCK_PAYLOAD_BITS)) {
+            err->what = "chunk claims more entries than its blocks can hold";
+            goto fail;
+        }
+        size_t need = out->nvalues + (size_t)entries + 1 + BLOCK_PAYLOAD_BITS;
+        if (need > out->cap) {
+            size_t cap = out->cap ? out->cap : 4096;
+            while (cap < need)
+                cap *= 2;
+            uint64_t *v = realloc(out->values, cap * sizeof *v);
+            if (!v)
+                goto nomem;
+            out->values = v;
+            out->cap = cap;
+        }
+        if (out->nchunks == keycap) {
+            keycap = keycap ? 2 * keycap : 16;
+            uint8_t(*kk)[CHUNK_KEY_BYTES] = realloc(out->keys, keycap * sizeof *kk);
+            if (!kk)
+                goto nomem;
+            out->keys = kk;
+        }
+        memcpy(out->keys[out->nchunks], k8, CHUNK_KEY_BYTES);
+        const uint8_t *bkeys = val + CHUNK_HEADER_BYTES;
+        const uint8_t *blocks = bkeys + 8 * (size_t)nblocks;
+        size_t got = 0;
+        for (unsigned b = 0; b < nblocks; b++) {
+            uint64_t *dst = out->values + out->nvalues + got;
+            long n = kind == RUN_KIND_RAW ? raw_decode(blocks + (size_t)b * BLOCK_BYTES, dst)
+                                          : codec_decode(code, blocks + (size_t)b * BLOCK_BYTES,
+                                                         dst, 1 + BLOCK_PAYLOAD_BITS);
+            if (n < 0) {
+                err->what = block_status_text(n);
+                goto fail;
+            }
+            if (dst[n - 1] != load_le64(bkeys + 8 * b) ||
+                (got ? dst[0] <= dst[-1] : (out->nchunks || (val[5] & CHUNK_FLAG_FIRST)) ? 0
+                                                                                          : dst[0] <= low)) {
+                err->what = "block values disagree with the chunk's keys or fences";
+                goto fail;
+            }
+            if (got == 0 && out->nvalues && dst[0] <= out->values[out->nvalues - 1]) {
+                err->what = "values do not increase across chunks";
+                goto fail;
+            }
+            got += (size_t)n;
+            if (got > entries) {
+                err->what = "chunk holds more values than its header says";
+                goto fail;
+            }
+        }
+        if (got != entries) {
+            err->what = "chunk holds fewer values than its header says";
+            goto fail;
+        }
+        out->nvalues += got;
+        prev_last = load_be64(k8 + 5);
+        out->end = prev_last;
+        out->nchunks++;
+        if (val[5] & CHUNK_FLAG_LAST) {
+            out->exhausted = out->last_seen = 1;
+            break;
+        }
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        err->what = pe.what;
+        goto fail;
+    }
+    if (rc == MDBP_END)
+        out->exhausted = 1;
+    /* Drop the values below start (the first chunk may begin before it). */
+    size_t skip = 0;
+    while (skip < out->nvalues && out->values[skip] < start)
+        skip++;
+    if (skip) {
+        memmove(out->values, out->values + skip, (out->nvalues - skip) * sizeof *out->values);
+        out->nvalues -= skip;
+    }
+    return 0;
+nomem:
+    run_slice_free(out);
+    return QUERY_NOMEM;
+fail:
+    run_slice_free(out);
     return QUERY_CORRUPT;
 }
 

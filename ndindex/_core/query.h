@@ -139,4 +139,24 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
                         query_error *err);
 void run_directory_free(run_directory *d);
 
+/* A slice of a run read whole: its values and the keys of its chunks. */
+typedef struct {
+    uint64_t *values;
+    size_t nvalues, cap;
+    uint8_t (*keys)[CHUNK_KEY_BYTES];
+    size_t nchunks;
+    uint64_t end;  /* the last value of the last chunk read */
+    int exhausted; /* no chunk of the run follows the ones read */
+    int last_seen; /* a chunk read carries the run's last-chunk flag */
+} run_slice;
+
+/* Read up to max_chunks chunks of run (space, run_id) from the one holding
+ * start: check each header, the fences and every block (checksums, order),
+ * keep the values >= start.  code: the run's code (Huffman runs).  Returns
+ * 0, QUERY_CORRUPT with err set, or QUERY_NOMEM.  Free with run_slice_free. */
+int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
+             uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
+             run_slice *out, query_error *err);
+void run_slice_free(run_slice *s);
+
 #endif
