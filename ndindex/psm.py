@@ -41,7 +41,8 @@ import numpy as np
 from ndindex import _core
 from ndindex.arrays import EMPTY_U64, merge_sorted, sorted_unique
 from ndindex.fpfile import PAIR_DTYPE
-from ndindex.index import MATCH_DTYPE, _as_fingerprints
+from ndindex.index import MATCH_DTYPE
+from ndindex.validate import fingerprints as _as_fingerprints
 
 __all__ = ["MAX_HEADER_BITS", "MAX_DIRECTORY_BITS", "default_header_bits", "flip_set_count",
            "probe_headers", "PsmTable", "join", "PsmCollection", "candidate_pairs"]
