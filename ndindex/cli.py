@@ -669,7 +669,7 @@ class _Progress:
     def __init__(self, enabled: bool, interval: float = 0.1):
         self.enabled = enabled and sys.stderr.isatty()
         self.interval = interval
-        self.last = time.monotonic() if interval >= 1 else 0.0   # short jobs draw nothing
+        self.last = 0.0
         self.drawn = False
 
     def __call__(self, phase: str, done: int, total: int) -> None:

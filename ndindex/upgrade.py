@@ -35,7 +35,7 @@ import lmdb
 import numpy as np
 
 from ndindex import _core, codec, pages, plan as plans
-from ndindex.arrays import EMPTY_U64, isin_sorted, merge_sorted
+from ndindex.arrays import EMPTY_U64, merge_sorted
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 from ndindex.store import check_path_for_open, pick_meta, translate_error
@@ -201,7 +201,8 @@ class FormatV1Reader:
     def _read_settings(self) -> None:
         header = self._meta(KEY_HEADER)
         if len(header) != HEADER.size:
-            raise _bad(f"header is {len(header)} bytes, expected {HEADER.size}", DB_META, KEY_HEADER)
+            raise _bad(f"header is {len(header)} bytes, expected {HEADER.size}", DB_META,
+                       KEY_HEADER)
         magic, read_v, write_v, f, k, t, reserved, expected_n = HEADER.unpack(header)
         if magic != MAGIC:
             raise FormatError(f"{self.path}: not an ndindex file (magic {magic!r})")
@@ -293,7 +294,8 @@ class FormatV1Reader:
         if _core.crc32c(mv[4:SEGMENT_HEADER_BYTES]) != stored:
             raise _bad("segment header checksum mismatch", DB_SEGMENTS, key, 0)
         if not 1 <= n <= SEGMENT_MAX_BLOCKS or reserved:
-            raise _bad(f"segment header claims {n} blocks (reserved {reserved})", DB_SEGMENTS, key, 4)
+            raise _bad(f"segment header claims {n} blocks (reserved {reserved})", DB_SEGMENTS,
+                       key, 4)
         if len(mv) != SEGMENT_HEADER_BYTES + n * BLOCK_BYTES:
             raise _bad(f"segment is {len(mv)} bytes, its header implies "
                        f"{SEGMENT_HEADER_BYTES + n * BLOCK_BYTES}", DB_SEGMENTS, key)
@@ -319,8 +321,9 @@ class FormatV1Reader:
         cur = self._txn.cursor(db=self._dbs[DB_SEGMENTS])
         try:
             if cur.set_range(bytes([tables])):
-                raise _bad(f"a segment of table {bytes(cur.key())[0]}; the plan has {tables} tables",
-                           DB_SEGMENTS, bytes(cur.key()))
+                key = bytes(cur.key())
+                raise _bad(f"a segment of table {key[0]}; the plan has {tables} tables",
+                           DB_SEGMENTS, key)
         finally:
             cur.close()
 
@@ -349,7 +352,7 @@ class FormatV1Reader:
                 if len(payload) != LOG_COUNT.size + 8 * count:
                     raise _bad(f"log record of {len(payload)} bytes claims {count} fingerprints",
                                DB_LOG, key)
-                values = np.frombuffer(payload, dtype="<u8", offset=LOG_COUNT.size).astype(np.uint64)
+                values = np.frombuffer(payload, "<u8", offset=LOG_COUNT.size).astype(np.uint64)
                 if count > 1 and not np.all(values[1:] > values[:-1]):
                     raise _bad("log record fingerprints are not sorted and distinct", DB_LOG, key)
                 parts.append(values)
@@ -533,17 +536,17 @@ def _check_pages(path: str, txnid: int | None = None, trees: bool = True):
 
 def _scan(view: pages.PageView, tree: str):
     """Yield the key of every entry of a tree, checking every page (and overflow run) on the way."""
-    start, skip = b"", 0
+    start, skip = b"", False
     while True:
         rows = _core.lmdb_scan(view.buf, view.psize, view.npages, view.trees[tree], start, b"",
                                PAGE_SCAN_ROWS, True)
-        for key, _off, _length, _flags in rows[skip:]:
+        for key, _off, _length, _flags in rows[1 if skip and rows and rows[0][0] == start else 0:]:
             yield key
         if len(rows) < PAGE_SCAN_ROWS:
             return
         # Keys are distinct within a tree (duplicates nest below one key):
         # the next call starts at the last key seen and skips it.
-        start, skip = rows[-1][0], 1
+        start, skip = rows[-1][0], True
 
 
 def _open_env(path: str, lock: bool | None) -> lmdb.Environment:
@@ -642,19 +645,21 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
         result.update(source=src, output=dest, backup=None)
         result["seconds"]["total"] = time.perf_counter() - t0
         return result
-    directory = os.path.dirname(os.path.abspath(src))
+    # Through a symbolic link, the file it names is upgraded (the link keeps naming it).
+    real = os.path.realpath(src)
+    directory = os.path.dirname(real)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ReadOnlyError(f"{src}: cannot write in its directory; upgrade it with -o OUT "
                             "to another place")
-    backup_path = src + BACKUP_SUFFIX
-    with _exclusive(src):
-        _clear_leftovers(src)
-        if os.path.lexists(backup_path) and not _same_file(backup_path, src):
+    backup_path = real + BACKUP_SUFFIX
+    with _exclusive(real):
+        _clear_leftovers(real)
+        if os.path.lexists(backup_path) and not _same_file(backup_path, real):
             raise FileExistsError(errno.EEXIST, "already exists (move it away first: the "
                                   "upgrade keeps the original under this name)", backup_path)
-        with FormatV1Reader(src, lock=False) as reader:
-            result = _build_checked(reader, src, progress, t0)
-        _swap_in(result.pop("built"), src, backup_path, backup)
+        with FormatV1Reader(real, lock=False) as reader:
+            result = _build_checked(reader, real, progress, t0)
+        _swap_in(result.pop("built"), real, backup_path, backup)
     result.update(source=src, output=src, backup=backup_path if backup else None)
     result["seconds"]["total"] = time.perf_counter() - t0
     return result
@@ -681,14 +686,12 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
         counts = _write(reader, live, tmp, progress)
         seconds["write"] = time.perf_counter() - t
         t = time.perf_counter()
-        progress("checking", 0, 1)
-        _check_copy(reader, live, tmp)
-        progress("checking", 1, 1)
+        _check_copy(reader, live, tmp, progress)
         seconds["check"] = time.perf_counter() - t
         with contextlib.suppress(OSError):
             os.unlink(tmp + "-lock")
-        mode = stat.S_IMODE(os.stat(reader.path).st_mode)
-        os.chmod(tmp, mode | stat.S_IRUSR | stat.S_IWUSR)
+        if dest == reader.path:   # the new file takes the original's place and its mode
+            os.chmod(tmp, stat.S_IMODE(os.stat(reader.path).st_mode))
         _fsync(tmp)
         if dest != reader.path:
             os.link(tmp, dest)   # fails if dest appeared meanwhile: never clobbers
@@ -715,7 +718,7 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
 def _write(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -> dict:
     """Create the format-2 index at path and add every live fingerprint and key."""
     n_keys = 0
-    with Index.create(path, k=reader.k, expected_n=max(reader.expected_n, 1), plan=reader.plan,
+    with Index.create(path, k=reader.k, expected_n=reader.expected_n, plan=reader.plan,
                       coding=reader.coding, fingerprinter=reader.fingerprinter,
                       background_compaction=False) as ix:
         progress("adding", 0, len(live))
@@ -736,20 +739,25 @@ def _write(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -> dic
     return dict(keys=n_keys)
 
 
-def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str) -> None:
-    """Raise NdindexError unless the index at path holds exactly what reader does."""
+def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -> None:
+    """Raise NdindexError unless the index at path holds exactly what reader does.
+
+    Cost: one verify() of the new index, then reading every key back
+    (Index.items), which dominates.
+    """
+    progress("checking", 0, len(live))
     pairs = reader.check_key_mirror()
     with Index.open(path, readonly=True) as ix:
         ix.verify()
         settings = (ix.k, ix.expected_n, ix.coding, ix.plan.to_bytes(), ix.fingerprinter)
-        expected = (reader.k, max(reader.expected_n, 1), reader.coding, reader.plan.to_bytes(),
+        expected = (reader.k, reader.expected_n, reader.coding, reader.plan.to_bytes(),
                     reader.fingerprinter)
         if settings != expected:
             raise NdindexError(f"{path}: the new index's settings differ from the source's")
         if len(ix) != len(live) or not np.array_equal(ix.fingerprints(), live):
             raise NdindexError(f"{path}: the new index holds {len(ix)} fingerprints, the "
                                f"source {len(live)}, or different ones")
-        n_keys = 0
+        n_keys = done = 0
         for (fps, keys), (src_fps, src_keys) in zip(ix.items(ADD_BATCH_FINGERPRINTS),
                                                      reader.items(live, ADD_BATCH_FINGERPRINTS)):
             if not np.array_equal(fps, src_fps) or \
@@ -757,8 +765,11 @@ def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str) -> None:
                 raise NdindexError(f"{path}: the new index's document keys differ from the "
                                    "source's")
             n_keys += sum(len(k) for k in keys)
-        if n_keys + reader.orphan_keys != pairs:
+            done += len(fps)
+            progress("checking", done, len(live))
+        if done != len(live) or n_keys + reader.orphan_keys != pairs:
             raise NdindexError(f"{path}: {n_keys} document keys copied of the source's {pairs}")
+        progress("checking", len(live), len(live))
 
 
 def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:
