@@ -694,9 +694,7 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
             os.chmod(tmp, stat.S_IMODE(os.stat(reader.path).st_mode))
         _fsync(tmp)
         if dest != reader.path:
-            os.link(tmp, dest)   # fails if dest appeared meanwhile: never clobbers
-            _fsync(os.path.dirname(os.path.abspath(dest)))
-            os.unlink(tmp)
+            _link_new(tmp, dest)
             tmp = None
     except BaseException:
         if tmp is not None:
@@ -770,6 +768,20 @@ def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -
         if done != len(live) or n_keys + reader.orphan_keys != pairs:
             raise NdindexError(f"{path}: {n_keys} document keys copied of the source's {pairs}")
         progress("checking", len(live), len(live))
+
+
+def _link_new(tmp: str, dest: str) -> None:
+    """Give the finished file at tmp the name dest, which must not exist; tmp goes."""
+    try:
+        os.link(tmp, dest)   # fails if dest appeared meanwhile: never clobbers
+        os.unlink(tmp)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise
+        if os.path.lexists(dest):   # no hard links here: rename, checked just before
+            raise FileExistsError(errno.EEXIST, "already exists", dest) from None
+        os.rename(tmp, dest)
+    _fsync(os.path.dirname(os.path.abspath(dest)))
 
 
 def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:

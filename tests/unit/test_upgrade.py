@@ -140,6 +140,25 @@ def test_upgrade_in_place_without_backup_deletes_the_original(v1, tmp_path):
     assert files(tmp_path) == ["v1.ndx"]
 
 
+def test_upgrade_without_hard_links_copies_the_backup(v1, tmp_path, monkeypatch):
+    link = os.link
+    out = str(tmp_path / "out.ndx")
+
+    def no_links(src, dst, **kwargs):
+        # Only the upgrade's own links: Index.vacuum_into links too and has no fallback.
+        if dst in (v1 + ".v1", out):
+            raise PermissionError(1, "Operation not permitted")   # as file systems without them
+        return link(src, dst, **kwargs)
+    monkeypatch.setattr(os, "link", no_links)
+    before = sha(v1)
+    upgrade(v1)
+    assert sha(v1 + ".v1") == before and not os.path.samefile(v1, v1 + ".v1")
+    upgrade(v1 + ".v1", out)
+    assert_holds_fixture_data(v1)
+    assert_holds_fixture_data(out)
+    assert files(tmp_path) == ["out.ndx", "v1.ndx", "v1.ndx.v1"]
+
+
 def test_upgrade_in_place_keeps_file_permissions(v1, tmp_path):
     os.chmod(v1, 0o640)
     upgrade(v1)
