@@ -11,6 +11,9 @@ run, a fresh format-2 build of the same fingerprints and keys through the
 same public calls (Index.create, add in the same batches, compact(full)).
 The ratio upgrade / fresh build is the cost of reading and checking the old
 file and of checking the new one; file sizes are reported beside it.
+
+The writer here is not the format-1 library; a file it wrote (N = 100,000)
+was opened, verify()-ed and read back by ndindex at 9521845 unchanged.
 """
 
 from __future__ import annotations
