@@ -29,6 +29,7 @@ from ndindex.plan import Plan, candidate_designs, choose_plan
 from ndindex.textfile import NotText, decode
 
 _dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
+_upgrade = importlib.import_module("ndindex.upgrade")
 
 EXIT_OK = 0
 #: dedup: duplicates found (like diff); query: no match (like grep).
@@ -261,6 +262,26 @@ def _build_parser() -> argparse.ArgumentParser:
              _cmd_import)
     p.add_argument("dump", metavar="DUMP", help="dump file, or - for stdin")
     p.add_argument("index", metavar="INDEX", help="the new index (must not exist)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "upgrade", "convert a format-1 index file to format 2",
+             "Rewrite an index made before file format 2 (which this version cannot open) as a "
+             "format-2 index with the same k, plan, coding, fingerprinter, fingerprints and "
+             "document keys.  The new index is verified and compared with the original before "
+             "it is used.  In place (without -o), INDEX must not be open in another process; "
+             "the original is kept as INDEX.v1 (unless --no-backup), and a crash at any moment "
+             "leaves at INDEX either the whole original or the whole new index.  A file "
+             "already in format 2 is left alone and reported, with exit status 0.",
+             ["ndindex upgrade pages.ndx",
+              "ndindex upgrade pages.ndx -o pages-v2.ndx",
+              "ndindex upgrade pages.ndx --no-backup --json"],
+             _cmd_upgrade)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="write the new index here (must not exist) and leave INDEX as it is")
+    p.add_argument("--no-backup", action="store_true",
+                   help="in place: delete the original once the new index is in place "
+                        f"(default: keep it as INDEX{_upgrade.BACKUP_SUFFIX})")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     plan = _sub(commands, "plan", "choose a table design for n fingerprints and k",
@@ -611,20 +632,49 @@ def _cmd_import(args) -> int:
     return EXIT_OK
 
 
+def _cmd_upgrade(args) -> int:
+    if args.output is not None and args.no_backup:
+        raise ValueError("--no-backup is for in-place upgrades; with -o the original is "
+                         "left as it is")
+    progress = _Progress(not args.json, interval=1.0)
+    try:
+        report = _upgrade.upgrade(args.index, args.output, backup=not args.no_backup,
+                                  progress=progress)
+    finally:
+        progress.clear()
+    if args.json:
+        _json(report)
+    elif not report["upgraded"]:
+        print(f"{args.index}: already format 2, nothing to do")
+    else:
+        where = (f"original kept as {report['backup']}" if report["backup"]
+                 else "original deleted" if args.output is None
+                 else f"written to {report['output']}, {args.index} left as it is")
+        print(f"upgraded {args.index} to format 2: {report['fingerprints']:,} fingerprints, "
+              f"{report['keys']:,} document keys, {report['tables']} tables; {where} "
+              f"({report['source_bytes']:,} -> {report['output_bytes']:,} bytes, "
+              f"{report['seconds']['total']:.2f} s)")
+        if report["orphan_keys"]:
+            print(f"ndindex: {args.index}: {report['orphan_keys']:,} document keys of removed "
+                  "fingerprints were not copied", file=sys.stderr)
+    return EXIT_OK
+
+
 # -- dedup ----------------------------------------------------------------------
 
 
 class _Progress:
-    """A one-line progress bar on stderr, drawn only on a terminal."""
+    """A one-line progress bar on stderr, drawn only on a terminal, at most every interval s."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, interval: float = 0.1):
         self.enabled = enabled and sys.stderr.isatty()
+        self.interval = interval
         self.last = 0.0
         self.drawn = False
 
     def __call__(self, phase: str, done: int, total: int) -> None:
         now = time.monotonic()
-        if not self.enabled or (now - self.last < 0.1 and done != total):
+        if not self.enabled or (now - self.last < self.interval and done != total):
             return
         self.last = now
         if total:
