@@ -357,12 +357,35 @@ class Index:
         return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
 
     def __len__(self) -> int:
-        """Number of distinct live fingerprints.
+        """Number of distinct live fingerprints, as this Index's queries see them.
 
         Cost: O(N) after a change (a pass over table 0's runs), cached until
-        the next commit.  Pending (uncommitted) operations are not counted.
+        the next commit; operations of an open transaction or not yet
+        checkpointed (durability "normal") are counted by k=0 probes.
         """
-        return self._snapshot().count()
+        snap, new, gone = self._pending_view()
+        return snap.count() + len(new) - len(gone)
+
+    def _pending_view(self):
+        """The snapshot, and what this writer's pending operations change in it.
+
+        Returns (snapshot, fingerprints pending adds bring in, stored
+        fingerprints pending removes take out); both sorted.  Readers and
+        writers without pending operations get empty arrays.
+        """
+        snap = self._snapshot()
+        if self._writer is None:
+            return snap, EMPTY_U64, EMPTY_U64
+        with self._writer.lock:
+            pend = self._writer.visible_pending()
+            if pend is None:
+                return snap, EMPTY_U64, EMPTY_U64
+            adds = np.unique(pend.adds())
+            removes = pend.removes().copy()
+        probe = np.concatenate([adds, removes])
+        found = np.zeros(len(probe), dtype=bool)
+        found[np.frombuffer(snap.query_many(probe, 0, None)[0], dtype=np.int64)] = True
+        return snap, adds[~found[:len(adds)]], removes[found[len(adds):]]
 
     # -- writes -------------------------------------------------------------
 
@@ -603,10 +626,11 @@ class Index:
 
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""
-        snap = self._snapshot()
+        snap, new, gone = self._pending_view()
         design = self.plan.tables[0]
-        parts = [design.invert(v) for v in snap.table_values(0)]
-        return np.sort(np.concatenate(parts)) if parts else EMPTY_U64
+        parts = [design.invert(v) for v in snap.table_values(0)] + [new]
+        values = np.sort(np.concatenate(parts))
+        return values[~np.isin(values, gone)] if len(gone) else values
 
     def items(self, chunk: int = 65536):
         """Yield (fingerprints, keys) chunks of every live fingerprint, in order."""
@@ -614,7 +638,10 @@ class Index:
         values = self.fingerprints()
         for start in range(0, len(values), chunk):
             part = values[start:start + chunk]
-            yield part, snap.keys_of(part.tolist())
+            with self._writer.lock if self._writer is not None else contextlib.nullcontext():
+                pend = self._writer.visible_pending() if self._writer is not None else None
+                keys = snap.keys_of(part.tolist(), pend)
+            yield part, keys
 
     def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
@@ -626,11 +653,14 @@ class Index:
         """
         if not 0 <= part < parts:
             raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
-        snap = self._snapshot()
+        snap, new, gone = self._pending_view()
         design = self.plan.tables[0]
         for i, values in enumerate(snap.table_values(0, chunk_size)):
             if i % parts == part:
-                yield np.sort(design.invert(values))
+                values = np.sort(design.invert(values))
+                yield values[~np.isin(values, gone)] if len(gone) else values
+        if part == parts - 1 and len(new):
+            yield new
 
 
 def check_commit_records(store: st.Store) -> None:

@@ -23,9 +23,13 @@ from typing import NamedTuple
 from ndindex import _core
 from ndindex.errors import CorruptionError
 
-#: Address space reserved for the mapping, as LMDB reserves its own: the
-#: file grows into it without a new mapping.
+#: The largest mapping of the file.  Mappings reserve address space ahead
+#: of the file (as LMDB reserves its own) and double when the file outgrows
+#: them, so a growing file is remapped O(log size) times and a small index
+#: takes little of the process's address space.
 MAP_RESERVE_BYTES = (1 << 40) if hasattr(_core, "FileMapping") and sys.maxsize > 2**32 else 0
+#: The smallest mapping: most indexes never remap.
+MAP_MIN_BYTES = 1 << 30
 #: The largest page size LMDB writes; meta page 1 starts one page in.
 MAX_PAGE_BYTES = 65536
 #: Where a meta page keeps mm_txnid: the page header (16), magic, version,
@@ -73,8 +77,12 @@ class FileMap:
         """A mapping covering at least need_bytes of the file (which must hold them)."""
         if self._map is None or need_bytes > self._map_bytes:
             if MAP_RESERVE_BYTES:
-                self._map = _core.FileMapping(self._fd, MAP_RESERVE_BYTES)
-                self._map_bytes = MAP_RESERVE_BYTES
+                size = max(MAP_MIN_BYTES, self._map_bytes)
+                while size < 2 * need_bytes and size < MAP_RESERVE_BYTES:
+                    size *= 2
+                size = max(min(size, MAP_RESERVE_BYTES), need_bytes)
+                self._map = _core.FileMapping(self._fd, size)
+                self._map_bytes = size
             else:
                 size = self.file_bytes()
                 self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ)
