@@ -45,7 +45,7 @@ from ndindex.errors import ClosedError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
-                             RUN_MERGE_OUTPUT, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
+                             RUN_MERGE_OUTPUT,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, unframe)
 
 #: Log operations that make a flush worth doing.
@@ -339,7 +339,7 @@ class Compactor:
             man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
                                    sum(len(v) for _, v in pairs), int(values[0]), last,
                                    code=code.to_bytes() if code else b""))
-        for space, recs in _key_records(log.keys).items():
+        for space, recs in _space_records(log.ops.flattened()).items():
             rid = man.new_run_id()
             pairs = ch.pack_record_chunks(space, rid, recs, None, True)
             puts += pairs
@@ -608,16 +608,9 @@ def _find(man: Manifest, run_id: int) -> Run:
     raise KeyError(run_id)
 
 
-def _key_records(keys: dict) -> dict:
-    """Record-space records of the log's key operations: {space: sorted records}."""
-    if not keys:
-        return {}
-    by_fp, by_key = [], []
-    for (fp, raw), put in keys.items():
-        flag = ch.RECORD_PUT if put else ch.RECORD_DELETE
-        fpb = U64_BE.pack(fp)
-        by_fp.append((fpb + raw, flag, b""))
-        by_key.append((raw + fpb, flag, b""))
-    by_fp.sort()
-    by_key.sort()
-    return {SPACE_KEYS_BY_FP: by_fp, SPACE_FPS_BY_KEY: by_key}
+def _space_records(ops) -> dict:
+    """The log's record operations as sorted runs' records: {space: [(key, flag, value)]}."""
+    out = {}
+    for space, key, flag, value in ops.items():
+        out.setdefault(space, []).append((key, flag, value))
+    return {space: sorted(recs) for space, recs in sorted(out.items())}

@@ -44,7 +44,7 @@ from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
 
 __all__ = ["DocumentSketches", "NearDuplicatePairs", "NearDuplicateClusters", "PAIR_DTYPE",
            "fingerprint_documents", "band_candidates", "verify", "near_duplicate_pairs",
-           "near_duplicate_clusters", "DEFAULT_THRESHOLD"]
+           "near_duplicate_clusters", "pairs_of", "clusters_of", "DEFAULT_THRESHOLD"]
 
 DEFAULT_THRESHOLD = 0.8
 #: Verified pairs: document indices a < b and the estimated Jaccard similarity.
@@ -67,7 +67,9 @@ class DocumentSketches:
     Document i's sketch is ``values[offsets[i]:offsets[i + 1]]`` (sorted
     distinct uint32, at most bottom_k) and its lookup keys are
     ``keys[key_offsets[i]:key_offsets[i + 1]]`` (uint64, in the order of
-    [DK23]: the exact key, band keys, deletion keys).
+    [DK23]: the exact key, band keys, deletion keys).  ``simhashes`` holds
+    each document's 64-bit simhash when it was asked for (what an index
+    stores in its tables), else None.
     """
 
     values: np.ndarray
@@ -76,6 +78,7 @@ class DocumentSketches:
     key_offsets: np.ndarray
     bottom_k: int
     design: KeyDesign
+    simhashes: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -103,7 +106,9 @@ class DocumentSketches:
         indices = np.asarray(indices, dtype=np.int64)
         values, offsets = _take_csr(self.values, self.offsets, indices)
         keys, key_offsets = _take_csr(self.keys, self.key_offsets, indices)
-        return DocumentSketches(values, offsets, keys, key_offsets, self.bottom_k, self.design)
+        simhashes = None if self.simhashes is None else self.simhashes[indices]
+        return DocumentSketches(values, offsets, keys, key_offsets, self.bottom_k, self.design,
+                                simhashes)
 
     @classmethod
     def concatenate(cls, parts: Sequence[DocumentSketches], bottom_k: int,
@@ -116,7 +121,9 @@ class DocumentSketches:
         keys = np.concatenate([p.keys for p in parts])
         offsets = _concat_offsets([p.offsets for p in parts])
         key_offsets = _concat_offsets([p.key_offsets for p in parts])
-        return cls(values, offsets, keys, key_offsets, bottom_k, design)
+        simhashes = None if any(p.simhashes is None for p in parts) else \
+            np.concatenate([p.simhashes for p in parts])
+        return cls(values, offsets, keys, key_offsets, bottom_k, design, simhashes)
 
 
 def _take_csr(values, offsets, indices):
@@ -139,16 +146,20 @@ def _concat_offsets(parts) -> np.ndarray:
 # -- fingerprinting ------------------------------------------------------------------
 
 
-def _sketch_texts(texts, fingerprinter: Fingerprinter, design: KeyDesign) -> DocumentSketches:
+def _sketch_texts(texts, fingerprinter: Fingerprinter, design: KeyDesign,
+                  simhash: bool = False) -> DocumentSketches:
     """Fingerprint texts in this process."""
     maker = KeyMaker(design, fingerprinter.minhash_seed)
     spec, k = fingerprinter.minhash_features, fingerprinter.bottom_k
-    sketches, keys = [], []
+    sketches, keys, simhashes = [], [], []
     for text in texts:
-        features = extract(fingerprinter.text(text), spec)
+        text = fingerprinter.text(text)
+        features = extract(text, spec)
         sketch = bottom_k(features, k)
         sketches.append(sketch)
         keys.append(maker.lookup_keys(features, sketch))
+        if simhash:
+            simhashes.append(fingerprinter.simhash_of_text(text))
     offsets = np.zeros(len(texts) + 1, np.int64)
     np.cumsum([len(s) for s in sketches], out=offsets[1:])
     key_offsets = np.zeros(len(texts) + 1, np.int64)
@@ -156,12 +167,12 @@ def _sketch_texts(texts, fingerprinter: Fingerprinter, design: KeyDesign) -> Doc
     values = np.concatenate(sketches) if sketches else np.empty(0, np.uint32)
     flat = np.concatenate(keys) if keys else np.empty(0, np.uint64)
     return DocumentSketches(values.astype(np.uint32, copy=False), offsets, flat, key_offsets,
-                            k, design)
+                            k, design, np.array(simhashes, dtype=np.uint64) if simhash else None)
 
 
 def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None = None,
                           design: KeyDesign | None = None, *,
-                          workers: int | None = None) -> DocumentSketches:
+                          workers: int | None = None, simhash: bool = False) -> DocumentSketches:
     """Return the bottom-k sketches and lookup keys of texts.
 
     Parameters: texts, a sequence of str or bytes (UTF-8); fingerprinter, the
@@ -169,7 +180,8 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     word 3-shingles, bottom-1024); design, the band keys (default
     ``KeyDesign()``: 20 bands of 5 rows); workers, processes fingerprinting
     in parallel (default: one per core when there are at least
-    MIN_TEXTS_PER_WORKER texts per core, else 1; 1 runs in this process).
+    MIN_TEXTS_PER_WORKER texts per core, else 1; 1 runs in this process);
+    simhash, also compute each text's 64-bit simhash (``simhashes``).
 
     Raises: TypeError for a text that is neither str nor bytes;
     BinaryDataError for bytes that look binary (unless the fingerprinter
@@ -182,7 +194,7 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     texts = list(texts)
     workers = _worker_count(len(texts), workers)
     if workers <= 1:
-        return _sketch_texts(texts, fingerprinter, design)
+        return _sketch_texts(texts, fingerprinter, design, simhash)
     chunks = [texts[i:i + TEXTS_PER_TASK] for i in range(0, len(texts), TEXTS_PER_TASK)]
     # forkserver/spawn, not fork: the caller may hold threads or LMDB
     # environments that a forked child must not inherit.
@@ -190,7 +202,7 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context(method)) as pool:
         parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
-                              [design] * len(chunks)))
+                              [design] * len(chunks), [simhash] * len(chunks)))
     return DocumentSketches.concatenate(parts, fingerprinter.bottom_k, design)
 
 
@@ -309,12 +321,23 @@ def _group_identical(docs: DocumentSketches) -> np.ndarray:
     return rep
 
 
-def _run(texts, threshold, workers, fingerprinter, design, candidates) -> _Verified:
-    if not isinstance(threshold, (int, float)) or not 0.0 < threshold <= 1.0:
+def _check_threshold(threshold) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or \
+            not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    return float(threshold)
+
+
+def _run(texts, threshold, workers, fingerprinter, design, candidates) -> _Verified:
+    threshold = _check_threshold(threshold)
     if design is None:
         design = KeyDesign() if threshold >= 0.8 else KeyDesign.for_threshold(threshold)
     docs = fingerprint_documents(texts, fingerprinter, design, workers=workers)
+    return _verify_all(docs, threshold, candidates)
+
+
+def _verify_all(docs: DocumentSketches, threshold: float, candidates=None) -> _Verified:
+    """Candidates among the documents' representatives, verified."""
     group = _group_identical(docs)
     reps = np.flatnonzero(group == np.arange(len(docs)))
     rep_docs = docs.take(reps)
@@ -402,7 +425,17 @@ def near_duplicate_pairs(texts: Sequence, threshold: float = DEFAULT_THRESHOLD, 
     Raises: ValueError for a threshold outside (0, 1] or a bad workers
     count; TypeError / BinaryDataError for a text that is not text.
     """
-    v = _run(texts, threshold, workers, fingerprinter, design, candidates)
+    return _pairs(_run(texts, threshold, workers, fingerprinter, design, candidates))
+
+
+def pairs_of(docs: DocumentSketches, threshold: float = DEFAULT_THRESHOLD,
+             candidates: CandidateGenerator | None = None) -> NearDuplicatePairs:
+    """:func:`near_duplicate_pairs` of documents already fingerprinted
+    (an index's stored documents, say)."""
+    return _pairs(_verify_all(docs, _check_threshold(threshold), candidates))
+
+
+def _pairs(v: _Verified) -> NearDuplicatePairs:
     size = np.bincount(v.group, minlength=v.n)
     members = {int(g[0]): g for g in _members(v.group, size)}
     # Most texts have no identical twin: their verified pairs are the output.
@@ -456,9 +489,23 @@ def near_duplicate_clusters(texts: Sequence, threshold: float = DEFAULT_THRESHOL
     cluster reported (2: texts without a near-duplicate are left out).
     Returns: :class:`NearDuplicateClusters`.
     """
-    if not isinstance(min_size, int) or min_size < 1:
+    _check_min_size(min_size)
+    return _clusters(_run(texts, threshold, workers, fingerprinter, design, candidates), min_size)
+
+
+def clusters_of(docs: DocumentSketches, threshold: float = DEFAULT_THRESHOLD,
+                min_size: int = 2) -> NearDuplicateClusters:
+    """:func:`near_duplicate_clusters` of documents already fingerprinted."""
+    _check_min_size(min_size)
+    return _clusters(_verify_all(docs, _check_threshold(threshold)), min_size)
+
+
+def _check_min_size(min_size) -> None:
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
         raise ValueError(f"min_size must be a positive int, got {min_size!r}")
-    v = _run(texts, threshold, workers, fingerprinter, design, candidates)
+
+
+def _clusters(v: _Verified, min_size: int) -> NearDuplicateClusters:
     docs = np.arange(v.n, dtype=np.int64)
     left = np.concatenate([docs, v.rep_a])
     right = np.concatenate([v.group, v.rep_b])

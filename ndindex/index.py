@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import os
 import secrets
 import struct
@@ -27,10 +28,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import codec, compaction, plan as plans, records as rec, store as st, validate
+from ndindex import codec, compaction, docstore, plan as plans, records as rec, store as st, \
+    validate
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_DELTA, HuffmanCode
-from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
+from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.overlay import RecordOps
 from ndindex.reader import Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
@@ -87,7 +90,7 @@ class Index:
 
     @classmethod
     def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000, plan: plans.Plan | None = None,
-               coding: int = CODING_DELTA, fingerprinter: bytes | None = None,
+               coding: int = CODING_DELTA, fingerprinter=None,
                exist_ok: bool = False, durability: str = "full",
                background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
         """Create a new index file at path and open it for writing.
@@ -98,8 +101,10 @@ class Index:
         and longer prefixes for larger n) and the first Huffman codes assume
         its density, but the index holds any number; plan, a table design
         (else ``plan.choose_plan(expected_n, k)``); coding, the block coding;
-        fingerprinter, serialised fingerprinting configuration kept with the
-        index; exist_ok, open the file instead if it already exists (its own
+        fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
+        ``to_bytes()``): the index then stores documents too
+        (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
+        with lookup keys designed for its ``threshold``; exist_ok, open the file instead if it already exists (its own
         k and plan are kept); durability, background_compaction and
         log_limit as in :meth:`open`.
 
@@ -128,7 +133,9 @@ class Index:
         initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
                    rec.KEY_MANIFEST: Manifest().pack()}
         if fingerprinter is not None:
-            initial[rec.KEY_FINGERPRINTER] = bytes(fingerprinter)
+            fingerprinter = docstore.as_fingerprinter(fingerprinter)
+            initial[rec.KEY_FINGERPRINTER] = fingerprinter.to_bytes()
+            initial[rec.KEY_KEY_DESIGN] = docstore.key_design_for(fingerprinter).to_bytes()
         try:
             store = st.Store.create(path, initial, durability=durability)
         except FileExistsError:
@@ -259,6 +266,20 @@ class Index:
         raw = self._snapshot().view.get(rec.DB_META, rec.KEY_FINGERPRINTER)
         return None if raw is None else rec.unframe(raw, rec.DB_META, rec.KEY_FINGERPRINTER)
 
+    @functools.cached_property
+    def _doc_config(self) -> "docstore.DocConfig":
+        """The stored fingerprinter and key design (documents need both)."""
+        snap = self._snapshot()
+        raw = snap.view.get(rec.DB_META, rec.KEY_FINGERPRINTER)
+        if raw is None:
+            raise NdindexError(f"{self.path}: this index stores fingerprints only (it was "
+                               "created without a fingerprinter); documents need "
+                               "Index.create(..., fingerprinter=Fingerprinter())")
+        design = snap.view.get(rec.DB_META, rec.KEY_KEY_DESIGN)
+        return docstore.DocConfig.from_records(
+            rec.unframe(raw, rec.DB_META, rec.KEY_FINGERPRINTER),
+            None if design is None else rec.unframe(design, rec.DB_META, rec.KEY_KEY_DESIGN))
+
     # -- snapshots ----------------------------------------------------------
 
     def _latest_txnid(self) -> int:
@@ -314,8 +335,7 @@ class Index:
         """
         q = validate.fingerprint(fingerprint)
         k = validate.query_k(k, self._header.k)
-        snap = self._snapshot()
-        pend = self._writer.visible_pending() if self._writer is not None else None
+        snap, pend = self._view()
         found = snap.query(q, k, pend)
         if not found:
             return []
@@ -334,8 +354,7 @@ class Index:
         """
         qs = validate.fingerprints(fingerprints)
         k = validate.query_k(k, self._header.k)
-        snap = self._snapshot()
-        pend = self._writer.visible_pending() if self._writer is not None else None
+        snap, pend = self._view()
         workers = min(os.cpu_count() or 1, 8)
         if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
             return _to_matches(*snap.query_many(qs, k, pend), offset=0)
@@ -350,8 +369,8 @@ class Index:
     def keys(self, fingerprint: int) -> tuple:
         """Return the document keys stored with a fingerprint (empty if none)."""
         fp = validate.fingerprint(fingerprint)
-        pend = self._writer.visible_pending() if self._writer is not None else None
-        return self._snapshot().keys_of([fp], pend)[0]
+        snap, pend = self._view()
+        return snap.keys_of([fp], pend)[0]
 
     def __contains__(self, fingerprint) -> bool:
         return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
@@ -366,6 +385,18 @@ class Index:
         snap, new, gone = self._pending_view()
         return snap.count() + len(new) - len(gone)
 
+    def _view(self):
+        """The newest snapshot and this writer's pending operations, consistent.
+
+        Pending operations are read first: a checkpoint or a transaction's
+        commit puts them into the file and only then replaces the pending
+        set, so whatever happens in between, the snapshot taken next holds
+        every pending operation the first read missed.  An operation seen in
+        both is harmless (adds and removes are idempotent).
+        """
+        pend = self._writer.visible_pending() if self._writer is not None else None
+        return self._snapshot(), pend
+
     def _pending_view(self):
         """The snapshot, and what this writer's pending operations change in it.
 
@@ -373,13 +404,10 @@ class Index:
         fingerprints pending removes take out); both sorted.  Readers and
         writers without pending operations get empty arrays.
         """
-        snap = self._snapshot()
-        if self._writer is None:
+        snap, pend = self._view()
+        if pend is None:
             return snap, EMPTY_U64, EMPTY_U64
         with self._writer.lock:
-            pend = self._writer.visible_pending()
-            if pend is None:
-                return snap, EMPTY_U64, EMPTY_U64
             adds = np.unique(pend.adds())
             removes = pend.removes().copy()
         probe = np.concatenate([adds, removes])
@@ -452,21 +480,155 @@ class Index:
         with self._writer.lock:
             snap = self._snapshot()
             pend = self._writer.visible_pending()
-            gone = set(fps.tolist())
-            deletes = set()
-            for fp in gone:
-                deletes.update((fp, raw) for raw in snap.raw_keys(fp, pend))
-            for raw in raw_keys:
-                for fp in snap.fps_of_key(raw, pend):
-                    deletes.add((fp, raw))
-                    if not (snap.raw_keys(fp, pend) - {r for f, r in deletes if f == fp}):
-                        gone.add(fp)
-            candidates = np.array(sorted(gone), dtype=np.uint64)
-            live = candidates[np.unique(np.frombuffer(
-                snap.query_many(candidates, 0, pend)[0], dtype=np.int64))] \
-                if len(candidates) else EMPTY_U64
-            self._writer.apply(LogRecord(EMPTY_U64, live, [], sorted(deletes)))
+            deletes, gone = _key_deletions(snap, pend, fps.tolist(), raw_keys)
+            live = _live(snap, pend, gone)
+            ops = RecordOps()
+            for space, key, flag, value in docstore.removal_records(snap, pend, deletes):
+                ops.set(space, key, flag, value)
+            for fp, raws in deletes.items():
+                for raw in raws:
+                    ops.set_key(fp, raw, False)
+            _, key_deletes, records = ops.to_record_parts()
+            self._writer.apply(LogRecord(EMPTY_U64, live, [], key_deletes, records))
         return len(live)
+
+    # -- documents ----------------------------------------------------------
+
+    def add_documents(self, texts, keys, *, data=None, workers: int | None = None,
+                      skip_empty: bool = False) -> int:
+        """Add texts as documents under their keys (one text and key, or sequences).
+
+        Each document's simhash goes into the tables with its key (as
+        :meth:`add`), and its sketch and lookup keys into the file, so that
+        :meth:`similar` and :meth:`near_duplicate_pairs` verify candidates.
+        A key names one document: a text added under a key that holds one
+        replaces it.  Many texts are fingerprinted in parallel (workers, as
+        in :func:`ndindex.documents.fingerprint_documents`).  data: optional
+        bytes per document (at most 1 KiB each) kept with it
+        (:meth:`document_data`).
+
+        Returns the number of documents added.  Raises NdindexError if the
+        index was created without a fingerprinter; TypeError for a text that
+        is not str or bytes, BinaryDataError for binary bytes; ValueError for
+        mismatched lengths, a key given twice, or a text without a single
+        word to fingerprint (unless skip_empty, which skips it).  Nothing
+        is written when it raises.
+        """
+        self._check_writable()
+        config = self._doc_config
+        texts, raws, data = docstore.check_batch(texts, keys, data)
+        docs = config.fingerprint(texts, workers)
+        keep = docstore.non_empty(docs, raws, skip_empty)
+        if len(keep) < len(raws):
+            docs = docs.take(keep)
+            raws = [raws[i] for i in keep.tolist()]
+            data = [data[i] for i in keep.tolist()] if data else data
+        if not raws:
+            return 0
+        fps = docs.simhashes
+        with self._writer.lock:
+            snap, pend = self._view()
+            # Documents already under these keys are replaced.
+            deletes, gone = _key_deletions(snap, pend, [], raws)
+            ops = RecordOps()
+            for space, key, flag, value in docstore.removal_records(snap, pend, deletes):
+                ops.set(space, key, flag, value)
+            for fp, old in deletes.items():
+                for raw in old:
+                    ops.set_key(fp, raw, False)
+            for space, key, flag, value in docstore.addition_records(fps, docs, raws, data):
+                ops.set(space, key, flag, value)
+            for fp, raw in zip(fps.tolist(), raws):
+                ops.set_key(fp, raw, True)
+            adds = sorted_unique(fps)
+            removes = _live(snap, pend, gone - set(adds.tolist()))
+            puts, key_deletes, records = ops.to_record_parts()
+            self._writer.apply(LogRecord(adds, removes, puts, key_deletes, records))
+        return len(raws)
+
+    def similar(self, text=None, *, key=None, threshold: float | None = None,
+                limit: int | None = None) -> list:
+        """Return the stored documents near-duplicate to a text (or to a stored document).
+
+        Give text (str or bytes), or key= of a stored document (which is
+        then left out of its own results).  Candidates share a lookup key
+        with it (whatever their simhash distance); each is verified by its
+        bottom-k sketch.  Returns DocumentMatch(key, similarity,
+        fingerprint) with estimated Jaccard similarity >= threshold
+        (default: the fingerprinter's, 0.8), most similar first, at most
+        limit of them.  Raises KeyError for an unknown key, ValueError for a
+        threshold below the one the index's lookup keys were designed for.
+        """
+        config = self._doc_config
+        threshold = config.check_threshold(threshold)
+        if (text is None) == (key is None):
+            raise TypeError("similar() needs a text or key=, not both")
+        snap, pend = self._view()
+        exclude = None
+        if key is not None:
+            raw = rec.encode_doc_key(key)
+            found = [(fp, docstore.documents_of(snap, pend, fp).get(raw))
+                     for fp in snap.fps_of_key(raw, pend)]
+            found = [(fp, doc) for fp, doc in found if doc is not None]
+            if not found:
+                raise KeyError(key)
+            fp, doc = found[0]
+            sketch, lookup_keys, exclude = doc.sketch, doc.lookup_keys, (fp, raw)
+        else:
+            docs = config.fingerprint([text], 1)
+            sketch, lookup_keys = docs.sketch(0), docs.lookup_keys(0)
+        hits = docstore.similar(snap, pend, sketch, lookup_keys, config.fingerprinter.bottom_k,
+                                threshold, exclude)
+        return hits if limit is None else hits[:validate.positive_int(limit, "limit")]
+
+    def near_duplicate_pairs(self, threshold: float | None = None) -> list:
+        """Return every pair of stored documents at similarity >= threshold.
+
+        A list of (key_a, key_b, similarity), sorted.  Reads every document
+        record: O(documents) time and memory (the in-memory pipeline of
+        :func:`ndindex.near_duplicate_pairs` over the stored sketches).
+        """
+        config = self._doc_config
+        threshold = config.check_threshold(threshold)
+        from ndindex.documents import pairs_of
+        stored = self._stored_documents(config)
+        found = pairs_of(stored.docs, threshold).pairs
+        names = [rec.decode_doc_key(raw, "documents") for raw in stored.keys]
+        return [(names[a], names[b], float(j))
+                for a, b, j in zip(found["a"].tolist(), found["b"].tolist(),
+                                   found["jaccard"].tolist())]
+
+    def clusters(self, threshold: float | None = None, min_size: int = 2) -> list:
+        """Return groups of stored documents joined by near-duplicate pairs (union-find).
+
+        A list of lists of document keys, each sorted by key order in the
+        file, largest cluster first; documents without a near-duplicate are
+        left out (min_size=1 keeps them).  Cost as :meth:`near_duplicate_pairs`.
+        """
+        config = self._doc_config
+        threshold = config.check_threshold(threshold)
+        stored = self._stored_documents(config)
+        names = [rec.decode_doc_key(raw, "documents") for raw in stored.keys]
+        from ndindex.documents import clusters_of
+        groups = clusters_of(stored.docs, threshold, min_size).clusters
+        out = [[names[i] for i in g.tolist()] for g in groups]
+        out.sort(key=len, reverse=True)
+        return out
+
+    def document_data(self, key) -> bytes:
+        """Return the data stored with a document (see add_documents); KeyError if none."""
+        self._doc_config
+        raw = rec.encode_doc_key(key)
+        snap, pend = self._view()
+        for fp in snap.fps_of_key(raw, pend):
+            doc = docstore.documents_of(snap, pend, fp).get(raw)
+            if doc is not None:
+                return doc.data
+        raise KeyError(key)
+
+    def _stored_documents(self, config) -> "docstore.StoredSet":
+        snap, pend = self._view()
+        return docstore.load_all(snap, pend, config.fingerprinter.bottom_k, config.design)
 
     @contextlib.contextmanager
     def transaction(self):
@@ -581,7 +743,7 @@ class Index:
         try:
             self._store.copy_to(tmp)
             st.restamp_commits(tmp)
-            os.link(tmp, dest)
+            st.publish(tmp, dest)
         finally:
             for leftover in (tmp, tmp + "-lock"):
                 with contextlib.suppress(OSError):
@@ -634,14 +796,11 @@ class Index:
 
     def items(self, chunk: int = 65536):
         """Yield (fingerprints, keys) chunks of every live fingerprint, in order."""
-        snap = self._snapshot()
         values = self.fingerprints()
         for start in range(0, len(values), chunk):
             part = values[start:start + chunk]
-            with self._writer.lock if self._writer is not None else contextlib.nullcontext():
-                pend = self._writer.visible_pending() if self._writer is not None else None
-                keys = snap.keys_of(part.tolist(), pend)
-            yield part, keys
+            snap, pend = self._view()
+            yield part, snap.keys_of(part.tolist(), pend)
 
     def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
@@ -661,6 +820,39 @@ class Index:
                 yield values[~np.isin(values, gone)] if len(gone) else values
         if part == parts - 1 and len(new):
             yield new
+
+
+def _key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
+    """What removing fingerprints and document keys deletes.
+
+    Returns ({fingerprint: typed keys going}, fingerprints going): every key
+    of a removed fingerprint goes; a removed key goes from every fingerprint
+    holding it, and a fingerprint whose last key goes goes too.
+    """
+    gone = set(fps)
+    have = {}
+
+    def keys_of(fp):
+        if fp not in have:
+            have[fp] = snap.raw_keys(fp, pend)
+        return have[fp]
+    deletes = {fp: set(keys_of(fp)) for fp in gone}
+    for raw in raw_keys:
+        for fp in snap.fps_of_key(raw, pend):
+            deletes.setdefault(fp, set()).add(raw)
+    for fp, raws in deletes.items():
+        if fp not in gone and not keys_of(fp) - raws:
+            gone.add(fp)
+    return {fp: raws for fp, raws in deletes.items() if raws}, gone
+
+
+def _live(snap, pend, fps) -> np.ndarray:
+    """The fingerprints among fps that are stored (sorted)."""
+    candidates = np.array(sorted(fps), dtype=np.uint64)
+    if not len(candidates):
+        return EMPTY_U64
+    return candidates[np.unique(np.frombuffer(snap.query_many(candidates, 0, pend)[0],
+                                              dtype=np.int64))]
 
 
 def check_commit_records(store: st.Store) -> None:

@@ -1,20 +1,28 @@
 """Operations not yet in the runs: the append log's net effect, and a writer's pending ones.
 
-Both reduce a sequence of add/remove/key operations to its net effect: a
-fingerprint's last operation decides whether it is added or removed, a
-(fingerprint, key) pair's last operation whether the key is put or
-deleted.  ``LogOverlay`` holds the committed log (arrays, rebuilt or extended
-as records arrive); ``PendingOps`` holds what one writer has not committed
-yet (a transaction, or durability="normal"), changed one operation at a
-time, so its additions live in a growable buffer the query kernel scans.
+Both reduce a sequence of operations to its net effect: a fingerprint's
+last operation decides whether it is added or removed; a record's (a
+document key, a document, a lookup key: FORMAT.md 7.9) last operation
+whether it is put or deleted.  ``LogOverlay`` holds the committed log
+(arrays and record layers, extended as records arrive); ``PendingOps``
+holds what one writer has not committed yet (a transaction, or
+durability="normal"), changed one operation at a time, so its additions
+live in a growable buffer the query kernel scans.
+
+Records are found by *group*, the part of the record key a lookup names:
+the fingerprint of a keys-by-fingerprint, document or lookup-key record
+(its first 8 bytes, the lookup key for the last), the document key of a
+fingerprints-by-key record (all but its last 8 bytes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ndindex import chunks as ch
 from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted
-from ndindex.records import LogRecord
+from ndindex.records import (LOG_RECORD_SPACES, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, U64_BE,
+                             LogRecord)
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -32,22 +40,139 @@ def _minus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return a[~isin_sorted(a, b)]
 
 
+def record_group(space: int, key: bytes) -> bytes:
+    """The part of a record key that lookups name (see the module docstring)."""
+    return key[:-8] if space == SPACE_FPS_BY_KEY else key[:8]
+
+
+class RecordOps:
+    """Record operations reduced to their net effect: (space, key) -> (flag, value).
+
+    Indexed by (space, group) so that a lookup costs one dict access.
+    """
+
+    __slots__ = ("groups", "n")
+
+    def __init__(self):
+        self.groups: dict = {}
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set(self, space: int, key: bytes, flag: int, value: bytes = b"") -> None:
+        group = self.groups.setdefault((space, record_group(space, key)), {})
+        if key not in group:
+            self.n += 1
+        group[key] = (flag, value)
+
+    def set_key(self, fp: int, raw: bytes, put: bool) -> None:
+        """A document key operation: both of its mirror records (7.9)."""
+        flag = ch.RECORD_PUT if put else ch.RECORD_DELETE
+        fpb = U64_BE.pack(fp)
+        self.set(SPACE_KEYS_BY_FP, fpb + raw, flag)
+        self.set(SPACE_FPS_BY_KEY, raw + fpb, flag)
+
+    def get(self, space: int, key: bytes):
+        group = self.groups.get((space, record_group(space, key)))
+        return None if group is None else group.get(key)
+
+    def group(self, space: int, group: bytes) -> dict:
+        """{key: (flag, value)} of one group (empty if none)."""
+        return self.groups.get((space, group), {})
+
+    def items(self, space: int | None = None):
+        """(space, key, flag, value) of every operation (of one space), unordered."""
+        for (sp, _), group in self.groups.items():
+            if space is None or sp == space:
+                for key, (flag, value) in group.items():
+                    yield sp, key, flag, value
+
+    def update(self, newer: "RecordOps") -> None:
+        for sp, key, flag, value in newer.items():
+            self.set(sp, key, flag, value)
+
+    def copy(self) -> "RecordOps":
+        out = RecordOps()
+        out.groups = {g: dict(d) for g, d in self.groups.items()}
+        out.n = self.n
+        return out
+
+    def apply_record(self, record: LogRecord) -> None:
+        for fp, raw in record.key_puts:
+            self.set_key(fp, raw, True)
+        for fp, raw in record.key_deletes:
+            self.set_key(fp, raw, False)
+        for space, key, flag, value in record.records:
+            self.set(space, key, flag, value)
+
+    def to_record_parts(self) -> tuple[list, list, list]:
+        """(key puts, key deletes, other records), sorted, as a LogRecord holds them."""
+        puts, deletes, other = [], [], []
+        for sp, key, flag, value in self.items():
+            if sp == SPACE_KEYS_BY_FP:
+                pair = (U64_BE.unpack_from(key)[0], key[8:])
+                (puts if flag == ch.RECORD_PUT else deletes).append(pair)
+            elif sp in LOG_RECORD_SPACES:
+                other.append((sp, key, flag, value))
+        return sorted(puts), sorted(deletes), sorted(other)
+
+
+class LayeredRecords:
+    """The log's record operations as immutable layers, newest last.
+
+    A new snapshot extends its predecessor's log by a few records; copying
+    one growing dict per snapshot would cost O(log size) per commit.
+    Layers are merged like a binary counter (a layer joins the one below
+    once it is at least half that size), so a snapshot copies O(log n)
+    references and each operation is copied O(log n) times in all.
+    """
+
+    def __init__(self, layers: tuple = ()):
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return sum(layer.n for layer in self.layers)
+
+    def push(self, layer: RecordOps) -> "LayeredRecords":
+        layers = list(self.layers)
+        while layers and 2 * layer.n >= layers[-1].n:
+            below = layers.pop().copy()
+            below.update(layer)
+            layer = below
+        return LayeredRecords(tuple(layers) + (layer,))
+
+    def group(self, space: int, group: bytes) -> dict:
+        """{key: (flag, value)} of one group, newest operation winning."""
+        out = {}
+        for layer in reversed(self.layers):
+            for key, op in layer.group(space, group).items():
+                out.setdefault(key, op)
+        return out
+
+    def flattened(self) -> RecordOps:
+        out = RecordOps()
+        for layer in self.layers:
+            out.update(layer)
+        return out
+
+
 class LogOverlay:
     """The net effect of the log records of a snapshot, in order.
 
-    adds and removes are sorted, distinct and disjoint; keys maps
-    (fingerprint, typed key) to True (put) or False (deleted).
+    adds and removes are sorted, distinct and disjoint; ``ops`` holds the
+    record operations (document keys, documents, lookup keys).
     """
 
     def __init__(self):
         self.adds = EMPTY_U64
         self.removes = EMPTY_U64
-        self.keys: dict = {}
+        self.ops = LayeredRecords()
         self.records = 0
 
     def copy(self) -> "LogOverlay":
         out = LogOverlay()
-        out.adds, out.removes, out.keys, out.records = self.adds, self.removes, dict(self.keys), \
+        out.adds, out.removes, out.ops, out.records = self.adds, self.removes, self.ops, \
             self.records
         return out
 
@@ -55,14 +180,11 @@ class LogOverlay:
         """Apply one record after everything applied so far."""
         self.adds = _union(_minus(self.adds, record.removes), record.adds)
         self.removes = _union(_minus(self.removes, record.adds), record.removes)
-        for pair in record.key_puts:
-            self.keys[pair] = True
-        for pair in record.key_deletes:
-            self.keys[pair] = False
+        layer = RecordOps()
+        layer.apply_record(record)
+        if layer.n:
+            self.ops = self.ops.push(layer)
         self.records += 1
-
-    def ops(self) -> int:
-        return len(self.adds) + len(self.removes) + len(self.keys)
 
 
 class PendingOps:
@@ -75,10 +197,10 @@ class PendingOps:
         self._removes: set = set()
         self._removes_sorted = EMPTY_U64
         self._removes_dirty = False
-        self.keys: dict = {}        # (fp, typed key) -> True put / False delete
+        self.ops = RecordOps()
 
     def __len__(self) -> int:
-        return self._n + len(self._removes) + len(self.keys)
+        return self._n + len(self._removes) + len(self.ops)
 
     def add(self, fps) -> None:
         """Add fingerprints (an iterable of ints)."""
@@ -130,11 +252,11 @@ class PendingOps:
                 self._removes.add(fp)
                 self._removes_dirty = True
 
-    def put_key(self, fp: int, raw: bytes) -> None:
-        self.keys[(fp, raw)] = True
-
-    def delete_key(self, fp: int, raw: bytes) -> None:
-        self.keys[(fp, raw)] = False
+    def apply(self, record: LogRecord) -> None:
+        """Apply a record's operations after everything pending so far."""
+        self.remove(record.removes.tolist())
+        self.add_array(record.adds)
+        self.ops.apply_record(record)
 
     def adds(self) -> np.ndarray:
         """The pending additions (unsorted view; valid until the next change)."""
@@ -155,9 +277,8 @@ class PendingOps:
 
     def to_record(self) -> LogRecord:
         """The net effect as one log record (disjoint sorted arrays and key lists)."""
-        puts = sorted(p for p, v in self.keys.items() if v)
-        deletes = sorted(p for p, v in self.keys.items() if not v)
-        return LogRecord(np.sort(self.adds()), self.removes().copy(), puts, deletes)
+        puts, deletes, other = self.ops.to_record_parts()
+        return LogRecord(np.sort(self.adds()), self.removes().copy(), puts, deletes, other)
 
     def clear(self) -> None:
         self.__init__()

@@ -16,6 +16,7 @@ writer at a time; each call works on the snapshot current when it starts.
 from __future__ import annotations
 
 import functools
+import heapq
 import threading
 
 import numpy as np
@@ -217,21 +218,34 @@ class Snapshot:
 
     # -- keys ------------------------------------------------------------------
 
-    def raw_keys(self, fp: int, pending: PendingOps | None = None) -> set:
-        """The typed document keys of one fingerprint (newest operation wins)."""
+    def record_group(self, space: int, group: bytes,
+                     pending: PendingOps | None = None) -> dict:
+        """The live records of one group of a record space: {key: value}.
+
+        group is what the lookup names (``overlay.record_group``): a
+        fingerprint (8 bytes BE) or lookup key for the fingerprint-keyed
+        spaces, a typed document key for fingerprints-by-key.  The newest
+        operation on a record decides it: pending, then the log, then the
+        runs newest first.
+        """
         decided = {}
-        for source in (pending.keys if pending is not None else {}, self.log.keys):
-            for (f, raw), put in source.items():
-                if f == fp:
-                    decided.setdefault(raw, put)
-        runs = [r for r in self.manifest.of(SPACE_KEYS_BY_FP) if r.chunks]
+        if pending is not None:
+            decided.update(pending.ops.group(space, group))
+        for key, op in self.log.ops.group(space, group).items():
+            decided.setdefault(key, op)
+        runs = [r for r in self.manifest.of(space) if r.chunks]
         if runs:
-            prefix = U64_BE.pack(fp)
+            exact = space == SPACE_FPS_BY_KEY
             with self.lock:
                 for run in runs:  # newest first
-                    for key, flag, _ in rn.record_lookup(self.view, run, prefix):
-                        decided.setdefault(key[8:], flag == ch.RECORD_PUT)
-        return {raw for raw, put in decided.items() if put}
+                    for key, flag, value in rn.record_lookup(self.view, run, group):
+                        if not exact or len(key) == len(group) + 8:
+                            decided.setdefault(key, (flag, value))
+        return {key: value for key, (flag, value) in decided.items() if flag == ch.RECORD_PUT}
+
+    def raw_keys(self, fp: int, pending: PendingOps | None = None) -> set:
+        """The typed document keys of one fingerprint."""
+        return {key[8:] for key in self.record_group(SPACE_KEYS_BY_FP, U64_BE.pack(fp), pending)}
 
     def keys_of(self, fps, pending: PendingOps | None = None) -> list[tuple]:
         """The document keys of each fingerprint, as sorted tuples."""
@@ -243,19 +257,42 @@ class Snapshot:
 
     def fps_of_key(self, raw: bytes, pending: PendingOps | None = None) -> list[int]:
         """The fingerprints a typed document key is stored with."""
-        decided = {}
-        for source in (pending.keys if pending is not None else {}, self.log.keys):
-            for (fp, key), put in source.items():
-                if key == raw:
-                    decided.setdefault(fp, put)
-        with self.lock:
-            for run in self.manifest.of(SPACE_FPS_BY_KEY):
-                if not run.chunks:
-                    continue
-                for key, flag, _ in rn.record_lookup(self.view, run, raw):
-                    if len(key) == len(raw) + 8:
-                        decided.setdefault(U64_BE.unpack(key[-8:])[0], flag == ch.RECORD_PUT)
-        return sorted(fp for fp, put in decided.items() if put)
+        return sorted(U64_BE.unpack_from(key, len(raw))[0]
+                      for key in self.record_group(SPACE_FPS_BY_KEY, raw, pending))
+
+    def space_records(self, space: int, pending: PendingOps | None = None):
+        """Yield (key, value) of every live record of a record space, in key order.
+
+        A k-way merge of the runs (newest first) under the log and pending
+        operations: the newest operation on a key decides it.  Reads the
+        runs a few chunks at a time.
+        """
+        over = {}
+        for _, key, flag, value in self.log.ops.flattened().items(space):
+            over[key] = (flag, value)
+        if pending is not None:
+            for _, key, flag, value in pending.ops.items(space):
+                over[key] = (flag, value)
+        sources = [iter([(key, flag, value) for key, (flag, value) in sorted(over.items())])]
+        sources += [self._run_records(run) for run in self.manifest.of(space) if run.chunks]
+        merged = heapq.merge(*[((key, rank, flag, value) for key, flag, value in src)
+                               for rank, src in enumerate(sources)])
+        last = None
+        for key, _, flag, value in merged:
+            if key != last:
+                last = key
+                if flag == ch.RECORD_PUT:
+                    yield key, value
+
+    def _run_records(self, run):
+        above = None
+        while True:
+            with self.lock:
+                recs, end, exhausted = rn.all_records(self.view, run, above, 16)
+            yield from recs
+            if exhausted or end is None:
+                return
+            above = end
 
     # -- counting and iterating ----------------------------------------------
 

@@ -38,14 +38,25 @@ KEY_PLAN = b"plan"
 KEY_STATE = b"state"
 KEY_MANIFEST = b"manifest"
 KEY_FINGERPRINTER = b"fingerprinter"
+KEY_KEY_DESIGN = b"keydesign"
 
 #: Spaces: the first byte of a chunk key.  Tables are 0..t-1.
 SPACE_TOMBSTONES = 0xF0
 SPACE_KEYS_BY_FP = 0xF1
 SPACE_FPS_BY_KEY = 0xF2
-RECORD_SPACES = (SPACE_KEYS_BY_FP, SPACE_FPS_BY_KEY)
+#: Documents (7.9): u64 BE fingerprint + typed key -> the document record.
+SPACE_DOCS = 0xF3
+#: Lookup keys (7.9): u64 BE lookup key + u64 BE fingerprint -> empty.
+SPACE_LOOKUP = 0xF4
+RECORD_SPACES = (SPACE_KEYS_BY_FP, SPACE_FPS_BY_KEY, SPACE_DOCS, SPACE_LOOKUP)
+#: Record spaces a log record names record by record (document keys have
+#: their own compact entries, one for both mirror spaces).
+LOG_RECORD_SPACES = (SPACE_DOCS, SPACE_LOOKUP)
 SPACE_NAMES = {SPACE_TOMBSTONES: "tombstones", SPACE_KEYS_BY_FP: "keys-by-fingerprint",
-               SPACE_FPS_BY_KEY: "fingerprints-by-key"}
+               SPACE_FPS_BY_KEY: "fingerprints-by-key", SPACE_DOCS: "documents",
+               SPACE_LOOKUP: "lookup-keys"}
+#: The largest record value (a document record: lookup keys and sketch).
+MAX_RECORD_VALUE_BYTES = 1 << 20
 
 #: Run kinds (FORMAT.md 7.6).
 KIND_HUFFMAN = 1
@@ -307,29 +318,42 @@ class Manifest:
 
 # -- log records (7.5) -----------------------------------------------------------
 
-LOG_HEAD = struct.Struct("<IIII")  # adds, removes, key puts, key deletes
+LOG_HEAD = struct.Struct("<IIIII")  # adds, removes, key puts, key deletes, records
+LOG_ENTRY = struct.Struct("<BBHI")  # space, flag, key length, value length
 
 
 @dataclasses.dataclass
 class LogRecord:
-    """One committed batch of operations, reduced to its net effect (FORMAT.md 7.5).
+    """One committed batch of operations, reduced to its net effect (FORMAT.md 7.6).
 
     adds and removes are disjoint sorted uint64 arrays; key_puts and
-    key_deletes are disjoint sorted lists of (fingerprint, typed key).
+    key_deletes are disjoint sorted lists of (fingerprint, typed key);
+    records are sorted distinct (space, key, flag, value) operations on
+    the document and lookup-key spaces.
     """
 
     adds: np.ndarray
     removes: np.ndarray
     key_puts: list
     key_deletes: list
+    records: list = dataclasses.field(default_factory=list)
+
+    def ops(self) -> int:
+        """Operations the record holds (what the state's log_ops counts)."""
+        return len(self.adds) + len(self.removes) + len(self.key_puts) + \
+            len(self.key_deletes) + len(self.records)
 
     def pack(self) -> bytes:
         parts = [LOG_HEAD.pack(len(self.adds), len(self.removes), len(self.key_puts),
-                               len(self.key_deletes)),
+                               len(self.key_deletes), len(self.records)),
                  self.adds.astype("<u8").tobytes(), self.removes.astype("<u8").tobytes()]
         for fp, raw in self.key_puts + self.key_deletes:
             parts.append(struct.pack("<QH", fp, len(raw)))
             parts.append(raw)
+        for space, key, flag, value in self.records:
+            parts.append(LOG_ENTRY.pack(space, flag, len(key), len(value)))
+            parts.append(key)
+            parts.append(value)
         return b"".join(parts)
 
     @classmethod
@@ -338,7 +362,7 @@ class LogRecord:
             return CorruptionError(f"log record: {why}", database=DB_LOG, key=key)
         if len(payload) < LOG_HEAD.size:
             raise bad("too short")
-        na, nr, npu, nd = LOG_HEAD.unpack_from(payload)
+        na, nr, npu, nd, nrec = LOG_HEAD.unpack_from(payload)
         pos = LOG_HEAD.size
         if pos + 8 * (na + nr) > len(payload):
             raise bad("counts exceed the record")
@@ -355,12 +379,26 @@ class LogRecord:
                 raise bad(f"key of {n} bytes")
             pairs.append((fp, bytes(payload[pos:pos + n])))
             pos += n
+        records = []
+        for _ in range(nrec):
+            if pos + LOG_ENTRY.size > len(payload):
+                raise bad("record entry runs past the record")
+            space, flag, klen, vlen = LOG_ENTRY.unpack_from(payload, pos)
+            pos += LOG_ENTRY.size
+            if space not in LOG_RECORD_SPACES or flag > 1 or klen < 9 or \
+                    vlen > MAX_RECORD_VALUE_BYTES or pos + klen + vlen > len(payload):
+                raise bad(f"record entry (space {space:#x}, flag {flag}, {klen}+{vlen} bytes)")
+            records.append((space, bytes(payload[pos:pos + klen]), flag,
+                            bytes(payload[pos + klen:pos + klen + vlen])))
+            pos += klen + vlen
         if pos != len(payload):
             raise bad("trailing bytes")
         for arr in (adds, removes):
             if len(arr) > 1 and not np.all(arr[1:] > arr[:-1]):
                 raise bad("fingerprints not sorted and distinct")
-        return cls(adds, removes, pairs[:npu], pairs[npu:])
+        if any((a[0], a[1]) >= (b[0], b[1]) for a, b in zip(records, records[1:])):
+            raise bad("record entries not sorted and distinct")
+        return cls(adds, removes, pairs[:npu], pairs[npu:], records)
 
 
 # -- document keys ---------------------------------------------------------------

@@ -113,6 +113,26 @@ def check_path_for_open(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such index", path)
 
 
+def publish(tmp: str, path: str) -> None:
+    """Give the finished file tmp its name path, never replacing an existing path.
+
+    A hard link fails if path appeared meanwhile, so nothing is clobbered;
+    where the file system has no hard links, a rename checked just before
+    (a race with another creator remains, as with any rename).  Raises
+    FileExistsError if path exists.
+    """
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, "already exists", path) from None
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "already exists", path) from None
+        os.rename(tmp, path)
+
+
 def prepare_lock_file(path: str, readonly: bool) -> bool:
     """Make sure LMDB's lock file exists with its pages allocated; return whether to lock.
 
@@ -278,16 +298,7 @@ class Store:
             finally:
                 env.close()
             _fsync_path(tmp)
-            try:
-                os.link(tmp, path)  # fails if path appeared meanwhile: never clobbers
-            except OSError as exc:
-                if exc.errno == errno.EEXIST:
-                    raise FileExistsError(errno.EEXIST, "already exists", path) from None
-                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
-                    raise
-                if os.path.lexists(path):  # no hard links here: rename, checked just before
-                    raise FileExistsError(errno.EEXIST, "already exists", path) from None
-                os.rename(tmp, path)
+            publish(tmp, path)
             _fsync_path(directory)
         except (lmdb.Error, OSError) as exc:
             if isinstance(exc, FileExistsError):

@@ -28,13 +28,13 @@ import numpy as np
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError
-from ndindex.overlay import PendingOps
+from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_STATE, U64_BE, LogRecord, State, frame,
                              unframe)
 
 
 def log_ops(record: LogRecord) -> int:
-    return len(record.adds) + len(record.removes) + len(record.key_puts) + len(record.key_deletes)
+    return record.ops()
 
 
 def commit_record(wt, record: LogRecord, extra=()) -> State:
@@ -93,12 +93,7 @@ class Writer:
                 self._commit(record)
                 return
             p = self.pending
-            p.remove(record.removes.tolist())
-            p.add_array(record.adds)
-            for fp, raw in record.key_puts:
-                p.put_key(fp, raw)
-            for fp, raw in record.key_deletes:
-                p.delete_key(fp, raw)
+            p.apply(record)
             if self.journal is not None and self._txn_depth == 0:
                 self.journal.append(record.pack())
                 if len(p) >= 1 << 16:
@@ -139,8 +134,12 @@ class Writer:
 
     def _end_transaction(self) -> None:
         if self.journal is None:
-            pending, self.pending = self.pending, None
-            self._commit(pending.to_record())
+            # Commit before letting go of the pending set: a query in
+            # another thread reads the pending set, then the snapshot.
+            try:
+                self._commit(self.pending.to_record())
+            finally:
+                self.pending = None
             return
         # Normal durability: the transaction's net effect is one journal record.
         delta = _difference(self._undo, self.pending)
@@ -212,7 +211,7 @@ def _copy_pending(p: PendingOps) -> PendingOps:
     out = PendingOps()
     out.add_array(np.sort(p.adds()))
     out.remove(p.removes().tolist())
-    out.keys = dict(p.keys)
+    out.ops = p.ops.copy()
     return out
 
 
@@ -222,10 +221,13 @@ def _difference(before: PendingOps, after: PendingOps) -> LogRecord:
     r_before, r_after = set(before.removes().tolist()), set(after.removes().tolist())
     adds = sorted(a_after - a_before)
     removes = sorted((r_after - r_before) | (a_before - a_after - r_after))
-    puts = sorted(k for k, v in after.keys.items() if v and before.keys.get(k) is not True)
-    deletes = sorted(k for k, v in after.keys.items() if not v and before.keys.get(k) is not False)
+    changed = RecordOps()
+    for space, key, flag, value in after.ops.items():
+        if before.ops.get(space, key) != (flag, value):
+            changed.set(space, key, flag, value)
+    puts, deletes, records = changed.to_record_parts()
     return LogRecord(np.array(adds, dtype=np.uint64), np.array(removes, dtype=np.uint64),
-                     puts, deletes)
+                     puts, deletes, records)
 
 
 def replay_journals(index) -> int:
@@ -247,13 +249,7 @@ def replay_journals(index) -> int:
             for end, payload in records:
                 if generation == done_gen and end <= done_off:
                     continue
-                rec = LogRecord.unpack(payload, key)
-                acc.remove(rec.removes.tolist())
-                acc.add_array(rec.adds)
-                for fp, k in rec.key_puts:
-                    acc.put_key(fp, k)
-                for fp, k in rec.key_deletes:
-                    acc.delete_key(fp, k)
+                acc.apply(LogRecord.unpack(payload, key))
             record = acc.to_record()
             n = log_ops(record)
             if n:

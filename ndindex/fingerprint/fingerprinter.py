@@ -257,6 +257,10 @@ class Fingerprinter:
         return (self._simhash_of_text(text)[0],
                 bottom_k(extract(text, self.minhash_features), self.bottom_k))
 
+    def simhash_of_text(self, text: str) -> int:
+        """Return the simhash of a text already decoded by :meth:`text`."""
+        return self._simhash_of_text(text)[0]
+
     def _simhash_of_text(self, text: str) -> tuple[int, np.ndarray]:
         if len(text) > PIECE_CHARS:
             return self.simhash_stream([text], _decoded=True)

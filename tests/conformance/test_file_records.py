@@ -179,19 +179,23 @@ def stored_set(path):
         assert [s for s, _ in log] == list(range(state[1], state[2]))          # [F7]
         adds, keyops = {}, {}
         for _, rec in log:
-            na, nr, nkp, nkd = struct.unpack_from("<IIII", rec)
-            a = struct.unpack_from(f"<{na}Q", rec, 16)
-            r = struct.unpack_from(f"<{nr}Q", rec, 16 + 8 * na)
+            na, nr, nkp, nkd, nrec = struct.unpack_from("<IIIII", rec)
+            a = struct.unpack_from(f"<{na}Q", rec, 20)
+            r = struct.unpack_from(f"<{nr}Q", rec, 20 + 8 * na)
             assert list(a) == sorted(set(a)) and not set(a) & set(r)
             for x in a:
                 adds[x] = True
             for x in r:
                 adds[x] = False
-            pos = 16 + 8 * (na + nr)
+            pos = 20 + 8 * (na + nr)
             for i in range(nkp + nkd):
                 fp, ln = struct.unpack_from("<QH", rec, pos)
                 keyops[(fp, rec[pos + 10:pos + 10 + ln])] = i < nkp
                 pos += 10 + ln
+            for _ in range(nrec):
+                space, flag, klen, vlen = struct.unpack_from("<BBHI", rec, pos)
+                assert space in (0xF3, 0xF4) and flag in (0, 1)
+                pos += 8 + klen + vlen
             assert pos == len(rec)
         tombs = {}
         for run in runs:
