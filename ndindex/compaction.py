@@ -471,7 +471,8 @@ class Compactor:
             recs, end, exhausted = rn.all_records(snap.view, run, cursor, STEP_CHUNKS)
             got.append(recs)
             ends.append(None if exhausted else end)
-            read.append(rn.record_chunks(snap.view, run, cursor or b"", STEP_CHUNKS, exclusive=True))
+            read.append(rn.record_chunks(snap.view, run, cursor + b"\0" if cursor else b"",
+                                         STEP_CHUNKS, exclusive=True))
         bounds = [e for e in ends if e is not None]
         final = not bounds
         bound = min(bounds) if bounds else None

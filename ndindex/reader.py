@@ -275,8 +275,7 @@ class Snapshot:
                 over[key] = (flag, value)
         sources = [iter([(key, flag, value) for key, (flag, value) in sorted(over.items())])]
         sources += [self._run_records(run) for run in self.manifest.of(space) if run.chunks]
-        merged = heapq.merge(*[((key, rank, flag, value) for key, flag, value in src)
-                               for rank, src in enumerate(sources)])
+        merged = heapq.merge(*[_ranked(src, rank) for rank, src in enumerate(sources)])
         last = None
         for key, _, flag, value in merged:
             if key != last:
@@ -353,6 +352,12 @@ class Snapshot:
         if self._count is None:
             self._count = sum(len(v) for v in self.table_values(0))
         return self._count
+
+
+def _ranked(records, rank: int):
+    """(key, rank, flag, value) of each record: equal keys merge newest (lowest rank) first."""
+    for key, flag, value in records:
+        yield key, rank, flag, value
 
 
 def _inverse(design) -> tuple:

@@ -190,8 +190,11 @@ def record_chunks(view: PageView, run: Run, start: bytes = b"", limit: int = -1,
     for key, value in rows:
         c = ch.unpack_record_chunk(key, value)
         if prev is None:
+            # The chunk before it (if any) ends below start, unless a merge
+            # consumed and deleted chunks up to its cursor.
             if c.low_fence is not None and start and \
-                    (c.low_fence > start if exclusive else c.low_fence >= start):
+                    (c.low_fence > start if exclusive else c.low_fence >= start) and \
+                    not (run.merge_input and run.cursor and c.low_fence <= run.cursor):
                 raise CorruptionError("record chunk fences do not match its neighbours",
                                       database=DB_CHUNKS, key=key)
             if not start and c.low_fence is not None and not run.merge_input:
@@ -233,7 +236,8 @@ def record_lookup(view: PageView, run: Run, prefix: bytes) -> list:
 def all_records(view: PageView, run: Run, above: bytes | None = None, limit_chunks: int = -1):
     """Live records of a run in order (above `above`, exclusive): (records, end, exhausted)."""
     start = above if above is not None else (run.cursor if run.merge_input else b"")
-    cs = record_chunks(view, run, start or b"", limit_chunks, exclusive=True)
+    # A chunk whose separator is `start` holds nothing above it: begin after.
+    cs = record_chunks(view, run, start + b"\0" if start else b"", limit_chunks, exclusive=True)
     recs = []
     for c in cs:
         recs.extend(r for r in c.all_records() if _record_live(run, r[0])
