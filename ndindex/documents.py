@@ -199,10 +199,16 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     # forkserver/spawn, not fork: the caller may hold threads or LMDB
     # environments that a forked child must not inherit.
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    with concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context(method)) as pool:
-        parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
-                              [design] * len(chunks), [simhash] * len(chunks)))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context(method)) as pool:
+            parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
+                                  [design] * len(chunks), [simhash] * len(chunks)))
+    except concurrent.futures.process.BrokenProcessPool as exc:
+        raise RuntimeError(
+            f"the {workers} fingerprinting worker processes died; a script that fingerprints "
+            "in parallel must start its work under `if __name__ == \"__main__\":` (the workers "
+            "import the main module), or pass workers=1") from exc
     return DocumentSketches.concatenate(parts, fingerprinter.bottom_k, design)
 
 

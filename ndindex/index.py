@@ -626,6 +626,19 @@ class Index:
                 return doc.data
         raise KeyError(key)
 
+    def documents(self):
+        """Yield (key, fingerprint, data) of every stored document, in (fingerprint, key) order.
+
+        One snapshot serves the whole iteration; O(documents) time, a few
+        chunks of memory at a time.
+        """
+        self._doc_config
+        snap, pend = self._view()
+        for key, value in snap.space_records(rec.SPACE_DOCS, pend):
+            doc = docstore.unpack_document(value, key)
+            yield (rec.decode_doc_key(key[8:], "documents"), rec.U64_BE.unpack_from(key)[0],
+                   doc.data)
+
     def _stored_documents(self, config) -> "docstore.StoredSet":
         snap, pend = self._view()
         return docstore.load_all(snap, pend, config.fingerprinter.bottom_k, config.design)
