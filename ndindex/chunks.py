@@ -34,7 +34,7 @@ import zstandard
 from ndindex import _core, codec
 from ndindex.errors import CorruptionError
 from ndindex.records import (KIND_HUFFMAN, KIND_RAW, KIND_RECORDS, KIND_TOMBSTONES,
-                             DB_CHUNKS)
+                             SPACE_FPS_BY_KEY, DB_CHUNKS)
 
 BLOCK_BYTES = codec.BLOCK_BYTES
 #: A chunk fills at most 16 LMDB pages of 4 KB: LMDB stores a value larger
@@ -47,7 +47,7 @@ FLAG_LAST = 2
 RAW_BLOCK_VALUES = (BLOCK_BYTES - 8) // 8
 TOMBSTONE = struct.Struct("<QI")
 TOMBSTONES_PER_CHUNK = (CHUNK_MAX_BYTES - FP_CHUNK_HEAD.size) // TOMBSTONE.size
-RECORD_CHUNK_HEAD = struct.Struct("<IBBHIIIHH")  # crc kind flags n_blocks run_id records dir_bytes fence_len reserved
+RECORD_CHUNK_HEAD = struct.Struct("<IBBHIIIHH")  # crc kind flags n_blocks run_id records dir_bytes fence_len filter_bytes
 DIR_ENTRY = struct.Struct("<IIIIH")  # offset comp_len raw_len crc first_key_len
 RECORD_HEAD = struct.Struct("<HBI")  # key length, flag, value length
 RECORD_PUT = 0
@@ -55,6 +55,11 @@ RECORD_DELETE = 1
 #: Uncompressed bytes per record sub-block, and sub-blocks per chunk.
 RECORD_BLOCK_BYTES = 4096
 RECORD_CHUNK_BLOCKS = 48
+#: Filter bits per record (a Bloom filter of 7 probes: about 0.8% false hits).
+FILTER_BITS = 10
+#: How a record space groups its keys for lookups and filters (FORMAT.md
+#: 7.9): 1 = all but the last 8 bytes (a document key), 0 = the first 8.
+GROUP_MODES = {SPACE_FPS_BY_KEY: 1}
 #: LMDB keys are at most 511 bytes: 1 space + 4 run id + the separator.
 MAX_SEPARATOR_BYTES = 506
 ZSTD_LEVEL = 3
@@ -279,57 +284,57 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 
 
 def pack_records(records) -> bytes:
-    """Serialise (key, flag, value) records, in order."""
-    return b"".join(RECORD_HEAD.pack(len(k), f, len(v)) + k + v for k, f, v in records)
+    """Serialise (key, flag, value) records, in order: a raw record stream (C)."""
+    return _core.records_pack(records)
 
 
-def unpack_records(raw: bytes, key: bytes | None = None) -> list:
-    out = []
-    pos, n = 0, len(raw)
-    while pos < n:
-        if pos + RECORD_HEAD.size > n:
-            raise _bad("record header runs past its block", key)
-        klen, flag, vlen = RECORD_HEAD.unpack_from(raw, pos)
-        pos += RECORD_HEAD.size
-        if flag > RECORD_DELETE or pos + klen + vlen > n:
-            raise _bad("record runs past its block", key)
-        out.append((raw[pos:pos + klen], flag, raw[pos + klen:pos + klen + vlen]))
-        pos += klen + vlen
-    return out
+def unpack_records(raw, key: bytes | None = None) -> list:
+    """The (key, flag, value) records of a raw stream, checked (C)."""
+    try:
+        return _core.records_unpack(raw)
+    except CorruptionError as exc:
+        raise _bad(str(exc.args[0]) if exc.args else "bad record block", key) from None
 
 
 def separator(a: bytes, b: bytes) -> bytes:
-    """The shortest s with a <= s < b (LevelDB's FindShortestSeparator), a < b."""
+    """The shortest byte string s with a <= s < b (LevelDB's FindShortestSeparator)."""
     n = 0
     while n < len(a) and n < len(b) and a[n] == b[n]:
         n += 1
-    if n < len(a) and a[n] + 1 < b[n]:
+    if n < len(a) and n < len(b) and a[n] + 1 < b[n]:
         return a[:n] + bytes([a[n] + 1])
     return a
 
 
+def filter_bytes_for(records: int) -> int:
+    """Bytes of a chunk's group filter: FILTER_BITS per record, 8..65535."""
+    return max(8, min(0xFFFF, (records * FILTER_BITS + 7) // 8))
+
+
 def pack_record_chunks(space: int, run_id: int, records: list, low_fence: bytes | None,
                        is_last: bool, next_first: bytes | None = None) -> list:
-    """Cut sorted records (distinct keys) into record chunks; return (key, value) pairs.
+    """Cut sorted records (distinct keys) into record chunks; return (key, value) pairs."""
+    return pack_record_stream(space, run_id, _core.records_pack(records), low_fence, is_last,
+                              next_first)
+
+
+def pack_record_stream(space: int, run_id: int, raw: bytes, low_fence: bytes | None,
+                       is_last: bool, next_first: bytes | None = None) -> list:
+    """Cut a raw record stream (sorted, distinct keys) into record chunks.
 
     low_fence: the previous chunk's separator (None for the run's first
     chunk).  next_first: the first key after these records, if the run goes
-    on (separators stay below it).
+    on (separators stay below it).  Sub-blocks are zstd frames, or stored as
+    they are when compression does not make them smaller.
     """
-    blocks, cur, size = [], [], 0
-    for rec in records:
-        cur.append(rec)
-        size += RECORD_HEAD.size + len(rec[0]) + len(rec[2])
-        if size >= RECORD_BLOCK_BYTES:
-            blocks.append(cur)
-            cur, size = [], 0
-    if cur:
-        blocks.append(cur)
+    blocks = _core.records_split(raw, RECORD_BLOCK_BYTES)
+    mode = GROUP_MODES.get(space, 0)
+    mv = memoryview(raw)
     out = []
     groups = [blocks[i:i + RECORD_CHUNK_BLOCKS] for i in range(0, len(blocks), RECORD_CHUNK_BLOCKS)]
     for g, group in enumerate(groups):
-        last_key = group[-1][-1][0]
-        following = groups[g + 1][0][0][0] if g + 1 < len(groups) else next_first
+        last_key = group[-1][3]
+        following = groups[g + 1][0][2] if g + 1 < len(groups) else next_first
         sep = last_key if following is None else separator(last_key, following)
         if len(sep) > MAX_SEPARATOR_BYTES:
             raise ValueError("record keys too long for a chunk separator")
@@ -337,19 +342,25 @@ def pack_record_chunks(space: int, run_id: int, records: list, low_fence: bytes 
         flags = (FLAG_FIRST if low_fence is None else 0) | \
             (FLAG_LAST if is_last and g == len(groups) - 1 else 0)
         fence = b"" if low_fence is None else low_fence
-        comp = [_compressor().compress(pack_records(b)) for b in group]
-        raws = [len(pack_records(b)) for b in group]
-        dir_bytes = sum(DIR_ENTRY.size + len(b[0][0]) for b in group)
-        offset = RECORD_CHUNK_HEAD.size + len(fence) + dir_bytes
+        stored = []
+        for start, end, _, _, _ in group:
+            plain = mv[start:end]
+            packed = _compressor().compress(plain)
+            stored.append(packed if len(packed) < len(plain) else bytes(plain))
+        count = sum(b[4] for b in group)
+        filt = _core.record_filter(mv[group[0][0]:group[-1][1]], mode, filter_bytes_for(count))
+        dir_bytes = sum(DIR_ENTRY.size + len(b[2]) for b in group)
+        offset = RECORD_CHUNK_HEAD.size + len(fence) + dir_bytes + len(filt)
         directory = []
-        for b, c, r in zip(group, comp, raws):
-            directory.append(DIR_ENTRY.pack(offset, len(c), r, _core.crc32c(c), len(b[0][0])) + b[0][0])
-            offset += len(c)
-        head = RECORD_CHUNK_HEAD.pack(0, KIND_RECORDS, flags, len(group), run_id,
-                                      sum(len(b) for b in group), dir_bytes, len(fence), 0)
-        body = head[4:] + fence + b"".join(directory)
+        for (start, end, first, _, _), data in zip(group, stored):
+            directory.append(DIR_ENTRY.pack(offset, len(data), end - start, _core.crc32c(data),
+                                            len(first)) + first)
+            offset += len(data)
+        head = RECORD_CHUNK_HEAD.pack(0, KIND_RECORDS, flags, len(group), run_id, count,
+                                      dir_bytes, len(fence), len(filt))
+        body = head[4:] + fence + b"".join(directory) + filt
         crc = _core.crc32c(key + body)
-        out.append((key, struct.pack("<I", crc) + body + b"".join(comp)))
+        out.append((key, struct.pack("<I", crc) + body + b"".join(stored)))
         low_fence = sep
     return out
 
@@ -360,49 +371,36 @@ class RecordChunk:
 
     key: bytes
     flags: int
-    run_id: int
     records: int
     low_fence: bytes | None
-    first_keys: list
-    entries: list  # (offset, comp_len, raw_len, crc)
+    blocks: list  # (offset, stored_len, raw_len, crc, first_key)
     value: memoryview
 
     @property
     def separator(self) -> bytes:
         return self.key[5:]
 
+    @property
+    def first_keys(self) -> list:
+        return [b[4] for b in self.blocks]
+
+    def raw_block(self, i: int):
+        """Sub-block i's raw records, its checksum and first key checked (and decompressed)."""
+        raw = raw_block(self.key, self.value, self.blocks[i])
+        first = self.blocks[i][4]
+        if bytes(raw[RECORD_HEAD.size:RECORD_HEAD.size + len(first)]) != first or \
+                int.from_bytes(raw[:2], "little") != len(first):
+            raise _bad(f"record sub-block {i}: first key differs from the directory", self.key)
+        return raw
+
     def block(self, i: int) -> list:
         """The records of sub-block i."""
-        off, clen, rlen, crc = self.entries[i]
-        comp = bytes(self.value[off:off + clen])
-        if _core.crc32c(comp) != crc:
-            raise _bad(f"record block {i}: checksum mismatch", self.key)
-        try:
-            raw = _decompressor().decompress(comp, max_output_size=rlen)
-        except zstandard.ZstdError as exc:
-            raise _bad(f"record block {i}: {exc}", self.key) from None
-        if len(raw) != rlen:
-            raise _bad(f"record block {i}: {len(raw)} bytes, directory says {rlen}", self.key)
-        recs = unpack_records(raw, self.key)
-        if not recs or recs[0][0] != self.first_keys[i]:
-            raise _bad(f"record block {i}: first key differs from the directory", self.key)
-        return recs
-
-    def find_block(self, key: bytes) -> int:
-        """The sub-block that would hold key (the last whose first key is <= key)."""
-        lo, hi = 0, len(self.first_keys)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.first_keys[mid] <= key:
-                lo = mid + 1
-            else:
-                hi = mid
-        return max(lo - 1, 0)
+        return _core_records(self.key, self.raw_block(i), b"", self.blocks[i][4])
 
     def all_records(self) -> list:
         """Every record, checked for order against the chunk's fences."""
         out = []
-        for i in range(len(self.entries)):
+        for i in range(len(self.blocks)):
             out.extend(self.block(i))
         if len(out) != self.records:
             raise _bad(f"chunk holds {len(out)} records, its header says {self.records}", self.key)
@@ -415,41 +413,40 @@ class RecordChunk:
         return out
 
 
-def unpack_record_chunk(key: bytes, value) -> RecordChunk:
-    """Check a record chunk's header and directory against its key."""
-    mv = memoryview(value)
-    if len(key) < 5 or len(mv) < RECORD_CHUNK_HEAD.size:
-        raise _bad("record chunk too short", key)
-    crc, kind, flags, n, run_id, records, dir_bytes, fence_len, reserved = \
-        RECORD_CHUNK_HEAD.unpack_from(mv)
-    head_end = RECORD_CHUNK_HEAD.size + fence_len + dir_bytes
-    if kind != KIND_RECORDS or head_end > len(mv) or n < 1:
-        raise _bad("record chunk header impossible", key)
-    if _core.crc32c(key + bytes(mv[4:head_end])) != crc:
-        raise _bad("record chunk checksum mismatch", key)
-    if flags & ~3 or reserved or run_id != int.from_bytes(key[1:5], "big"):
-        raise _bad("record chunk header fields impossible", key)
-    pos = RECORD_CHUNK_HEAD.size
-    fence = bytes(mv[pos:pos + fence_len]) if not flags & FLAG_FIRST else None
-    if flags & FLAG_FIRST and fence_len:
-        raise _bad("first record chunk has a fence", key)
-    pos += fence_len
-    entries, first_keys = [], []
-    expect = head_end
-    for _ in range(n):
-        if pos + DIR_ENTRY.size > head_end:
-            raise _bad("record directory runs past the header", key)
-        off, clen, rlen, bcrc, flen = DIR_ENTRY.unpack_from(mv, pos)
-        pos += DIR_ENTRY.size
-        if pos + flen > head_end or off != expect or off + clen > len(mv) or rlen > 1 << 24:
-            raise _bad("record directory entry impossible", key)
-        first_keys.append(bytes(mv[pos:pos + flen]))
-        pos += flen
-        entries.append((off, clen, rlen, bcrc))
-        expect = off + clen
-    if pos != head_end or expect != len(mv):
-        raise _bad("record directory does not cover the chunk", key)
-    if any(a >= b for a, b in zip(first_keys, first_keys[1:])) or \
-            first_keys[-1] > key[5:] or (fence is not None and first_keys[0] <= fence):
-        raise _bad("record directory keys out of order", key)
-    return RecordChunk(key, flags, run_id, records, fence, first_keys, entries, mv)
+def raw_block(key: bytes, value, entry):
+    """The raw records of one sub-block of a record chunk (entry from its directory)."""
+    off, clen, rlen, crc, _ = entry
+    data = value[off:off + clen]
+    if _core.crc32c(data) != crc:
+        raise _bad("record sub-block checksum mismatch", key)
+    if clen == rlen:
+        return data
+    try:
+        raw = _decompressor().decompress(data, max_output_size=rlen)
+    except zstandard.ZstdError as exc:
+        raise _bad(f"record sub-block: {exc}", key) from None
+    if len(raw) != rlen:
+        raise _bad(f"record sub-block holds {len(raw)} bytes, its directory says {rlen}", key)
+    return raw
+
+
+def _core_records(key: bytes, raw, prefix: bytes, first: bytes) -> list:
+    try:
+        return _core.records_find(raw, prefix, first)
+    except CorruptionError as exc:
+        raise _bad(str(exc.args[0]) if exc.args else "bad record block", key) from None
+
+
+def find_records(key: bytes, value, entry, prefix: bytes) -> list:
+    """The records of one sub-block whose key begins with prefix."""
+    return _core_records(key, raw_block(key, value, entry), prefix, entry[4])
+
+
+def unpack_record_chunk(key: bytes, value, group: bytes | None = None):
+    """Check a record chunk's header, directory and filter against its key (C).
+
+    Returns a RecordChunk; with a group, only the sub-blocks that may hold
+    keys beginning with it (none when the filter rules the group out).
+    """
+    flags, records, fence, blocks, _ = _core.record_chunk(key, value, group)
+    return RecordChunk(key, flags, records, fence, blocks, memoryview(value))

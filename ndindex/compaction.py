@@ -39,13 +39,13 @@ import time
 
 import numpy as np
 
-from ndindex import chunks as ch, codec, runs as rn
+from ndindex import _core, chunks as ch, codec, docstore, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.errors import ClosedError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
-                             RUN_MERGE_OUTPUT,
+                             RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, unframe)
 
 #: Log operations that make a flush worth doing.
@@ -339,11 +339,11 @@ class Compactor:
             man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
                                    sum(len(v) for _, v in pairs), int(values[0]), last,
                                    code=code.to_bytes() if code else b""))
-        for space, recs in _space_records(log.ops.flattened()).items():
+        for space, (raw, count) in _space_records(log.ops.flattened()).items():
             rid = man.new_run_id()
-            pairs = ch.pack_record_chunks(space, rid, recs, None, True)
+            pairs = ch.pack_record_stream(space, rid, raw, None, True)
             puts += pairs
-            man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, len(recs), len(pairs),
+            man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, count, len(pairs),
                                    sum(len(v) for _, v in pairs)))
         # Tombstones: the log's removals join them, its additions leave them,
         # and a tombstone no run can hold any more goes (see _droppable).
@@ -464,37 +464,34 @@ class Compactor:
     # -- record merges ---------------------------------------------------------
 
     def _record_merge_step(self, snap, man: Manifest, space: int, output: Run, inputs: list):
-        """Advance a merge of a key space's record runs by one step (see _fp_merge_step)."""
+        """Advance a merge of a record space's runs by one step (see _fp_merge_step).
+
+        The inputs' sub-blocks are read raw and merged in C (newest run
+        first wins a key); the output is cut into new chunks.
+        """
         cursor = output.cursor if output.cursor else None
-        got, ends, read = [], [], []
+        start = cursor + b"\0" if cursor else b""
+        raws, ends, read = [], [], []
         for run in inputs:
-            recs, end, exhausted = rn.all_records(snap.view, run, cursor, STEP_CHUNKS)
-            got.append(recs)
-            ends.append(None if exhausted else end)
-            read.append(rn.record_chunks(snap.view, run, cursor + b"\0" if cursor else b"",
-                                         STEP_CHUNKS, exclusive=True))
+            cs = rn.record_chunks(snap.view, run, start, STEP_CHUNKS, exclusive=True)
+            raws.append(b"".join(bytes(c.raw_block(i)) for c in cs for i in range(len(c.blocks))))
+            ends.append(None if not cs or cs[-1].flags & ch.FLAG_LAST else cs[-1].separator)
+            read.append(cs)
         bounds = [e for e in ends if e is not None]
         final = not bounds
         bound = min(bounds) if bounds else None
-        # Inputs are newest first: the first mention of a key wins.
-        merged = {}
-        for recs in got:
-            for key, flag, value in recs:
-                if bound is None or key <= bound:
-                    merged.setdefault(key, (flag, value))
         # Deletions matter only while an older run might hold the key.
         bottom = all(r.run_id in {i.run_id for i in inputs} or r.run_id == output.run_id
                      for r in snap.manifest.of(space))
-        records = [(k, f, v) for k, (f, v) in sorted(merged.items())
-                   if not (bottom and f == ch.RECORD_DELETE)]
+        merged, count = _core.records_merge(raws, cursor, bound, bottom)
         low = output.fence if output.chunks else None
-        pairs = ch.pack_record_chunks(space, output.run_id, records, low, final) if records else []
+        pairs = ch.pack_record_stream(space, output.run_id, merged, low, final) if count else []
         deletes = []
         for run, cs in zip(inputs, read):
             gone = [c for c in cs if final or c.separator <= bound]
             deletes += [c.key for c in gone]
             run.chunks -= len(gone)
-        output.entries += len(records)
+        output.entries += count
         output.chunks += len(pairs)
         output.value_bytes += sum(len(v) for _, v in pairs)
         if pairs:
@@ -610,8 +607,19 @@ def _find(man: Manifest, run_id: int) -> Run:
 
 
 def _space_records(ops) -> dict:
-    """The log's record operations as sorted runs' records: {space: [(key, flag, value)]}."""
+    """The log's record operations as new runs' records: {space: (raw stream, count)}.
+
+    Lookup-key records are derived from the document records ([D1]).
+    """
     out = {}
     for space, key, flag, value in ops.items():
         out.setdefault(space, []).append((key, flag, value))
-    return {space: sorted(recs) for space, recs in sorted(out.items())}
+    docs, lookups = out.pop(SPACE_DOCS, []), out.pop(SPACE_LOOKUP, [])
+    runs = {space: (_core.records_pack(sorted(recs)), len(recs))
+            for space, recs in sorted(out.items())}
+    if docs:
+        runs[SPACE_DOCS] = (_core.records_pack(sorted(docs)), len(docs))
+    if docs or lookups:
+        raw = docstore.lookup_records(docs, lookups)
+        runs[SPACE_LOOKUP] = (raw, len(raw) // (ch.RECORD_HEAD.size + 16))
+    return dict(sorted(runs.items()))

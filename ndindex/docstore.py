@@ -207,11 +207,12 @@ def documents_of(snap, pending, fp: int) -> dict:
 
 
 def removal_records(snap, pending, deletes: dict) -> list:
-    """Record operations that remove the documents of deleted key pairs.
+    """Document-record deletions for deleted key pairs.
 
     deletes: {fingerprint: set of typed keys going}.  Returns (space, key,
-    flag, value) deletes of their document records, and of each lookup-key
-    record no remaining document of the fingerprint holds.
+    flag, value) deletes of their document records; each delete's value
+    lists the lookup keys whose records go with it: those no remaining
+    document of the same fingerprint lists ([D1]).
     """
     out = []
     for fp, raws in deletes.items():
@@ -223,25 +224,79 @@ def removal_records(snap, pending, deletes: dict) -> list:
         for raw, doc in docs.items():
             if raw not in raws:
                 kept.update(doc.lookup_keys.tolist())
-        lookups = set()
         for raw in gone:
-            out.append((SPACE_DOCS, doc_record_key(fp, raw), RECORD_DELETE, b""))
-            lookups.update(docs[raw].lookup_keys.tolist())
-        out += [(SPACE_LOOKUP, lookup_record_key(lk, fp), RECORD_DELETE, b"")
-                for lk in lookups - kept]
+            lks = set(docs[raw].lookup_keys.tolist()) - kept
+            kept |= lks  # each lookup-key record goes with one delete only
+            out.append((SPACE_DOCS, doc_record_key(fp, raw), RECORD_DELETE,
+                        np.array(sorted(lks), dtype="<u8").tobytes()))
     return out
 
 
 def addition_records(fps: np.ndarray, docs: "DocumentSketches", raws: list, data) -> list:
-    """Record operations that store documents i = 0..n-1 under (fps[i], raws[i])."""
+    """Document-record puts storing documents i = 0..n-1 under (fps[i], raws[i])."""
+    return [(SPACE_DOCS, doc_record_key(fp, raw), RECORD_PUT,
+             pack_document(docs.lookup_keys(i), docs.sketch(i), data[i] if data else b""))
+            for i, (fp, raw) in enumerate(zip(fps.tolist(), raws))]
+
+
+def lookup_keys_of(flag: int, value) -> np.ndarray:
+    """The lookup keys a document-record operation puts (its record's) or deletes
+    (its value), uint64."""
+    if flag == RECORD_PUT:
+        n = int.from_bytes(bytes(value[1:3]), "little")
+        return np.frombuffer(value, "<u8", n, DOC_HEAD.size).astype(np.uint64)
+    if len(value) % 8:
+        raise CorruptionError("document delete lists a partial lookup key", database="documents")
+    return np.frombuffer(value, "<u8").astype(np.uint64)
+
+
+def replaced_lookups(removals: list, additions: list) -> list:
+    """Merge a replacement's removals and additions into one list of operations.
+
+    A document replaced by one of the same fingerprint keeps its record key:
+    the put replaces the delete, and the lookup keys the delete listed that
+    the new document does not hold become explicit lookup-key deletions.
+    """
+    puts = {key: value for _, key, _, value in additions}
     out = []
-    for i, (fp, raw) in enumerate(zip(fps.tolist(), raws)):
-        lks = docs.lookup_keys(i)
-        out.append((SPACE_DOCS, doc_record_key(fp, raw), RECORD_PUT,
-                    pack_document(lks, docs.sketch(i), data[i] if data else b"")))
-        out += [(SPACE_LOOKUP, lookup_record_key(lk, fp), RECORD_PUT, b"")
-                for lk in set(lks.tolist())]
-    return out
+    for space, key, flag, value in removals:
+        if key not in puts:
+            out.append((space, key, flag, value))
+            continue
+        fp = key[:8]
+        kept = set(lookup_keys_of(RECORD_PUT, puts[key]).tolist())
+        out += [(SPACE_LOOKUP, U64_BE.pack(lk) + fp, RECORD_DELETE, b"")
+                for lk in lookup_keys_of(flag, value).tolist() if lk not in kept]
+    return out + additions
+
+
+def lookup_records(doc_ops, lookup_ops=()) -> bytes:
+    """The lookup-key records (a raw record stream) that document-record operations imply.
+
+    doc_ops: (key, flag, value) of the documents space; lookup_ops: explicit
+    (key, flag, value) lookup-key operations.  A put of (x, f) wins over a
+    delete of it: a delete lists only lookup keys no remaining document of
+    f held when it was made, so a put beside it comes from a document added
+    since.
+    """
+    his, los, flags = [], [], []
+    for key, flag, value in doc_ops:
+        lks = np.unique(lookup_keys_of(flag, value))
+        his.append(lks)
+        los.append(np.full(len(lks), U64_BE.unpack_from(key)[0], np.uint64))
+        flags.append(np.full(len(lks), flag, np.uint8))
+    for key, flag, _ in lookup_ops:
+        his.append(np.array([U64_BE.unpack_from(key)[0]], np.uint64))
+        los.append(np.array([U64_BE.unpack_from(key, 8)[0]], np.uint64))
+        flags.append(np.array([flag], np.uint8))
+    if not his:
+        return b""
+    hi, lo, fl = np.concatenate(his), np.concatenate(los), np.concatenate(flags)
+    order = np.lexsort((fl, lo, hi))
+    hi, lo, fl = hi[order], lo[order], fl[order]
+    first = np.ones(len(hi), bool)
+    first[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    return _core.pair_records_pack(hi[first], lo[first], fl[first].tobytes())
 
 
 # -- queries ----------------------------------------------------------------------------

@@ -531,12 +531,12 @@ class Index:
             # Documents already under these keys are replaced.
             deletes, gone = _key_deletions(snap, pend, [], raws)
             ops = RecordOps()
-            for space, key, flag, value in docstore.removal_records(snap, pend, deletes):
-                ops.set(space, key, flag, value)
             for fp, old in deletes.items():
                 for raw in old:
                     ops.set_key(fp, raw, False)
-            for space, key, flag, value in docstore.addition_records(fps, docs, raws, data):
+            for space, key, flag, value in docstore.replaced_lookups(
+                    docstore.removal_records(snap, pend, deletes),
+                    docstore.addition_records(fps, docs, raws, data)):
                 ops.set(space, key, flag, value)
             for fp, raw in zip(fps.tolist(), raws):
                 ops.set_key(fp, raw, True)

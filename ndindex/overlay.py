@@ -21,8 +21,8 @@ import numpy as np
 
 from ndindex import chunks as ch
 from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted
-from ndindex.records import (LOG_RECORD_SPACES, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, U64_BE,
-                             LogRecord)
+from ndindex.records import (LOG_RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
+                             U64_BE, LogRecord)
 
 
 def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -51,16 +51,19 @@ class RecordOps:
     Indexed by (space, group) so that a lookup costs one dict access.
     """
 
-    __slots__ = ("groups", "n")
+    __slots__ = ("groups", "n", "_lookups")
 
     def __init__(self):
         self.groups: dict = {}
         self.n = 0
+        self._lookups = None
 
     def __len__(self) -> int:
         return self.n
 
     def set(self, space: int, key: bytes, flag: int, value: bytes = b"") -> None:
+        if space == SPACE_DOCS:
+            self._lookups = None
         group = self.groups.setdefault((space, record_group(space, key)), {})
         if key not in group:
             self.n += 1
@@ -91,6 +94,24 @@ class RecordOps:
     def update(self, newer: "RecordOps") -> None:
         for sp, key, flag, value in newer.items():
             self.set(sp, key, flag, value)
+
+    def lookup_hits(self, lookup_key: int) -> list:
+        """Fingerprints of the documents put here that list lookup_key.
+
+        Lookup-key records are derived from document records when the log
+        is flushed; until then lookups use this index of the puts (built on
+        first use, O(documents here)).  Deleted documents are not listed.
+        """
+        if self._lookups is None:
+            from ndindex.docstore import lookup_keys_of
+            index = {}
+            for _, key, flag, value in self.items(SPACE_DOCS):
+                if flag == ch.RECORD_PUT:
+                    fp = U64_BE.unpack_from(key)[0]
+                    for lk in lookup_keys_of(flag, value).tolist():
+                        index.setdefault(lk, set()).add(fp)
+            self._lookups = index
+        return list(self._lookups.get(lookup_key, ()))
 
     def copy(self) -> "RecordOps":
         out = RecordOps()
@@ -148,6 +169,12 @@ class LayeredRecords:
         for layer in reversed(self.layers):
             for key, op in layer.group(space, group).items():
                 out.setdefault(key, op)
+        return out
+
+    def lookup_hits(self, lookup_key: int) -> set:
+        out = set()
+        for layer in self.layers:
+            out.update(layer.lookup_hits(lookup_key))
         return out
 
     def flattened(self) -> RecordOps:

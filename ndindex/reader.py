@@ -26,8 +26,8 @@ from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError
 from ndindex.overlay import LogOverlay, PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
-                             SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_TOMBSTONES, U64_BE,
-                             LogRecord, Manifest, State, unframe)
+                             SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_LOOKUP,
+                             SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, unframe)
 from ndindex.records import DB_CHUNKS, decode_doc_key
 
 
@@ -229,10 +229,21 @@ class Snapshot:
         runs newest first.
         """
         decided = {}
-        if pending is not None:
-            decided.update(pending.ops.group(space, group))
-        for key, op in self.log.ops.group(space, group).items():
-            decided.setdefault(key, op)
+        if space == SPACE_LOOKUP:
+            # Lookup-key records of documents not yet flushed: hints from
+            # their document records (a stale hint is harmless: the
+            # documents space decides what exists).
+            lk = U64_BE.unpack(group)[0]
+            hits = self.log.ops.lookup_hits(lk)
+            if pending is not None:
+                hits.update(pending.ops.lookup_hits(lk))
+            for fp in hits:
+                decided[group + U64_BE.pack(fp)] = (ch.RECORD_PUT, b"")
+        else:
+            if pending is not None:
+                decided.update(pending.ops.group(space, group))
+            for key, op in self.log.ops.group(space, group).items():
+                decided.setdefault(key, op)
         runs = [r for r in self.manifest.of(space) if r.chunks]
         if runs:
             exact = space == SPACE_FPS_BY_KEY
@@ -267,12 +278,16 @@ class Snapshot:
         operations: the newest operation on a key decides it.  Reads the
         runs a few chunks at a time.
         """
-        over = {}
-        for _, key, flag, value in self.log.ops.flattened().items(space):
-            over[key] = (flag, value)
+        ops = self.log.ops.flattened()
         if pending is not None:
-            for _, key, flag, value in pending.ops.items(space):
-                over[key] = (flag, value)
+            ops.update(pending.ops)
+        if space == SPACE_LOOKUP:
+            from ndindex.docstore import lookup_records
+            derived = lookup_records([(k, f, v) for _, k, f, v in ops.items(SPACE_DOCS)],
+                                     [(k, f, v) for _, k, f, v in ops.items(SPACE_LOOKUP)])
+            over = {key: (flag, value) for key, flag, value in _core.records_unpack(derived)}
+        else:
+            over = {key: (flag, value) for _, key, flag, value in ops.items(space)}
         sources = [iter([(key, flag, value) for key, (flag, value) in sorted(over.items())])]
         sources += [self._run_records(run) for run in self.manifest.of(space) if run.chunks]
         merged = heapq.merge(*[_ranked(src, rank) for rank, src in enumerate(sources)])

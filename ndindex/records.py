@@ -49,8 +49,10 @@ SPACE_DOCS = 0xF3
 #: Lookup keys (7.9): u64 BE lookup key + u64 BE fingerprint -> empty.
 SPACE_LOOKUP = 0xF4
 RECORD_SPACES = (SPACE_KEYS_BY_FP, SPACE_FPS_BY_KEY, SPACE_DOCS, SPACE_LOOKUP)
-#: Record spaces a log record names record by record (document keys have
-#: their own compact entries, one for both mirror spaces).
+#: Record spaces a log record names record by record: document keys have
+#: their own compact entries (one for both mirror spaces); lookup-key
+#: records are derived from the documents' records when the log is flushed,
+#: except deletions a document replaced under the same fingerprint implies.
 LOG_RECORD_SPACES = (SPACE_DOCS, SPACE_LOOKUP)
 SPACE_NAMES = {SPACE_TOMBSTONES: "tombstones", SPACE_KEYS_BY_FP: "keys-by-fingerprint",
                SPACE_FPS_BY_KEY: "fingerprints-by-key", SPACE_DOCS: "documents",

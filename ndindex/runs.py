@@ -190,16 +190,7 @@ def record_chunks(view: PageView, run: Run, start: bytes = b"", limit: int = -1,
     for key, value in rows:
         c = ch.unpack_record_chunk(key, value)
         if prev is None:
-            # The chunk before it (if any) ends below start, unless a merge
-            # consumed and deleted chunks up to its cursor.
-            if c.low_fence is not None and start and \
-                    (c.low_fence > start if exclusive else c.low_fence >= start) and \
-                    not (run.merge_input and run.cursor and c.low_fence <= run.cursor):
-                raise CorruptionError("record chunk fences do not match its neighbours",
-                                      database=DB_CHUNKS, key=key)
-            if not start and c.low_fence is not None and not run.merge_input:
-                raise CorruptionError("record run's first chunk is missing",
-                                      database=DB_CHUNKS, key=key)
+            _check_first_fence(run, key, c.low_fence, start, exclusive)
         elif c.low_fence != prev.separator:
             raise CorruptionError("record chunk fences do not match its neighbours",
                                   database=DB_CHUNKS, key=key)
@@ -208,28 +199,59 @@ def record_chunks(view: PageView, run: Run, start: bytes = b"", limit: int = -1,
     return out
 
 
-def record_lookup(view: PageView, run: Run, prefix: bytes) -> list:
-    """Live records of a run whose key begins with prefix: [(key, flag, value)]."""
+def _check_first_fence(run: Run, key: bytes, fence: bytes | None, start: bytes,
+                       exclusive: bool) -> None:
+    """The first chunk found for start must be the one that holds it ([F16]).
+
+    A chunk holds the keys in (its low fence, its separator]: the one before
+    it (if any) ends below start (at start when exclusive), unless a merge
+    consumed and deleted chunks up to its cursor.  A run's first chunk
+    must be present unless a merge consumed it.
+    """
+    if fence is None:
+        return
+    if not start:
+        if not run.merge_input:
+            raise CorruptionError("record run's first chunk is missing", database=DB_CHUNKS,
+                                  key=key)
+        return
+    if (fence > start if exclusive else fence >= start) and \
+            not (run.merge_input and run.cursor and fence <= run.cursor):
+        raise CorruptionError("record chunk fences do not match its neighbours",
+                              database=DB_CHUNKS, key=key)
+
+
+def record_lookup(view: PageView, run: Run, group: bytes) -> list:
+    """Live records of a run whose key begins with group: [(key, flag, value)].
+
+    One seek in the chunks tree; the chunk's filter rules most absent
+    groups out without reading a sub-block (FORMAT.md 7.9).  A group's keys
+    continue into the next chunk only while the chunk's separator begins
+    with the group.
+    """
     if run.chunks == 0:
         return []
     out = []
-    chunk_list = record_chunks(view, run, prefix, limit=1)
-    while chunk_list:
-        c = chunk_list[0]
-        for i in range(c.find_block(prefix), len(c.entries)):
-            for key, flag, value in c.block(i):
-                if key < prefix:
-                    continue
-                if not key.startswith(prefix):
-                    return out
-                if _record_live(run, key):
-                    out.append((key, flag, value))
-        if c.flags & ch.FLAG_LAST:
+    prefix = ch.run_prefix(run.space, run.run_id)
+    rows = view.scan(DB_CHUNKS, prefix + group, prefix=prefix, limit=1)
+    first = True
+    while rows:
+        key, value = rows[0]
+        flags, _, fence, blocks, _ = _core.record_chunk(key, value, group)
+        if first:
+            _check_first_fence(run, key, fence, group, exclusive=False)
+            first = False
+        for entry in blocks:
+            out += [r for r in ch.find_records(key, value, entry, group) if _record_live(run, r[0])]
+        sep = key[5:]
+        if flags & ch.FLAG_LAST or not sep.startswith(group):
             break
-        chunk_list = record_chunks(view, run, c.separator + b"\0", limit=1)
-        if chunk_list and chunk_list[0].low_fence != c.separator:
-            raise CorruptionError("record chunk fences do not match its neighbours",
-                                  database=DB_CHUNKS, key=chunk_list[0].key)
+        rows = view.scan(DB_CHUNKS, key + b"\0", prefix=prefix, limit=1)
+        if rows:
+            nxt = _core.record_chunk(rows[0][0], rows[0][1])[2]
+            if nxt != sep:
+                raise CorruptionError("record chunk fences do not match its neighbours",
+                                      database=DB_CHUNKS, key=rows[0][0])
     return out
 
 

@@ -23,7 +23,8 @@ import zstandard
 from ndindex import codec_reference as ref
 
 KINDS = {1: "huffman", 2: "raw", 3: "records", 4: "tombstones"}
-SPACES = {0xF0: "tombstones", 0xF1: "keys-by-fingerprint", 0xF2: "fingerprints-by-key"}
+SPACES = {0xF0: "tombstones", 0xF1: "keys-by-fingerprint", 0xF2: "fingerprints-by-key",
+          0xF3: "documents", 0xF4: "lookup-keys"}
 
 
 def fail(why: str) -> None:
@@ -141,8 +142,8 @@ def main(argv=None) -> int:
         seqs = []
         for key, value in cur:
             payload = framed(key, value, f"log record {key.hex()}")
-            na, nr, npu, nd = struct.unpack_from("<IIII", payload)
-            ops += na + nr + npu + nd
+            na, nr, npu, nd, nrec = struct.unpack_from("<IIIII", payload)
+            ops += na + nr + npu + nd + nrec
             seqs.append(struct.unpack(">Q", key)[0])
         if seqs != list(range(st["log_first_seq"], st["log_next_seq"])):
             fail("log records are not exactly log_first_seq..log_next_seq-1 [F7]")
@@ -179,16 +180,17 @@ def main(argv=None) -> int:
                         fail(f"tombstone chunk {key.hex()} invalid [F15]")
                     records += entries
                 else:
-                    crc, kind, flags, nb, rid, nrec, dir_bytes, fence_len, res = \
+                    crc, kind, flags, nb, rid, nrec, dir_bytes, fence_len, filter_bytes = \
                         struct.unpack_from("<IBBHIIIHH", value)
-                    end = 24 + fence_len + dir_bytes
-                    if ref.crc32c(key + value[4:end]) != crc or kind != 3 or res:
+                    end = 24 + fence_len + dir_bytes + filter_bytes
+                    if ref.crc32c(key + value[4:end]) != crc or kind != 3:
                         fail(f"record chunk {key.hex()} invalid [F16]")
                     off, clen, rlen, bcrc, flen = struct.unpack_from("<IIIIH", value, 24 + fence_len)
                     comp = value[off:off + clen]
-                    if ref.crc32c(comp) != bcrc:
+                    if ref.crc32c(comp) != bcrc or clen > rlen:
                         fail(f"record chunk {key.hex()}: sub-block checksum [F16]")
-                    raw = zstandard.ZstdDecompressor().decompress(comp, max_output_size=rlen)
+                    raw = comp if clen == rlen else \
+                        zstandard.ZstdDecompressor().decompress(comp, max_output_size=rlen)
                     klen, flag, vlen = struct.unpack_from("<HBI", raw)
                     if shown < args.blocks:
                         print(f"  {name} run {run['run_id']}: first record {raw[7:7 + klen]!r} "

@@ -42,5 +42,6 @@ int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, 
 
 extern PyMethodDef psm_methods[];
 extern PyMethodDef lmdbcheck_methods[];
+extern PyMethodDef records_methods[];
 
 #endif

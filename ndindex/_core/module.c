@@ -22,6 +22,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         PyModule_AddFunctions(m, batch_methods) < 0 ||
         PyModule_AddFunctions(m, lmdbpage_methods) < 0 || lmdbpage_module_init(m) < 0 ||
         PyModule_AddFunctions(m, lmdbcheck_methods) < 0 ||
+        PyModule_AddFunctions(m, records_methods) < 0 ||
         PyModule_AddFunctions(m, psm_methods) < 0 ||
         PyModule_AddFunctions(m, fingerprint_methods) < 0 ||
         PyModule_AddFunctions(m, docs_methods) < 0) {

@@ -123,8 +123,20 @@ def read_tombstones(txn, db, run):
     return out
 
 
+def group_of(space, key):
+    return key[:-8] if space == 0xF2 else key[:8]
+
+
+def in_filter(filt, group):
+    # 7.9: Bloom filter, 7 probes by double hashing of XXH64(group, seed 0).
+    h = ref.xxh64(group, 0)
+    m = 8 * len(filt)
+    h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
+    return all(filt[((h1 + i * h2) % m) >> 3] >> (((h1 + i * h2) % m) & 7) & 1 for i in range(7))
+
+
 def read_records(txn, db, run):
-    """(key, flag) records of a kind-3 run, checking [F16]."""
+    """(key, flag, value) records of a kind-3 run, checking [F16] and the filters."""
     prefix = bytes([run["space"]]) + struct.pack(">I", run["run_id"])
     out, prev_sep = [], None
     dctx = zstandard.ZstdDecompressor()
@@ -133,28 +145,30 @@ def read_records(txn, db, run):
             continue
         sep = key[5:]
         (crc, kind, flags, n_blocks, run_id, records, dir_bytes, fence_len,
-         reserved) = struct.unpack_from("<IBBHIIIHH", value)
-        head_end = 24 + fence_len + dir_bytes
+         filter_bytes) = struct.unpack_from("<IBBHIIIHH", value)
+        head_end = 24 + fence_len + dir_bytes + filter_bytes
         assert ref.crc32c(key + value[4:head_end]) == crc and kind == 3       # [F16]
         fence = value[24:24 + fence_len]
         assert (fence == b"") if flags & 1 else (fence == prev_sep)
+        filt = value[head_end - filter_bytes:head_end]
         pos, chunk_recs = 24 + fence_len, []
         for _ in range(n_blocks):
             off, clen, rlen, bcrc, flen = struct.unpack_from("<IIIIH", value, pos)
             pos += 18 + flen
-            comp = value[off:off + clen]
-            assert ref.crc32c(comp) == bcrc                                    # [F16]
-            raw = dctx.decompress(comp, max_output_size=rlen)
+            stored = value[off:off + clen]
+            assert ref.crc32c(stored) == bcrc and clen <= rlen                 # [F16]
+            raw = stored if clen == rlen else dctx.decompress(stored, max_output_size=rlen)
             assert len(raw) == rlen
             p = 0
             while p < len(raw):
                 klen, flag, vlen = struct.unpack_from("<HBI", raw, p)
-                chunk_recs.append((raw[p + 7:p + 7 + klen], flag))
+                chunk_recs.append((raw[p + 7:p + 7 + klen], flag, raw[p + 7 + klen:p + 7 + klen + vlen]))
                 p += 7 + klen + vlen
         assert len(chunk_recs) == records
-        ks = [k for k, _ in chunk_recs]
+        ks = [k for k, _, _ in chunk_recs]
         assert ks == sorted(set(ks)) and ks[-1] <= sep                          # [F16]
         assert prev_sep is None or ks[0] > prev_sep
+        assert all(in_filter(filt, group_of(run["space"], k)) for k in ks)      # [F17]
         out += chunk_recs
         prev_sep = sep
     return out
@@ -217,7 +231,7 @@ def stored_set(path):
         for space in (0xF1, 0xF2):
             decided = {}
             for run in reversed([r for r in runs if r["space"] == space]):    # oldest first
-                for rk, flag in read_records(txn, dbs[b"chunks"], run):
+                for rk, flag, _ in read_records(txn, dbs[b"chunks"], run):
                     decided[rk] = flag == 0
             pairs = set()
             for rk, present in decided.items():

@@ -5,6 +5,7 @@ not yet merged); a merge stopped half way (inputs above the cursor, the
 output below it); one Huffman run after a full compaction; reopened.
 """
 
+import errno
 import os
 import time
 
@@ -316,6 +317,24 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
     with Index.open(dest) as copy:
         copy.verify()
         assert len(copy) == len(np.unique(fps)) + 2000
+
+
+def test_create_and_vacuum_work_where_hard_links_are_refused(path, tmp_path, monkeypatch):
+    def no_links(src, dst, **kwargs):
+        raise PermissionError(errno.EPERM, "hard links not supported", dst)
+    monkeypatch.setattr(os, "link", no_links)
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add([5, 6, 7])
+        ix.compact(full=True)
+        assert ix.vacuum_into(tmp_path / "copy.ndx") > 0
+        with pytest.raises(FileExistsError):
+            ix.vacuum_into(tmp_path / "copy.ndx")
+    with pytest.raises(FileExistsError):
+        Index.create(path, k=3)
+    with Index.open(tmp_path / "copy.ndx") as copy:
+        assert sorted(copy.fingerprints().tolist()) == [5, 6, 7]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith("-lock")) == \
+        ["copy.ndx", "test.ndx"]
 
 
 def test_vacuum_gives_space_back_and_keeps_the_index_usable(path):
