@@ -339,7 +339,7 @@ class Compactor:
             man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
                                    sum(len(v) for _, v in pairs), int(values[0]), last,
                                    code=code.to_bytes() if code else b""))
-        for space, (raw, count) in _space_records(log.ops.flattened()).items():
+        for space, (raw, count) in _space_records(log.ops.streams()).items():
             rid = man.new_run_id()
             pairs = ch.pack_record_stream(space, rid, raw, None, True)
             puts += pairs
@@ -606,20 +606,18 @@ def _find(man: Manifest, run_id: int) -> Run:
     raise KeyError(run_id)
 
 
-def _space_records(ops) -> dict:
+def _space_records(streams: dict) -> dict:
     """The log's record operations as new runs' records: {space: (raw stream, count)}.
 
-    Lookup-key records are derived from the document records ([D1]).
+    streams: the log's net operations per space (sorted raw record
+    streams).  Lookup-key records are derived from the document records
+    ([D2]).
     """
-    out = {}
-    for space, key, flag, value in ops.items():
-        out.setdefault(space, []).append((key, flag, value))
-    docs, lookups = out.pop(SPACE_DOCS, []), out.pop(SPACE_LOOKUP, [])
-    runs = {space: (_core.records_pack(sorted(recs)), len(recs))
-            for space, recs in sorted(out.items())}
-    if docs:
-        runs[SPACE_DOCS] = (_core.records_pack(sorted(docs)), len(docs))
+    runs = {space: (raw, len(_core.records_offsets(raw)) // 8)
+            for space, raw in streams.items() if space != SPACE_LOOKUP}
+    docs = streams.get(SPACE_DOCS, b"")
+    lookups = streams.get(SPACE_LOOKUP, b"")
     if docs or lookups:
-        raw = docstore.lookup_records(docs, lookups)
+        raw = docstore.lookup_records(_core.records_unpack(docs), _core.records_unpack(lookups))
         runs[SPACE_LOOKUP] = (raw, len(raw) // (ch.RECORD_HEAD.size + 16))
     return dict(sorted(runs.items()))

@@ -99,11 +99,12 @@ class DocConfig:
         fp = as_fingerprinter(fingerprinter)
         return cls(fp, key_design_for(fp) if design is None else KeyDesign.from_bytes(design))
 
-    def fingerprint(self, texts: list, workers: int | None) -> "DocumentSketches":
-        """Sketches, lookup keys and simhashes of texts."""
+    def fingerprint(self, texts: list, workers: int | None,
+                    simhash: bool = True) -> "DocumentSketches":
+        """Sketches, lookup keys and (unless simhash=False) simhashes of texts."""
         from ndindex.documents import fingerprint_documents
         return fingerprint_documents(texts, self.fingerprinter, self.design, workers=workers,
-                                     simhash=True)
+                                     simhash=simhash)
 
     def check_threshold(self, threshold) -> float:
         """The threshold a query asks for (default the fingerprinter's), checked.
@@ -304,10 +305,10 @@ def lookup_records(doc_ops, lookup_ops=()) -> bytes:
 
 def candidate_fingerprints(snap, pending, lookup_keys) -> list[int]:
     """Fingerprints of the stored documents sharing a lookup key, sorted."""
+    groups = [U64_BE.pack(lk) for lk in sorted(set(np.asarray(lookup_keys, np.uint64).tolist()))]
     found = set()
-    for lk in set(np.asarray(lookup_keys, dtype=np.uint64).tolist()):
-        for key in snap.record_group(SPACE_LOOKUP, U64_BE.pack(lk), pending):
-            found.add(U64_BE.unpack_from(key, 8)[0])
+    for records in snap.record_groups(SPACE_LOOKUP, groups, pending):
+        found.update(U64_BE.unpack_from(key, 8)[0] for key in records)
     return sorted(found)
 
 
@@ -319,8 +320,11 @@ def similar(snap, pending, sketch: np.ndarray, lookup_keys, bottom_k: int, thres
     itself when it is stored).
     """
     keys, fps, sketches = [], [], [np.asarray(sketch, dtype=np.uint32)]
-    for fp in candidate_fingerprints(snap, pending, lookup_keys):
-        for raw, doc in documents_of(snap, pending, fp).items():
+    candidates = candidate_fingerprints(snap, pending, lookup_keys)
+    found = snap.record_groups(SPACE_DOCS, [U64_BE.pack(fp) for fp in candidates], pending)
+    for fp, records in zip(candidates, found):
+        for key, value in records.items():
+            raw, doc = key[8:], unpack_document(value, key)
             if exclude is not None and (fp, raw) == exclude:
                 continue
             keys.append(raw)

@@ -28,10 +28,12 @@ those texts in ``exact_only`` with a note.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -196,20 +198,53 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     if workers <= 1:
         return _sketch_texts(texts, fingerprinter, design, simhash)
     chunks = [texts[i:i + TEXTS_PER_TASK] for i in range(0, len(texts), TEXTS_PER_TASK)]
-    # forkserver/spawn, not fork: the caller may hold threads or LMDB
-    # environments that a forked child must not inherit.
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = _pool(workers)
     try:
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context(method)) as pool:
-            parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
-                                  [design] * len(chunks), [simhash] * len(chunks)))
+        parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
+                              [design] * len(chunks), [simhash] * len(chunks)))
     except concurrent.futures.process.BrokenProcessPool as exc:
+        _drop_pool(workers)
         raise RuntimeError(
             f"the {workers} fingerprinting worker processes died; a script that fingerprints "
             "in parallel must start its work under `if __name__ == \"__main__\":` (the workers "
             "import the main module), or pass workers=1") from exc
     return DocumentSketches.concatenate(parts, fingerprinter.bottom_k, design)
+
+
+_pools: dict = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+    """A pool of worker processes kept for the next call (starting one costs about a
+    second); forkserver/spawn, not fork: the caller may hold threads or LMDB
+    environments that a forked child must not inherit."""
+    with _pools_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
+                else "spawn"
+            pool = _pools[workers] = concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context(method))
+        return pool
+
+
+@atexit.register
+def _shutdown_pools() -> None:
+    # Before the interpreter tears modules down: an executor collected later
+    # reports an AttributeError from its weakref callback.
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _drop_pool(workers: int) -> None:
+    with _pools_lock:
+        pool = _pools.pop(workers, None)
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _worker_count(n_texts: int, workers: int | None) -> int:

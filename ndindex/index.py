@@ -575,7 +575,7 @@ class Index:
             fp, doc = found[0]
             sketch, lookup_keys, exclude = doc.sketch, doc.lookup_keys, (fp, raw)
         else:
-            docs = config.fingerprint([text], 1)
+            docs = config.fingerprint([text], 1, simhash=False)
             sketch, lookup_keys = docs.sketch(0), docs.lookup_keys(0)
         hits = docstore.similar(snap, pend, sketch, lookup_keys, config.fingerprinter.bottom_k,
                                 threshold, exclude)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndindex import chunks as ch
+from ndindex import _core, chunks as ch
 from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted
 from ndindex.records import (LOG_RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
                              U64_BE, LogRecord)
@@ -92,8 +92,18 @@ class RecordOps:
                     yield sp, key, flag, value
 
     def update(self, newer: "RecordOps") -> None:
-        for sp, key, flag, value in newer.items():
-            self.set(sp, key, flag, value)
+        """Apply newer's operations after these (dict updates, group by group)."""
+        for g, ops in newer.groups.items():
+            mine = self.groups.get(g)
+            if mine is None:
+                self.groups[g] = dict(ops)
+                self.n += len(ops)
+            else:
+                before = len(mine)
+                mine.update(ops)
+                self.n += len(mine) - before
+            if g[0] == SPACE_DOCS:
+                self._lookups = None
 
     def lookup_hits(self, lookup_key: int) -> list:
         """Fingerprints of the documents put here that list lookup_key.
@@ -139,14 +149,77 @@ class RecordOps:
         return sorted(puts), sorted(deletes), sorted(other)
 
 
+class PackedLayer:
+    """Committed record operations of some log records, packed: {space: raw stream}.
+
+    Each space's operations are one sorted raw record stream (the format of
+    record sub-blocks), searched by binary search over record offsets and
+    merged in C: no Python object per operation, so a log of a million
+    key operations costs its bytes, not a million dicts.
+    """
+
+    __slots__ = ("streams", "n", "_offsets", "_lookups")
+
+    def __init__(self, streams: dict, n: int):
+        self.streams = streams
+        self.n = n
+        self._offsets = {}
+        self._lookups = None
+
+    @classmethod
+    def of_record(cls, record: LogRecord) -> "PackedLayer":
+        """The operations of one log record (distinct within it)."""
+        by_space = {}
+        for pairs, flag in ((record.key_puts, ch.RECORD_PUT), (record.key_deletes, ch.RECORD_DELETE)):
+            for fp, raw in pairs:
+                fpb = U64_BE.pack(fp)
+                by_space.setdefault(SPACE_KEYS_BY_FP, []).append((fpb + raw, flag, b""))
+                by_space.setdefault(SPACE_FPS_BY_KEY, []).append((raw + fpb, flag, b""))
+        for space, key, flag, value in record.records:
+            by_space.setdefault(space, []).append((key, flag, value))
+        streams = {space: _core.records_pack(sorted(recs)) for space, recs in by_space.items()}
+        return cls(streams, sum(len(r) for r in by_space.values()))
+
+    @classmethod
+    def merged(cls, older: "PackedLayer", newer: "PackedLayer") -> "PackedLayer":
+        streams = {}
+        n = 0
+        for space in set(older.streams) | set(newer.streams):
+            parts = [x.streams[space] for x in (newer, older) if space in x.streams]
+            raw, count = _core.records_merge(parts, None, None, False)
+            streams[space] = raw
+            n += count
+        return cls(streams, n)
+
+    def group(self, space: int, group: bytes) -> list:
+        """[(key, flag, value)] of the operations whose key begins with group."""
+        raw = self.streams.get(space)
+        if raw is None:
+            return []
+        offsets = self._offsets.get(space)
+        if offsets is None:
+            offsets = self._offsets[space] = _core.records_offsets(raw)
+        return _core.records_prefix(raw, offsets, group)
+
+    def lookup_hits(self, lookup_key: int) -> list:
+        """Fingerprints of the documents put here that list lookup_key (see
+        RecordOps.lookup_hits)."""
+        if self._lookups is None:
+            ops = RecordOps()
+            for key, flag, value in _core.records_unpack(self.streams.get(SPACE_DOCS, b"")):
+                ops.set(SPACE_DOCS, key, flag, value)
+            self._lookups = ops
+        return self._lookups.lookup_hits(lookup_key)
+
+
 class LayeredRecords:
-    """The log's record operations as immutable layers, newest last.
+    """The log's record operations as immutable packed layers, newest last.
 
     A new snapshot extends its predecessor's log by a few records; copying
-    one growing dict per snapshot would cost O(log size) per commit.
-    Layers are merged like a binary counter (a layer joins the one below
-    once it is at least half that size), so a snapshot copies O(log n)
-    references and each operation is copied O(log n) times in all.
+    the operations per snapshot would cost O(log size) per commit.  Layers
+    are merged like a binary counter (a layer joins the one below once it
+    is at least half that size), so a snapshot copies O(log n) references
+    and each operation is merged O(log n) times in all (in C).
     """
 
     def __init__(self, layers: tuple = ()):
@@ -155,20 +228,20 @@ class LayeredRecords:
     def __len__(self) -> int:
         return sum(layer.n for layer in self.layers)
 
-    def push(self, layer: RecordOps) -> "LayeredRecords":
+    def push(self, layer: PackedLayer) -> "LayeredRecords":
         layers = list(self.layers)
         while layers and 2 * layer.n >= layers[-1].n:
-            below = layers.pop().copy()
-            below.update(layer)
-            layer = below
+            layer = PackedLayer.merged(layers.pop(), layer)
         return LayeredRecords(tuple(layers) + (layer,))
 
     def group(self, space: int, group: bytes) -> dict:
         """{key: (flag, value)} of one group, newest operation winning."""
         out = {}
         for layer in reversed(self.layers):
-            for key, op in layer.group(space, group).items():
-                out.setdefault(key, op)
+            for key, flag, value in layer.group(space, group):
+                if space == SPACE_FPS_BY_KEY and len(key) != len(group) + 8:
+                    continue
+                out.setdefault(key, (flag, value))
         return out
 
     def lookup_hits(self, lookup_key: int) -> set:
@@ -177,10 +250,20 @@ class LayeredRecords:
             out.update(layer.lookup_hits(lookup_key))
         return out
 
+    def streams(self) -> dict:
+        """{space: one raw stream of the net operations}, all layers merged (C)."""
+        if not self.layers:
+            return {}
+        layer = self.layers[0]
+        for newer in self.layers[1:]:
+            layer = PackedLayer.merged(layer, newer)
+        return layer.streams
+
     def flattened(self) -> RecordOps:
         out = RecordOps()
-        for layer in self.layers:
-            out.update(layer)
+        for space, raw in self.streams().items():
+            for key, flag, value in _core.records_unpack(raw):
+                out.set(space, key, flag, value)
         return out
 
 
@@ -207,8 +290,7 @@ class LogOverlay:
         """Apply one record after everything applied so far."""
         self.adds = _union(_minus(self.adds, record.removes), record.adds)
         self.removes = _union(_minus(self.removes, record.adds), record.removes)
-        layer = RecordOps()
-        layer.apply_record(record)
+        layer = PackedLayer.of_record(record)
         if layer.n:
             self.ops = self.ops.push(layer)
         self.records += 1

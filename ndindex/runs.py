@@ -255,6 +255,35 @@ def record_lookup(view: PageView, run: Run, group: bytes) -> list:
     return out
 
 
+def record_lookup_many(view: PageView, run: Run, groups: list) -> dict:
+    """Live records of each group in one run: {group index: [(key, flag, value)]}.
+
+    The seeks, chunk checks and filters run in one C call; only the chunks
+    that may hold a group are read further (see record_lookup).
+    """
+    if run.chunks == 0 or not groups:
+        return {}
+    prefix = ch.run_prefix(run.space, run.run_id)
+    cursor = run.cursor if run.merge_input and run.cursor else None
+    hits = _core.record_probe(view.buf, view.psize, view.npages, view.trees[DB_CHUNKS],
+                              prefix, groups, cursor)
+    out = {}
+    mv = memoryview(view.buf)
+    for i, key, off, length in hits:
+        group = groups[i]
+        value = mv[off:off + length]
+        _, _, _, blocks, _ = _core.record_chunk(key, value, group)
+        found = []
+        for entry in blocks:
+            found += [r for r in ch.find_records(key, value, entry, group)
+                      if _record_live(run, r[0])]
+        if key[5:].startswith(group):  # the group goes on past this chunk
+            found = record_lookup(view, run, group)
+        if found:
+            out[i] = found
+    return out
+
+
 def all_records(view: PageView, run: Run, above: bytes | None = None, limit_chunks: int = -1):
     """Live records of a run in order (above `above`, exclusive): (records, end, exhausted)."""
     start = above if above is not None else (run.cursor if run.merge_input else b"")

@@ -83,7 +83,7 @@ static PyObject *py_lmdb_meta(PyObject *self, PyObject *args) {
 }
 
 /* A tree from a Python tuple (root, depth, flags): root None or an int. */
-static int tree_of(PyObject *obj, mdbp_db *db) {
+int ndx_tree_of(PyObject *obj, mdbp_db *db) {
     PyObject *root;
     int depth;
     unsigned int flags;
@@ -120,7 +120,7 @@ static PyObject *py_lmdb_get(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     mdbp_map map;
     mdbp_db db;
-    if (ndx_get_map(&buf, psize, npages, &map) == 0 && tree_of(tree, &db) == 0) {
+    if (ndx_get_map(&buf, psize, npages, &map) == 0 && ndx_tree_of(tree, &db) == 0) {
         const uint8_t *val;
         size_t vlen;
         unsigned flags;
@@ -160,7 +160,7 @@ static PyObject *py_lmdb_scan(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *res = NULL;
     mdbp_map map;
     mdbp_db db;
-    if (ndx_get_map(&buf, psize, npages, &map) < 0 || tree_of(tree, &db) < 0)
+    if (ndx_get_map(&buf, psize, npages, &map) < 0 || ndx_tree_of(tree, &db) < 0)
         goto done;
     res = PyList_New(0);
     if (!res)

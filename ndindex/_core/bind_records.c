@@ -109,6 +109,80 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(records_offsets_doc,
+             "records_offsets(raw) -> bytes\n\n"
+             "The start offset of every record of a checked raw stream, as native int64.");
+
+static PyObject *py_records_offsets(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:records_offsets", &b)) return NULL;
+    PyObject *res = NULL;
+    size_t at = 0;
+    long count = rec_check(b.buf, (size_t)b.len, &at);
+    if (count < 0) {
+        bad("record stream malformed or out of order", NULL, 0, (Py_ssize_t)at);
+        goto done;
+    }
+    res = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)count * 8);
+    if (!res) goto done;
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(res);
+    size_t pos = 0;
+    rec_view r;
+    for (long i = 0; i < count; i++) {
+        o[i] = (int64_t)pos;
+        rec_next(b.buf, (size_t)b.len, &pos, &r);
+    }
+done:
+    PyBuffer_Release(&b);
+    return res;
+}
+
+PyDoc_STRVAR(records_prefix_doc,
+             "records_prefix(raw, offsets, prefix) -> list of (key, flag, value)\n\n"
+             "The records of a sorted raw stream whose key begins with prefix, found by\n"
+             "binary search over offsets (from records_offsets).");
+
+static PyObject *py_records_prefix(PyObject *self, PyObject *args) {
+    Py_buffer b, o, p;
+    if (!PyArg_ParseTuple(args, "y*y*y*:records_prefix", &b, &o, &p)) return NULL;
+    PyObject *out = PyList_New(0);
+    const int64_t *off = o.buf;
+    Py_ssize_t n = o.len / 8, lo = 0, hi = n;
+    const uint8_t *buf = b.buf;
+    size_t len = (size_t)b.len, plen = (size_t)p.len;
+    rec_view r;
+    while (lo < hi) {  /* the first record whose key is >= prefix */
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        size_t pos = (size_t)off[mid];
+        if (off[mid] < 0 || rec_next(buf, len, &pos, &r) < 0) {
+            Py_CLEAR(out);
+            bad("record offsets do not match the stream", NULL, 0, -1);
+            goto done;
+        }
+        if (rec_cmp(r.key, r.klen, p.buf, plen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (Py_ssize_t i = lo; out && i < n; i++) {
+        size_t pos = (size_t)off[i];
+        if (off[i] < 0 || rec_next(buf, len, &pos, &r) < 0) {
+            Py_CLEAR(out);
+            bad("record offsets do not match the stream", NULL, 0, -1);
+            break;
+        }
+        if (r.klen < plen || memcmp(r.key, p.buf, plen) != 0) break;
+        PyObject *t = record_tuple(&r);
+        if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+        Py_XDECREF(t);
+    }
+done:
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&p);
+    return out;
+}
+
 PyDoc_STRVAR(records_pack_doc,
              "records_pack(records) -> bytes\n\n"
              "Pack (key, flag, value) records, in the order given, as a raw record stream.");
@@ -331,6 +405,102 @@ done:
     return res;
 }
 
+/* A record chunk's checked header (FORMAT.md 7.9, [F16]). */
+typedef struct {
+    uint8_t flags;
+    uint32_t records;
+    uint16_t nblocks;
+    const uint8_t *fence;
+    size_t fence_len;
+    const uint8_t *dir;  /* the first directory entry */
+    const uint8_t *filter;
+    size_t filter_len;
+} chunk_info;
+
+/* Check a chunk's header and directory against its key: 0, or -1 with *why
+ * (and *at, an offset into the value, or -1). */
+static int chunk_parse(const uint8_t *key, size_t klen, const uint8_t *v, size_t n,
+                       chunk_info *ci, const char **why, Py_ssize_t *at) {
+    *at = -1;
+    if (klen < 5 || n < CHUNK_HEAD_BYTES) {
+        *why = "record chunk too short";
+        return -1;
+    }
+    uint8_t kind = v[4];
+    ci->flags = v[5];
+    ci->nblocks = le16(v + 6);
+    ci->records = le32(v + 12);
+    uint32_t run_id = le32(v + 8), dir_bytes = le32(v + 16);
+    ci->fence_len = le16(v + 20);
+    ci->filter_len = le16(v + 22);
+    size_t head_end = CHUNK_HEAD_BYTES + ci->fence_len + (size_t)dir_bytes + ci->filter_len;
+    if (kind != KIND_RECORDS || ci->nblocks < 1 || head_end > n) {
+        *why = "record chunk header impossible";
+        return -1;
+    }
+    if (crc32c_extend(crc32c(key, klen), v + 4, head_end - 4) != le32(v)) {
+        *why = "record chunk checksum mismatch";
+        return -1;
+    }
+    uint32_t key_run = ((uint32_t)key[1] << 24) | ((uint32_t)key[2] << 16) |
+                       ((uint32_t)key[3] << 8) | (uint32_t)key[4];
+    if ((ci->flags & ~3) || run_id != key_run || ((ci->flags & FLAG_FIRST) && ci->fence_len)) {
+        *why = "record chunk header fields impossible";
+        return -1;
+    }
+    ci->fence = v + CHUNK_HEAD_BYTES;
+    ci->dir = ci->fence + ci->fence_len;
+    size_t pos = CHUNK_HEAD_BYTES + ci->fence_len, dir_end = pos + dir_bytes, expect = head_end;
+    ci->filter = v + dir_end;
+    const uint8_t *prev = NULL;
+    size_t prev_len = 0;
+    for (uint16_t i = 0; i < ci->nblocks; i++) {
+        *at = (Py_ssize_t)pos;
+        if (pos > dir_end || dir_end - pos < DIR_ENTRY_BYTES) {
+            *why = "record directory runs past the header";
+            return -1;
+        }
+        uint32_t off = le32(v + pos), clen = le32(v + pos + 4), rlen = le32(v + pos + 8);
+        uint16_t flen = le16(v + pos + 16);
+        pos += DIR_ENTRY_BYTES;
+        if (flen > dir_end - pos || off != expect || clen > n - off || rlen > MAX_RAW_BLOCK ||
+            clen > rlen || clen == 0) {
+            *why = "record directory entry impossible";
+            return -1;
+        }
+        if (prev ? rec_cmp(prev, prev_len, v + pos, flen) >= 0
+                 : (!(ci->flags & FLAG_FIRST) &&
+                    rec_cmp(v + pos, flen, ci->fence, ci->fence_len) <= 0)) {
+            *why = "record directory keys out of order";
+            return -1;
+        }
+        prev = v + pos;
+        prev_len = flen;
+        pos += flen;
+        expect = off + clen;
+    }
+    *at = -1;
+    if (pos != dir_end || expect != n || rec_cmp(prev, prev_len, key + 5, klen - 5) > 0) {
+        *why = "record directory does not cover the chunk";
+        return -1;
+    }
+    return 0;
+}
+
+/* Directory entry i (the chunk was checked): its fields and first key. */
+static const uint8_t *dir_entry(const chunk_info *ci, uint16_t i, const uint8_t **first,
+                                size_t *first_len) {
+    const uint8_t *e = ci->dir;
+    for (uint16_t j = 0; j < i; j++) e += DIR_ENTRY_BYTES + le16(e + 16);
+    *first = e + DIR_ENTRY_BYTES;
+    *first_len = le16(e + 16);
+    return e;
+}
+
+static int filter_hit(const chunk_info *ci, const uint8_t *g, size_t glen) {
+    return !ci->filter_len || rec_filter_has(ci->filter, ci->filter_len, rec_group_hash(g, glen));
+}
+
 PyDoc_STRVAR(record_chunk_doc,
              "record_chunk(key, value, group=None) -> (flags, records, fence, blocks, hit)\n\n"
              "Check a record chunk's header, directory and filter against its LMDB key\n"
@@ -343,125 +513,65 @@ static PyObject *py_record_chunk(PyObject *self, PyObject *args) {
     Py_buffer kb, vb, gb = {0};
     PyObject *group_obj = Py_None;
     if (!PyArg_ParseTuple(args, "y*y*|O:record_chunk", &kb, &vb, &group_obj)) return NULL;
-    int have_group = group_obj != Py_None;
+    int have_group = 0;
     PyObject *res = NULL, *blocks = NULL, *fence = NULL;
-    const char *key = kb.buf;
-    Py_ssize_t klen = kb.len;
-    const uint8_t *v = vb.buf;
-    size_t n = (size_t)vb.len;
-    if (have_group && PyObject_GetBuffer(group_obj, &gb, PyBUF_SIMPLE) < 0) {
-        have_group = 0;
+    chunk_info ci;
+    const char *why;
+    Py_ssize_t at;
+    if (group_obj != Py_None) {
+        if (PyObject_GetBuffer(group_obj, &gb, PyBUF_SIMPLE) < 0) goto done;
+        have_group = 1;
+    }
+    if (chunk_parse(kb.buf, (size_t)kb.len, vb.buf, (size_t)vb.len, &ci, &why, &at) < 0) {
+        bad(why, kb.buf, kb.len, at);
         goto done;
-    }
-    if (klen < 5 || n < CHUNK_HEAD_BYTES) {
-        bad("record chunk too short", key, klen, -1);
-        goto done;
-    }
-    uint8_t kind = v[4], flags = v[5];
-    uint16_t nblocks = le16(v + 6), fence_len = le16(v + 20), filter_bytes = le16(v + 22);
-    uint32_t run_id = le32(v + 8), records = le32(v + 12), dir_bytes = le32(v + 16);
-    size_t head_end = CHUNK_HEAD_BYTES + (size_t)fence_len + (size_t)dir_bytes + filter_bytes;
-    if (kind != KIND_RECORDS || nblocks < 1 || head_end > n) {
-        bad("record chunk header impossible", key, klen, -1);
-        goto done;
-    }
-    uint32_t crc = crc32c_extend(crc32c((const uint8_t *)key, (size_t)klen), v + 4, head_end - 4);
-    if (crc != le32(v)) {
-        bad("record chunk checksum mismatch", key, klen, -1);
-        goto done;
-    }
-    uint32_t key_run = ((uint32_t)(uint8_t)key[1] << 24) | ((uint32_t)(uint8_t)key[2] << 16) |
-                       ((uint32_t)(uint8_t)key[3] << 8) | (uint32_t)(uint8_t)key[4];
-    if ((flags & ~3) || run_id != key_run || ((flags & FLAG_FIRST) && fence_len)) {
-        bad("record chunk header fields impossible", key, klen, -1);
-        goto done;
-    }
-    const uint8_t *sep = (const uint8_t *)key + 5;
-    size_t sep_len = (size_t)klen - 5;
-    const uint8_t *fence_p = v + CHUNK_HEAD_BYTES;
-    /* The directory: check every entry, remember the first keys. */
-    size_t pos = CHUNK_HEAD_BYTES + fence_len, dir_end = pos + dir_bytes, expect = head_end;
-    const uint8_t *prev_first = NULL;
-    size_t prev_len = 0;
-    const uint8_t **firsts = PyMem_Malloc(nblocks * sizeof *firsts);
-    size_t *first_lens = PyMem_Malloc(nblocks * sizeof *first_lens);
-    size_t *entry_at = PyMem_Malloc(nblocks * sizeof *entry_at);
-    if (!firsts || !first_lens || !entry_at) {
-        PyErr_NoMemory();
-        goto free_dir;
-    }
-    for (uint16_t i = 0; i < nblocks; i++) {
-        if (pos > dir_end || dir_end - pos < DIR_ENTRY_BYTES) {
-            bad("record directory runs past the header", key, klen, (Py_ssize_t)pos);
-            goto free_dir;
-        }
-        uint32_t off = le32(v + pos), clen = le32(v + pos + 4), rlen = le32(v + pos + 8);
-        uint16_t flen = le16(v + pos + 16);
-        entry_at[i] = pos;
-        pos += DIR_ENTRY_BYTES;
-        if (flen > dir_end - pos || off != expect || clen > n - off || rlen > MAX_RAW_BLOCK ||
-            clen > rlen || clen == 0) {
-            bad("record directory entry impossible", key, klen, (Py_ssize_t)entry_at[i]);
-            goto free_dir;
-        }
-        if (prev_first ? rec_cmp(prev_first, prev_len, v + pos, flen) >= 0
-                       : (!(flags & FLAG_FIRST) &&
-                          rec_cmp(v + pos, flen, fence_p, fence_len) <= 0)) {
-            bad("record directory keys out of order", key, klen, (Py_ssize_t)pos);
-            goto free_dir;
-        }
-        firsts[i] = prev_first = v + pos;
-        first_lens[i] = prev_len = flen;
-        pos += flen;
-        expect = off + clen;
-    }
-    if (pos != dir_end || expect != n || rec_cmp(prev_first, prev_len, sep, sep_len) > 0) {
-        bad("record directory does not cover the chunk", key, klen, -1);
-        goto free_dir;
     }
     int hit = 1;
-    Py_ssize_t lo = 0, hi = nblocks;
+    uint16_t lo = 0, hi = ci.nblocks;
     if (have_group) {
-        const uint8_t *g = gb.buf;
-        size_t glen = (size_t)gb.len;
-        /* The filter holds the groups of the chunk's keys; a lookup names a group. */
-        if (filter_bytes) hit = rec_filter_has(v + dir_end, filter_bytes, rec_group_hash(g, glen));
+        const uint8_t *g = gb.buf, *first;
+        size_t glen = (size_t)gb.len, flen;
+        hit = filter_hit(&ci, g, glen);
         if (!hit) {
-            lo = hi = 0;
+            hi = 0;
         } else {
             /* Sub-blocks that may hold keys beginning with g: from the last whose
              * first key is <= g to the last whose first key begins with g. */
             lo = 0;
-            while (lo + 1 < nblocks && rec_cmp(firsts[lo + 1], first_lens[lo + 1], g, glen) <= 0)
+            while (lo + 1 < ci.nblocks) {
+                dir_entry(&ci, lo + 1, &first, &flen);
+                if (rec_cmp(first, flen, g, glen) > 0) break;
                 lo++;
+            }
             hi = lo + 1;
-            while (hi < nblocks && first_lens[hi] >= glen && memcmp(firsts[hi], g, glen) == 0) hi++;
+            while (hi < ci.nblocks) {
+                dir_entry(&ci, hi, &first, &flen);
+                if (flen < glen || memcmp(first, g, glen) != 0) break;
+                hi++;
+            }
         }
     }
     blocks = PyList_New(0);
-    for (Py_ssize_t i = lo; blocks && i < hi; i++) {
-        size_t at = entry_at[i];
-        PyObject *t = Py_BuildValue("(kkkky#)", (unsigned long)le32(v + at),
-                                    (unsigned long)le32(v + at + 4), (unsigned long)le32(v + at + 8),
-                                    (unsigned long)le32(v + at + 12), (const char *)firsts[i],
-                                    (Py_ssize_t)first_lens[i]);
+    for (uint16_t i = lo; blocks && i < hi; i++) {
+        const uint8_t *first;
+        size_t flen;
+        const uint8_t *e = dir_entry(&ci, i, &first, &flen);
+        PyObject *t = Py_BuildValue("(kkkky#)", (unsigned long)le32(e), (unsigned long)le32(e + 4),
+                                    (unsigned long)le32(e + 8), (unsigned long)le32(e + 12),
+                                    (const char *)first, (Py_ssize_t)flen);
         if (!t || PyList_Append(blocks, t) < 0) Py_CLEAR(blocks);
         Py_XDECREF(t);
     }
-    if (!blocks) goto free_dir;
-    if (flags & FLAG_FIRST) {
+    if (!blocks) goto done;
+    if (ci.flags & FLAG_FIRST) {
         fence = Py_None;
         Py_INCREF(fence);
     } else {
-        fence = PyBytes_FromStringAndSize((const char *)fence_p, fence_len);
-        if (!fence) goto free_dir;
+        fence = PyBytes_FromStringAndSize((const char *)ci.fence, (Py_ssize_t)ci.fence_len);
+        if (!fence) goto done;
     }
-    res = Py_BuildValue("(BkOOO)", flags, (unsigned long)records, fence, blocks,
+    res = Py_BuildValue("(BkOOO)", ci.flags, (unsigned long)ci.records, fence, blocks,
                         hit ? Py_True : Py_False);
-free_dir:
-    PyMem_Free(firsts);
-    PyMem_Free(first_lens);
-    PyMem_Free(entry_at);
 done:
     Py_XDECREF(blocks);
     Py_XDECREF(fence);
@@ -471,14 +581,119 @@ done:
     return res;
 }
 
+PyDoc_STRVAR(record_probe_doc,
+             "record_probe(file, psize, npages, tree, run_prefix, groups, cursor=None)\n"
+             "    -> list of (i, key, offset, length)\n\n"
+             "Look up many groups in one record run: for each group i, seek its first\n"
+             "chunk in the chunks tree, check the chunk ([F16]) and that the tree routed\n"
+             "to the right chunk (its low fence is below the group, or at most the run's\n"
+             "merge cursor), and report the chunk when its filter may hold the group or\n"
+             "its separator begins with the group (the group may go on in the next\n"
+             "chunk).  Groups the filters rule out cost no sub-block read.");
+
+static PyObject *py_record_probe(PyObject *self, PyObject *args) {
+    Py_buffer buf, pre;
+    unsigned long psize;
+    unsigned long long npages;
+    PyObject *tree, *groups, *cursor_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "y*kKOy*O|O:record_probe", &buf, &psize, &npages, &tree, &pre,
+                          &groups, &cursor_obj))
+        return NULL;
+    PyObject *res = NULL, *seq = NULL;
+    uint8_t *seek = NULL;
+    mdbp_map map;
+    mdbp_db db;
+    if (ndx_get_map(&buf, psize, npages, &map) < 0 || ndx_tree_of(tree, &db) < 0) goto done;
+    if (cursor_obj != Py_None && !PyBytes_Check(cursor_obj)) {
+        PyErr_SetString(PyExc_TypeError, "cursor must be bytes or None");
+        goto done;
+    }
+    seq = PySequence_Fast(groups, "groups must be a sequence");
+    if (!seq) goto done;
+    res = PyList_New(0);
+    Py_ssize_t ng = PySequence_Fast_GET_SIZE(seq);
+    size_t plen = (size_t)pre.len;
+    for (Py_ssize_t i = 0; res && i < ng; i++) {
+        PyObject *gobj = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyBytes_Check(gobj)) {
+            PyErr_SetString(PyExc_TypeError, "groups must be bytes");
+            Py_CLEAR(res);
+            break;
+        }
+        const uint8_t *g = (const uint8_t *)PyBytes_AS_STRING(gobj);
+        size_t glen = (size_t)PyBytes_GET_SIZE(gobj);
+        uint8_t *grown = PyMem_Realloc(seek, plen + glen + 1);
+        if (!grown) {
+            PyErr_NoMemory();
+            Py_CLEAR(res);
+            break;
+        }
+        seek = grown;
+        memcpy(seek, pre.buf, plen);
+        memcpy(seek + plen, g, glen);
+        mdbp_cursor c;
+        mdbp_error e;
+        int rc = mdbp_seek(&map, &db, seek, plen + glen, 0, &c, &e);
+        if (rc == MDBP_CORRUPT) {
+            Py_CLEAR(res);
+            ndx_raise_lmdb(&e);
+            break;
+        }
+        if (rc != MDBP_FOUND) continue;
+        const uint8_t *k, *v;
+        size_t kl, vl;
+        unsigned vflags;
+        mdbp_key(&c, &k, &kl);
+        if (kl < plen || memcmp(k, pre.buf, plen) != 0) continue;  /* past the run */
+        if (mdbp_value(&c, &v, &vl, &vflags, &e) < 0) {
+            Py_CLEAR(res);
+            ndx_raise_lmdb(&e);
+            break;
+        }
+        chunk_info ci;
+        const char *why;
+        Py_ssize_t at;
+        if (chunk_parse(k, kl, v, vl, &ci, &why, &at) < 0) {
+            Py_CLEAR(res);
+            bad(why, (const char *)k, (Py_ssize_t)kl, at);
+            break;
+        }
+        /* [F13]: the chunk found must be the one that would hold the group. */
+        if (!(ci.flags & FLAG_FIRST) && rec_cmp(ci.fence, ci.fence_len, g, glen) >= 0 &&
+            !(cursor_obj != Py_None &&
+              rec_cmp(ci.fence, ci.fence_len, (const uint8_t *)PyBytes_AS_STRING(cursor_obj),
+                      (size_t)PyBytes_GET_SIZE(cursor_obj)) <= 0)) {
+            Py_CLEAR(res);
+            bad("record chunk fences do not match its neighbours", (const char *)k,
+                (Py_ssize_t)kl, -1);
+            break;
+        }
+        int goes_on = kl - 5 >= glen && memcmp(k + 5, g, glen) == 0;
+        if (!filter_hit(&ci, g, glen) && !goes_on) continue;
+        PyObject *t = Py_BuildValue("(ny#nn)", i, (const char *)k, (Py_ssize_t)kl,
+                                    (Py_ssize_t)(v - map.base), (Py_ssize_t)vl);
+        if (!t || PyList_Append(res, t) < 0) Py_CLEAR(res);
+        Py_XDECREF(t);
+    }
+done:
+    PyMem_Free(seek);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&pre);
+    return res;
+}
+
 PyMethodDef records_methods[] = {
     {"records_unpack", py_records_unpack, METH_VARARGS, records_unpack_doc},
     {"records_find", py_records_find, METH_VARARGS, records_find_doc},
     {"records_pack", py_records_pack, METH_O, records_pack_doc},
+    {"records_offsets", py_records_offsets, METH_VARARGS, records_offsets_doc},
+    {"records_prefix", py_records_prefix, METH_VARARGS, records_prefix_doc},
     {"pair_records_pack", py_pair_records_pack, METH_VARARGS, pair_records_pack_doc},
     {"records_merge", py_records_merge, METH_VARARGS, records_merge_doc},
     {"records_split", py_records_split, METH_VARARGS, records_split_doc},
     {"record_filter", py_record_filter, METH_VARARGS, record_filter_doc},
     {"record_chunk", py_record_chunk, METH_VARARGS, record_chunk_doc},
+    {"record_probe", py_record_probe, METH_VARARGS, record_probe_doc},
     {NULL, NULL, 0, NULL},
 };

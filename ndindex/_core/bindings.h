@@ -39,6 +39,8 @@ int lmdbpage_module_init(PyObject *m);
 PyObject *ndx_raise_lmdb(const mdbp_error *e);
 /* A map over a buffer of pages; -1 with ValueError if it does not fit. */
 int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map);
+/* A tree from its Python description (root or None, depth, flags); -1 with an exception. */
+int ndx_tree_of(PyObject *obj, mdbp_db *db);
 
 extern PyMethodDef psm_methods[];
 extern PyMethodDef lmdbcheck_methods[];
