@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 import ndindex
-from ndindex import cli, recover, store as st
+from ndindex import cli, recover, store as st, upgrade
 from ndindex.errors import CapacityError, CorruptionError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 
@@ -355,3 +355,20 @@ def test_translate_error_types_every_lmdb_error(error):
         assert isinstance(exc, ReadOnlyError)
     if error in (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError):
         assert isinstance(exc, CorruptionError) and exc.database == "lmdb"
+
+
+@pytest.mark.parametrize("site", CALL_SITES, ids=lambda s: f"{s[0]}.{s[1]}")
+def test_upgrade_raises_only_ndindex_errors(tmp_path, fault, site):
+    v1 = os.path.join(os.path.dirname(__file__), "..", "data", "format-v1.ndx")
+    for error in QUICK_ERRORS:
+        path = tmp_path / f"{error.__name__}.ndx"
+        shutil.copyfile(v1, path)
+        out = tmp_path / f"{error.__name__}-v2.ndx"
+        fault.arm(site, error)
+        try:
+            upgrade.upgrade(path, out)
+        except NdindexError:
+            assert not out.exists() or Index.open(out, readonly=True).close() is None
+        finally:
+            fault.disarm()
+        assert open(path, "rb").read() == open(v1, "rb").read()  # the original is untouched
