@@ -283,6 +283,17 @@ class Store:
             finally:
                 env.close()
             _fsync_path(tmp)
+            # The lock file before the index appears: a disk too full for it
+            # fails the create with nothing left behind, not an index that
+            # then cannot be opened (and blocks a second create).
+            made_lock = not os.path.lexists(path + "-lock")
+            try:
+                prepare_lock_file(path, readonly=False)
+            except BaseException:
+                if made_lock:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path + "-lock")
+                raise
             try:
                 os.link(tmp, path)  # fails if path appeared meanwhile: never clobbers
             except OSError as exc:
