@@ -156,15 +156,24 @@ def pick_meta(metas: list, path: str) -> tuple[int, dict]:
     """
     for slot, meta in enumerate(metas):
         if isinstance(meta, CorruptionError):
-            raise CorruptionError(f"{path}: meta page {slot} is damaged: {meta}", database="lmdb")
+            why = str(meta).removesuffix(" (database=lmdb)")
+            raise CorruptionError(f"{path}: meta page {slot} is damaged: {why}", database="lmdb")
     slot = 1 if metas[0]["txnid"] < metas[1]["txnid"] else 0
     return slot, metas[slot]
 
 
 def _looks_like_lmdb(path: str) -> bool:
+    """Whether either meta page carries LMDB's magic.
+
+    Page 1 counts too: a file whose meta page 0 alone is damaged is a
+    damaged index (CorruptionError from pick_meta), not a foreign file.
+    """
+    magic = struct.pack("<I", 0xBEEFC0DE)
     with open(path, "rb") as fh:
-        head = fh.read(24)
-    return len(head) >= 24 and head[16:20] == struct.pack("<I", 0xBEEFC0DE)
+        head = fh.read(2 * pages.MAX_PAGE_BYTES + 24)
+    return head[16:20] == magic or any(
+        head[psize + 16:psize + 20] == magic and head[psize:psize + 8] == struct.pack("<Q", 1)
+        for psize in (512 << i for i in range(8)))
 
 
 # -- the store -----------------------------------------------------------------
