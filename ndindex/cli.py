@@ -617,9 +617,9 @@ def _cmd_verify(args) -> int:
         with Index.open(args.index, readonly=True) as ix:
             report = ix.verify()
     except NdindexError as exc:
+        print(_error_line(_damage_text(exc), args.index), file=sys.stderr)
         if not args.repair:
-            raise
-        print(_error_line(exc, args.index), file=sys.stderr)
+            return EXIT_ERROR
         out = args.output if args.output is not None else args.index + ".recovered"
         return _recover_into(args.index, out, args.json)
     if args.json:
@@ -630,6 +630,15 @@ def _cmd_verify(args) -> int:
               f"runs, {report['log_entries']:,} operations in the log)"
               + ("; nothing to repair" if args.repair else ""))
     return EXIT_OK
+
+
+def _damage_text(exc: NdindexError) -> str:
+    """The error's message, naming a record whose key is plain text by that text too."""
+    key = getattr(exc, "key", None)
+    text = str(exc)
+    if key and all(0x20 < b < 0x7F for b in key):
+        text += f" (the {getattr(exc, 'database', None) or ''} record {key.decode()!r})"
+    return text
 
 
 def _cmd_recover(args) -> int:
