@@ -210,7 +210,13 @@ def record_lookup(view: PageView, run: Run, prefix: bytes) -> list:
     if run.chunks == 0:
         return []
     out = []
-    chunk_list = record_chunks(view, run, prefix, limit=1)
+    start, exclusive = prefix, False
+    if run.merge_input and run.cursor and run.cursor >= prefix:
+        # A merge input's records up to its cursor went to the output, and
+        # its chunks below the cursor were deleted: its live keys, and the
+        # first chunk to read, lie above the cursor.
+        start, exclusive = run.cursor, True
+    chunk_list = record_chunks(view, run, start, limit=1, exclusive=exclusive)
     while chunk_list:
         c = chunk_list[0]
         for i in range(c.find_block(prefix), len(c.entries)):
