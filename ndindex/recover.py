@@ -91,10 +91,11 @@ class Found:
     meta: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
     log: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
     chunks: dict = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
-    #: Pages whose header names them as leaf / overflow pages, and leaf
-    #: nodes or overflow runs whose bounds or checksum failed.
     #: Names of the named databases the main tree's leaves list.
     databases: set = dataclasses.field(default_factory=set)
+    #: Pages read as leaves; overflow runs read without a leaf pointing to
+    #: them; values (leaf nodes, overflow runs) that verified as nothing
+    #: (LMDB's free list among them).
     leaf_pages: int = 0
     overflow_runs: int = 0
     unreadable_values: int = 0
@@ -125,17 +126,18 @@ class FileImage:
 
     def close(self) -> None:
         if isinstance(self.buf, mmap.mmap):
-            self.buf.close()
+            with contextlib.suppress(BufferError):  # a view still held: unmapped when it goes
+                self.buf.close()
 
     def page_headers(self):
-        """(pgno, flags, lower/pages) arrays of every page's first 16 bytes."""
+        """(mp_pgno, mp_flags) arrays of every whole page of the file."""
         n = self.npages
         if n == 0:
-            return np.empty(0, np.uint64), np.empty(0, np.uint16), np.empty(0, np.uint32)
+            return np.empty(0, np.uint64), np.empty(0, np.uint16)
         raw = np.frombuffer(self.buf, dtype=np.uint8, count=n * self.psize).reshape(n, self.psize)
         head = np.ascontiguousarray(raw[:, :PAGE_HEADER_BYTES])
-        return (head[:, 0:8].copy().view("<u8").ravel(), head[:, 10:12].copy().view("<u2").ravel(),
-                head[:, 12:16].copy().view("<u4").ravel())
+        del raw  # no view of the map may outlive this call (close() unmaps it)
+        return head[:, 0:8].copy().view("<u8").ravel(), head[:, 10:12].copy().view("<u2").ravel()
 
 
 def _meta_or_none(head: bytes, slot: int, psize: int):
@@ -163,7 +165,7 @@ def scan_leaves(image: FileImage, found: Found) -> set:
     its checksum verifies as one of them (the database it came from is not
     trusted: a value must prove what it is).
     """
-    pgnos, flags, _ = image.page_headers()
+    pgnos, flags = image.page_headers()
     idx = np.arange(len(pgnos), dtype=np.uint64)
     leaves = np.flatnonzero((pgnos == idx) & ((flags & ~np.uint16(P_DIRTY)) == P_LEAF))
     claimed = set()
@@ -173,10 +175,10 @@ def scan_leaves(image: FileImage, found: Found) -> set:
             continue
         found.leaf_pages += 1
         base = p * psize
-        lower, upper = struct.unpack_from("<HH", buf, base + 12)
-        if not PAGE_HEADER_BYTES <= lower <= upper <= psize or lower % 2:
-            continue
-        for i in range((lower - PAGE_HEADER_BYTES) // 2):
+        # mp_upper is not needed (each node is checked against the page);
+        # a mp_lower beyond the page is cut to it.
+        (lower,) = struct.unpack_from("<H", buf, base + 12)
+        for i in range((min(lower, psize) - PAGE_HEADER_BYTES) // 2):
             (off,) = struct.unpack_from("<H", buf, base + PAGE_HEADER_BYTES + 2 * i)
             node = _leaf_node(image, base, off)
             if node is None:
@@ -287,7 +289,7 @@ def scan_overflow(image: FileImage, found: Found, claimed: set, space_of_run: di
     record chunk's separator is tried among its last key's separators.
     The header checksum, which covers the key, tells the right one.
     """
-    pgnos, flags, npages_field = image.page_headers()
+    pgnos, flags = image.page_headers()
     idx = np.arange(len(pgnos), dtype=np.uint64)
     heads = np.flatnonzero((pgnos == idx) & ((flags & ~np.uint16(P_DIRTY)) == P_OVERFLOW))
     psize, end = image.psize, image.npages * image.psize
@@ -295,9 +297,10 @@ def scan_overflow(image: FileImage, found: Found, claimed: set, space_of_run: di
         if p < FIRST_DATA_PAGE or p in claimed:
             continue
         found.overflow_runs += 1
+        # The run's length (mp_pages) is not trusted: the chunk's own header
+        # says how long it is, and the checksum whether that is right.
         start = p * psize + PAGE_HEADER_BYTES
-        limit = min(end, p * psize + int(npages_field[p]) * psize)
-        got = _overflow_chunk(image.buf, start, limit, space_of_run, table_spaces)
+        got = _overflow_chunk(image.buf, start, end, space_of_run, table_spaces)
         if got is None:
             found.unreadable_values += 1
             continue

@@ -244,7 +244,9 @@ def test_damaged_leaf_page_of_one_table(damaged, tmp_path):
     path, info = damaged
     leaf = next(p for p in pages_of(path, "leaf", rec.DB_CHUNKS)
                 if {k[0] for k in leaf_keys(path, p)} == {1})
-    flip(path, leaf * 4096 + 12)  # mp_lower: every node of the page becomes unreadable
+    with open(path, "r+b") as fh:  # the whole page lost: its inline chunks with it
+        fh.seek(leaf * 4096)
+        fh.write(bytes(4096))
     report, got = run_recover(path, tmp_path)
     assert got == info["state"]
     assert report["status"] == 0, report["problems"]
@@ -258,7 +260,9 @@ def test_damaged_leaf_page_keeps_the_overflow_chunks_it_pointed_to(damaged, tmp_
     leaf = next(p for p in pages_of(path, "leaf", rec.DB_CHUNKS)
                 if {k[0] for k in leaf_keys(path, p)} == {0})
     keys = leaf_keys(path, leaf)
-    flip(path, leaf * 4096 + 12)
+    with open(path, "r+b") as fh:  # the whole page lost, as a bad sector
+        fh.seek(leaf * 4096)
+        fh.write(bytes(4096))
     sv = recover.salvage(path)
     assert sv.counts["unclaimed_overflow_runs"] >= 1
     assert sum(1 for p, (k, t) in pm.items() if k == "overflow") >= len(keys) // 2
