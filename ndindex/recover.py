@@ -634,7 +634,8 @@ def run_chunks(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage) -> lis
     for key in sorted(k for k in found.chunks if k[:5] == prefix):
         values = found.chunks[key]
         if len(values) > 1:
-            value = _one(values, trusted.value(rec.DB_CHUNKS, key),
+            current = trusted.value(rec.DB_CHUNKS, key)  # only if it verified too
+            value = _one(values, current if current in values else None,
                          f"chunk {key.hex()}", sv)
             if value is None:
                 continue
@@ -722,12 +723,12 @@ def _decode_chunk(c: ch.FpChunk, code) -> tuple[np.ndarray, int]:
 
 
 def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
-    """({record key: flag} of a record run's live records, [lost (lo, hi] ranges], lost chunks).
+    """({record key: flag} of a record run's live records, [lost (lo, hi] ranges]).
 
     A lost range is where records may be missing: (the previous readable
     chunk's separator, the next one's low fence], None for an open end.
     """
-    records, lost_ranges, lost = {}, [], 0
+    records, lost_ranges = {}, []
     chunks = []
     for key, value in run_chunks(found, trusted, run, sv):
         try:
@@ -751,7 +752,6 @@ def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
                 with contextlib.suppress(CorruptionError):
                     recs.extend(c.block(i))
             lost_ranges.append((c.low_fence, c.separator))
-            lost += 1
         for key, flag, _ in recs:
             if _record_live(run, key):
                 records[key] = flag
@@ -760,11 +760,7 @@ def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
             lost_ranges.append((None, None))
     elif not prev.flags & ch.FLAG_LAST and not run.merge_output:
         lost_ranges.append((prev.separator, None))
-    if run.merge_into == 0:
-        lost += max(0, run.chunks - len(chunks))
-    elif lost_ranges:
-        lost += 1
-    return records, lost_ranges, lost
+    return records, lost_ranges
 
 
 def _record_live(run: rec.Run, key: bytes) -> bool:
@@ -977,69 +973,67 @@ def _guess_plan(found: Found, trusted: Trusted, runs: list, tomb, key_fps, sv: S
 def _key_pairs(found: Found, trusted: Trusted, runs: list, log: LogOverlay, sv: Salvage):
     """(set of live (fingerprint, typed key) pairs, fingerprints they name).
 
-    Each pair is recorded in both key spaces (7.9); a space read whole
-    decides every pair.  Otherwise a pair is decided by the newest run of
-    either space that holds it, unless a newer run of that space lost the
-    range it would be in, in which case the other space decides; a pair
-    neither space can decide for certain is kept as the newest record says
-    and the recovery is marked incomplete.
+    Each pair is recorded in both key spaces (7.9), so a space read whole
+    decides every pair alone (the other is not read).  If both lost
+    chunks, a pair is decided by a space in which no run newer than the
+    one holding it lost the range it would lie in; a pair neither space
+    can decide for certain is kept as the newest record found says, and
+    the recovery is marked incomplete.  The log decides before either.
     """
-    decided = {pair: put for pair, put in log.keys.items()}
+    decided = dict(log.keys)
     spaces = {}
     for space in rec.RECORD_SPACES:
-        space_runs = []
-        for run in (r for r in runs if r.space == space):
-            records, lost_ranges, lost = read_record_run(found, trusted, run, sv)
-            space_runs.append((records, lost_ranges))
-        spaces[space] = space_runs
-
-    def pair_of(space, key):
-        if space == rec.SPACE_KEYS_BY_FP:
-            return rec.U64_BE.unpack(key[:8])[0], key[8:]
-        return rec.U64_BE.unpack(key[-8:])[0], key[:-8]
-
-    def key_of(space, pair):
-        fp, raw = pair
-        return rec.U64_BE.pack(fp) + raw if space == rec.SPACE_KEYS_BY_FP \
-            else raw + rec.U64_BE.pack(fp)
-
-    def decide(space, pair):
-        """(put or None, certain) of a pair in one space."""
-        key = key_of(space, pair)
-        certain = True
-        for records, lost_ranges in spaces[space]:
-            flag = records.get(key)
-            if flag is not None:
-                return flag == ch.RECORD_PUT, certain
-            if lost_ranges and _in_ranges(key, lost_ranges):
-                certain = False
-        return None, certain
-
-    mentioned = set()
-    for space, space_runs in spaces.items():
-        for records, _ in space_runs:
-            for key in records:
-                if len(key) > 8:
-                    mentioned.add(pair_of(space, key))
-    whole = {s: all(not lr for _, lr in space_runs) for s, space_runs in spaces.items()}
+        spaces[space] = [read_record_run(found, trusted, run, sv)
+                         for run in runs if run.space == space]  # newest first
+        if all(not lost for _, lost in spaces[space]):
+            for records, _ in spaces[space]:
+                for key, flag in records.items():
+                    if len(key) > 8:
+                        decided.setdefault(_pair_of(space, key), flag == ch.RECORD_PUT)
+            return _live_pairs(decided)
     uncertain = 0
-    for pair in mentioned:
-        if pair in decided:
-            continue
-        results = [decide(s, pair) for s in rec.RECORD_SPACES]
-        certain = [r for r in results if r[1]]
+    mentioned = {_pair_of(space, key) for space, space_runs in spaces.items()
+                 for records, _ in space_runs for key in records if len(key) > 8}
+    for pair in mentioned - decided.keys():
+        results = [_decide(spaces[s], _key_of(s, pair)) for s in rec.RECORD_SPACES]
+        certain = [put for put, sure in results if sure]
         if certain:
-            put = certain[0][0]
+            put = certain[0]
         else:
             uncertain += 1
-            put = next((r[0] for r in results if r[0] is not None), None)
+            put = next((put for put, _ in results if put is not None), None)
         decided[pair] = bool(put)
-    if not any(whole.values()):
-        sv.lost(f"both key spaces lost chunks: {uncertain} keys could not be decided for "
-                "certain, and keys recorded only in the lost chunks are missing")
+    sv.lost(f"both key spaces lost chunks: {uncertain} keys could not be decided for "
+            "certain, and keys recorded only in the lost chunks are missing")
+    return _live_pairs(decided)
+
+
+def _pair_of(space: int, key: bytes) -> tuple:
+    if space == rec.SPACE_KEYS_BY_FP:
+        return rec.U64_BE.unpack(key[:8])[0], key[8:]
+    return rec.U64_BE.unpack(key[-8:])[0], key[:-8]
+
+
+def _key_of(space: int, pair: tuple) -> bytes:
+    fp, raw = pair
+    return rec.U64_BE.pack(fp) + raw if space == rec.SPACE_KEYS_BY_FP else raw + rec.U64_BE.pack(fp)
+
+
+def _decide(space_runs: list, key: bytes):
+    """(put, True if certain) of a record key in one space: put None if no run holds it."""
+    certain = True
+    for records, lost_ranges in space_runs:  # newest first
+        flag = records.get(key)
+        if flag is not None:
+            return flag == ch.RECORD_PUT, certain
+        if lost_ranges and _in_ranges(key, lost_ranges):
+            certain = False
+    return None, certain
+
+
+def _live_pairs(decided: dict):
     pairs = {pair for pair, put in decided.items() if put}
-    fps = np.array(sorted({fp for fp, _ in pairs}), dtype=np.uint64)
-    return pairs, fps
+    return pairs, np.array(sorted({fp for fp, _ in pairs}), dtype=np.uint64)
 
 
 def _replay_journals(path: str, sv: Salvage, found: Found, trusted: Trusted,
