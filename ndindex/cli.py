@@ -660,10 +660,15 @@ def _recover_into(damaged: str, out: str, as_json: bool) -> int:
     if report["output"] is None:
         print(f"ndindex: {damaged}: nothing recoverable", file=sys.stderr)
     elif not as_json:
+        c = report["counts"]
+        lost = [f"{c[k]:,} {what}" for k, what in (
+            ("table_chunks_lost", "table chunks"), ("table_blocks_lost", "table blocks"),
+            ("log_records_lost", "log records")) if c.get(k)]
         print(f"recovered {report['fingerprints']:,} fingerprints and {report['keys']:,} "
               f"document keys from {damaged} into {out}: "
               + ("complete" if report["complete"] else
-                 f"partial ({len(report['problems'])} problems, listed on stderr)"))
+                 f"partial ({len(report['problems'])} problems, listed on stderr)")
+              + (f"; could not read {', '.join(lost)}" if lost else ""))
     return report["status"]
 
 

@@ -601,7 +601,7 @@ def read_log(found: Found, trusted: Trusted, state, newest: bool, sv: Salvage) -
     if missing:
         sv.lost(f"{missing} of {end - first} log records could not be read: the operations "
                 "in them are lost")
-    sv.counts["log_records"] = end - first - missing
+    sv.counts.update(log_records=end - first - missing, log_records_lost=missing)
     return log
 
 
@@ -810,6 +810,7 @@ def _salvage(image: FileImage) -> Salvage:
         runs = _runs_from_chunks(found)
     log = read_log(found, trusted, state, newest, sv)
     tomb, tomb_whole = _tombstones(found, trusted, runs, manifest is not None)
+    sv.counts.update(tombstones=len(tomb), tombstones_whole=tomb_whole)
     if not tomb_whole:
         sv.lost("tombstone chunks lost: fingerprints removed before the last compaction "
                 "may have come back")
@@ -926,6 +927,8 @@ def _table_fingerprints(found: Found, trusted: Trusted, runs: list, sv: Salvage)
                     "log and in document keys were recovered")
         return EMPTY_U64
     tables = _table_sets(found, trusted, runs, sv.plan, sv)
+    sv.counts.update(tables_read=len(tables), table_chunks_lost=sum(t[2] for t in tables),
+                     table_blocks_lost=sum(t[3] for t in tables))
     uncoded = sum(r.chunks for r in runs if r.space < len(sv.plan.tables) and
                   r.kind == rec.KIND_HUFFMAN and not r.code)
     if uncoded:
@@ -985,6 +988,8 @@ def _key_pairs(found: Found, trusted: Trusted, runs: list, log: LogOverlay, sv: 
     for space in rec.RECORD_SPACES:
         spaces[space] = [read_record_run(found, trusted, run, sv)
                          for run in runs if run.space == space]  # newest first
+        sv.counts[f"key_ranges_lost_{rec.space_name(space)}"] = \
+            sum(len(lost) for _, lost in spaces[space])
         if all(not lost for _, lost in spaces[space]):
             for records, _ in spaces[space]:
                 for key, flag in records.items():
