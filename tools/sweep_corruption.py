@@ -1,12 +1,18 @@
 """Whole-file corruption sweep: damage one byte of an index, run the public API on it, classify.
 
-Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1]
+Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1] [--index large]
 
 It builds an index of 20,000 fingerprints with document keys through the
 public API (adds with keys, many keys for some fingerprints, a compaction,
 removes by fingerprint and by key, then adds that stay in the append log),
 keeping a brute-force model of what it holds (tools/sweep_common.py) and
-checking the built index against it.  It classifies every page of the file
+checking the built index against it.  --index large builds 200,000
+fingerprints with keys instead (build_large): a main Huffman run and raw
+runs at levels 2 and 1 per table, a merge in progress, a tombstone run,
+key runs with deletions, a log of several records and the journal of a
+durability-"normal" writer that died (copied beside every trial file, so
+every open replays it); its chunks tree has a branch page, and every chunk
+kind, the log and the manifest have overflow runs.  It classifies every page of the file
 with the LMDB checker's page map (meta, branch/leaf/overflow pages of each
 tree, free, tail) and spreads the trials evenly over those strata.  Each
 trial writes a copy of the file with one byte damaged (xor 0xFF, or one bit
