@@ -45,6 +45,7 @@ def verify(ix) -> dict:
     """Check the whole file behind an open Index; return a summary."""
     from ndindex.index import check_commit_records
     store = ix._store
+    store.env  # noqa: B018 - raises ClosedError after close()
     check_commit_records(store)
     snap = ix._snapshot()
     view = snap.view

@@ -243,10 +243,33 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "verify", "check every checksum, order and directory entry",
-             "Read the whole index and check it; exit 2 naming the first problem.",
-             ["ndindex verify pages.ndx"], _cmd_verify)
+             "Read the whole index and check it; exit 2 naming the first problem.  With "
+             "--repair, a damaged index is then salvaged as `ndindex recover` does, into "
+             "INDEX.recovered (or -o OUT), and the exit status is recover's.",
+             ["ndindex verify pages.ndx", "ndindex verify --repair pages.ndx",
+              "ndindex verify --repair pages.ndx -o fixed.ndx"], _cmd_verify)
     p.add_argument("index", metavar="INDEX")
+    p.add_argument("--repair", action="store_true",
+                   help="if the check fails, salvage what verifies into a new index")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="with --repair: the new index (default INDEX.recovered)")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "recover", "salvage a damaged index into a new one",
+             "Read a damaged index page by page without trusting LMDB's trees, keep every "
+             "fingerprint and document key whose records still verify (the newest consistent "
+             "state: the runs its manifest lists, its tombstones and log), and write them to "
+             "a new index with the same k, plan, coding and fingerprinter, like SQLite's "
+             ".recover.  DAMAGED is left as it is.  Prints what was recovered and, on stderr, "
+             "what could not be read.  Exit status: 0 everything recovered, 1 partial (some "
+             "records could not be read; the new index holds the rest), 2 nothing "
+             "recoverable or a usage error.",
+             ["ndindex recover pages.ndx -o pages-recovered.ndx",
+              "ndindex recover pages.ndx -o pages-recovered.ndx --json"],
+             _cmd_recover)
+    p.add_argument("index", metavar="DAMAGED")
+    p.add_argument("-o", "--output", required=True, metavar="OUT", help="the new index (must not exist)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = _sub(commands, "export", "write a portable zstd-compressed dump",
              "Write the live fingerprints, keys, plan and settings of an index as a dump "
@@ -588,15 +611,65 @@ def _cmd_stats(args) -> int:
 
 
 def _cmd_verify(args) -> int:
-    with Index.open(args.index, readonly=True) as ix:
-        report = ix.verify()
+    if args.output is not None and not args.repair:
+        raise ValueError("-o is for --repair")
+    try:
+        with Index.open(args.index, readonly=True) as ix:
+            report = ix.verify()
+    except NdindexError as exc:
+        print(_error_line(_damage_text(exc), args.index), file=sys.stderr)
+        if not args.repair:
+            return EXIT_ERROR
+        out = args.output if args.output is not None else args.index + ".recovered"
+        return _recover_into(args.index, out, args.json)
     if args.json:
         _json(dict(ok=True, **report))
     else:
         print(f"{args.index}: ok ({report['tables']} tables, {report['runs']} runs, "
               f"{report['chunks']:,} chunks, {report['table_entries']:,} fingerprints in the "
-              f"runs, {report['log_entries']:,} operations in the log)")
+              f"runs, {report['log_entries']:,} operations in the log)"
+              + ("; nothing to repair" if args.repair else ""))
     return EXIT_OK
+
+
+def _damage_text(exc: NdindexError) -> str:
+    """The error's message, naming a record whose key is plain text by that text too."""
+    key = getattr(exc, "key", None)
+    text = str(exc)
+    if key and all(0x20 < b < 0x7F for b in key):
+        text += f" (the {getattr(exc, 'database', None) or ''} record {key.decode()!r})"
+    return text
+
+
+def _cmd_recover(args) -> int:
+    return _recover_into(args.index, args.output, args.json)
+
+
+def _recover_into(damaged: str, out: str, as_json: bool) -> int:
+    """Run ndindex.recover and report it: 0 complete, 1 partial, 2 nothing recoverable."""
+    salvage = importlib.import_module("ndindex.recover")
+    progress = _Progress(not as_json, interval=1.0)
+    try:
+        report = salvage.recover(damaged, out, progress=progress)
+    finally:
+        progress.clear()
+    if as_json:
+        _json(report)
+    for problem in report["problems"]:
+        print(_error_line(problem, damaged), file=sys.stderr)
+    if report["output"] is None:
+        print(f"ndindex: {damaged}: nothing recoverable", file=sys.stderr)
+    elif not as_json:
+        c = report["counts"]
+        lost = [f"{c[k]:,} {what}" for k, what in (
+            ("table_chunks_lost", "table chunks"), ("table_blocks_lost", "table blocks"),
+            ("log_records_lost", "log records")) if c.get(k)]
+        print(f"recovered {report['fingerprints']:,} fingerprints and {report['keys']:,} "
+              f"document keys from {damaged} into {out}: "
+              + ("complete" if report["complete"] else
+                 f"partial ({len(report['problems'])} problems, listed on stderr)")
+              + (f"; could not read {', '.join(lost)}" if lost else ""))
+    return report["status"]
 
 
 def _cmd_export(args) -> int:

@@ -33,7 +33,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import os
+import signal
 import threading
 import time
 
@@ -88,6 +90,19 @@ STOP_WAIT_SECONDS = 0.04
 #: vacuum can tell whether another process has the file open.
 LEASE_BYTE = 0
 OPEN_BYTE = 1
+
+#: Test-only (tests/crash/test_kill_compaction.py): with
+#: NDINDEX_KILL_AT_COMPACTION="before:N" or "after:N" in the environment,
+#: the process kills itself (SIGKILL) just before or after its N-th
+#: compaction commit, counted from 0 over the whole process.
+_KILL_AT = os.environ.get("NDINDEX_KILL_AT_COMPACTION", "")
+_COMMITS = itertools.count()
+
+
+def _kill_if(moment: str) -> None:
+    if _KILL_AT == moment:
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 _F_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
 _F_SETLKW = getattr(fcntl, "F_OFD_SETLKW", fcntl.F_SETLKW)
@@ -306,7 +321,10 @@ class Compactor:
 
         # Compaction commits need not reach the disk before returning: a
         # lost step is redone (LMDB's NOMETASYNC keeps the file whole).
+        n = next(_COMMITS) if _KILL_AT else 0
+        _kill_if(f"before:{n}")
         self._ix._store.write(body, sync=False)
+        _kill_if(f"after:{n}")
         self.steps += 1
         self._progress.set()
         self._ix._compacted()

@@ -60,8 +60,12 @@ DURABILITY_FULL = "full"
 DURABILITY_NORMAL = "normal"
 
 
-def translate_error(exc: Exception, path: str) -> Exception:
-    """Map an LMDB (or OS) error to the ndindex exception a caller can act on."""
+def translate_error(exc: Exception, path: str, database: str = "lmdb",
+                    key: bytes | None = None) -> Exception:
+    """Map an LMDB (or OS) error to the ndindex exception a caller can act on.
+
+    database and key name where a corruption was met, when the caller knows.
+    """
     if isinstance(exc, NdindexError):
         return exc
     if isinstance(exc, lmdb.MapFullError):
@@ -76,7 +80,8 @@ def translate_error(exc: Exception, path: str) -> Exception:
         return FormatError(f"{path}: not an ndindex file ({exc})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError,
                         lmdb.PanicError, lmdb.BadValsizeError, lmdb.BadRslotError)):
-        return CorruptionError(f"{path}: LMDB reports corruption ({exc})", database="lmdb")
+        return CorruptionError(f"{path}: LMDB reports corruption ({exc})", database=database,
+                               key=key)
     if isinstance(exc, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) \
             or "Read-only file system" in text or "Permission denied" in text:
         return ReadOnlyError(f"{path}: cannot write ({exc})")
@@ -171,15 +176,24 @@ def pick_meta(metas: list, path: str) -> tuple[int, dict]:
     """
     for slot, meta in enumerate(metas):
         if isinstance(meta, CorruptionError):
-            raise CorruptionError(f"{path}: meta page {slot} is damaged: {meta}", database="lmdb")
+            why = str(meta).removesuffix(" (database=lmdb)")
+            raise CorruptionError(f"{path}: meta page {slot} is damaged: {why}", database="lmdb")
     slot = 1 if metas[0]["txnid"] < metas[1]["txnid"] else 0
     return slot, metas[slot]
 
 
 def _looks_like_lmdb(path: str) -> bool:
+    """Whether either meta page carries LMDB's magic.
+
+    Page 1 counts too: a file whose meta page 0 alone is damaged is a
+    damaged index (CorruptionError from pick_meta), not a foreign file.
+    """
+    magic = struct.pack("<I", 0xBEEFC0DE)
     with open(path, "rb") as fh:
-        head = fh.read(24)
-    return len(head) >= 24 and head[16:20] == struct.pack("<I", 0xBEEFC0DE)
+        head = fh.read(2 * pages.MAX_PAGE_BYTES + 24)
+    return head[16:20] == magic or any(
+        head[psize + 16:psize + 20] == magic and head[psize:psize + 8] == struct.pack("<Q", 1)
+        for psize in (512 << i for i in range(8)))
 
 
 # -- the store -----------------------------------------------------------------
@@ -249,17 +263,17 @@ class Store:
             return cls(path, env, readonly, durability)
         except lmdb.NotFoundError as exc:
             v1 = _is_format_v1(env)
-            env.close()
+            _close_quietly(env)
             if v1:
                 raise FormatError(f"{path}: an index in file format 1; this version of ndindex "
                                   f"reads format {rec.FORMAT_VERSION}: convert it with "
                                   f"`ndindex upgrade {path}`") from exc
             raise FormatError(f"{path}: not an ndindex file (a named database is missing)") from exc
         except lmdb.Error as exc:
-            env.close()
+            _close_quietly(env)
             raise translate_error(exc, path) from exc
         except BaseException:
-            env.close()
+            _close_quietly(env)
             raise
 
     @classmethod
@@ -298,6 +312,17 @@ class Store:
             finally:
                 env.close()
             _fsync_path(tmp)
+            # The lock file before the index appears: a disk too full for it
+            # fails the create with nothing left behind, not an index that
+            # then cannot be opened (and blocks a second create).
+            made_lock = not os.path.lexists(path + "-lock")
+            try:
+                prepare_lock_file(path, readonly=False)
+            except BaseException:
+                if made_lock:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path + "-lock")
+                raise
             publish(tmp, path)
             _fsync_path(directory)
         except (lmdb.Error, OSError) as exc:
@@ -314,8 +339,11 @@ class Store:
         """Close the environment; later use raises ClosedError."""
         env, self._env = self._env, None
         if env is not None:
-            env.close()
             self.filemap.close()
+            try:
+                env.close()
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
 
     @property
     def env(self) -> lmdb.Environment:
@@ -343,14 +371,16 @@ class Store:
         env = self.env
         for _ in range(SNAPSHOT_RETRIES):
             try:
-                txn = env.begin(buffers=True)
-            except lmdb.MapResizedError:
-                env.set_mapsize(0)
-                continue
+                try:
+                    txn = ReadTxn(env.begin(buffers=True), self.path)
+                except lmdb.MapResizedError:
+                    env.set_mapsize(0)
+                    continue
+                txnid = txn.id()
             except lmdb.Error as exc:
                 raise translate_error(exc, self.path) from exc
             try:
-                view = self._view_of(txn.id())
+                view = self._view_of(txnid)
             except BaseException:
                 txn.abort()
                 raise
@@ -399,7 +429,10 @@ class Store:
                 result = body(wt)
                 txn.commit()
             except BaseException as exc:
-                txn.abort()
+                # An abort failing now would hide why the write failed, which
+                # matters more; LMDB frees the transaction either way.
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
                 if isinstance(exc, (lmdb.Error, OSError)) and not isinstance(exc, FileNotFoundError):
                     raise translate_error(exc, self.path) from exc
                 raise
@@ -428,6 +461,30 @@ class Store:
             self.env.copy(dest, compact=True)
         except lmdb.Error as exc:
             raise translate_error(exc, dest) from exc
+
+
+class ReadTxn:
+    """An LMDB read transaction pinning a snapshot, as :meth:`Store.snapshot` hands it out.
+
+    Only id() and abort() are offered, and abort() raises ndindex errors:
+    the callers above the store (index, reader) end snapshots without
+    knowing about LMDB.
+    """
+
+    __slots__ = ("_txn", "_path")
+
+    def __init__(self, txn, path: str):
+        self._txn = txn
+        self._path = path
+
+    def id(self) -> int:  # noqa: A003 - mirrors lmdb.Transaction.id
+        return self._txn.id()
+
+    def abort(self) -> None:
+        try:
+            self._txn.abort()
+        except lmdb.Error as exc:
+            raise translate_error(exc, self._path) from exc
 
 
 class WriteTxn:
@@ -461,7 +518,10 @@ class WriteTxn:
 
     def put(self, db: str, key: bytes, value: bytes) -> None:
         self._check_path(db, key)
-        self._txn.put(key, value, db=self._store._dbs[db])
+        try:
+            self._txn.put(key, value, db=self._store._dbs[db])
+        except lmdb.Error as exc:  # here the database and key are known: name them
+            raise translate_error(exc, self._store.path, db, key) from exc
         self.bytes_put += len(key) + len(value)
 
     def put_framed(self, key: bytes, payload: bytes) -> None:
@@ -469,7 +529,10 @@ class WriteTxn:
 
     def delete(self, db: str, key: bytes) -> bool:
         self._check_path(db, key)
-        return self._txn.delete(key, db=self._store._dbs[db])
+        try:
+            return self._txn.delete(key, db=self._store._dbs[db])
+        except lmdb.Error as exc:
+            raise translate_error(exc, self._store.path, db, key) from exc
 
 
 def _is_format_v1(env: lmdb.Environment) -> bool:
@@ -529,8 +592,11 @@ def restamp_commits(path: str) -> None:
     rewriting the state with its own id, restore the invariant on both meta
     pages; then the file is synced.
     """
-    env = lmdb.open(path, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, lock=False,
-                    map_size=INITIAL_MAP_SIZE_BYTES, meminit=False)
+    try:
+        env = lmdb.open(path, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, lock=False,
+                        map_size=INITIAL_MAP_SIZE_BYTES, meminit=False)
+    except lmdb.Error as exc:
+        raise translate_error(exc, path) from exc
     try:
         meta_db = env.open_db(rec.DB_META.encode(), create=False)
         for _ in range(2):
@@ -544,10 +610,22 @@ def restamp_commits(path: str) -> None:
                 txn.put(rec.KEY_STATE, rec.frame(rec.KEY_STATE, state.pack()), db=meta_db)
         env.sync(True)
     except lmdb.Error as exc:
+        _close_quietly(env)
         raise translate_error(exc, path) from exc
-    finally:
+    except BaseException:
+        _close_quietly(env)
+        raise
+    try:
         env.close()
+    except lmdb.Error as exc:
+        raise translate_error(exc, path) from exc
     _fsync_path(path)
+
+
+def _close_quietly(env: lmdb.Environment) -> None:
+    """Close an environment on a failure path: the failure being reported matters more."""
+    with contextlib.suppress(lmdb.Error):
+        env.close()
 
 
 def _fsync_path(path: str) -> None:

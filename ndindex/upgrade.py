@@ -160,11 +160,18 @@ class FormatV1Reader:
     def close(self) -> None:
         """End the read transaction and close the file.  Idempotent."""
         txn, self._txn = self._txn, None
-        if txn is not None:
-            txn.abort()
         env, self._env = self._env, None
-        if env is not None:
-            env.close()
+        try:
+            if txn is not None:
+                txn.abort()
+        except lmdb.Error as exc:  # callers see ndindex errors only
+            raise translate_error(exc, self.path) from exc
+        finally:
+            if env is not None:
+                try:
+                    env.close()
+                except lmdb.Error as exc:
+                    raise translate_error(exc, self.path) from exc
 
     def __enter__(self):
         return self

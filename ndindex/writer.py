@@ -31,6 +31,7 @@ from ndindex.errors import ClosedError, CorruptionError
 from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_STATE, U64_BE, LogRecord, State, frame,
                              unframe)
+from ndindex.store import translate_error
 
 
 def log_ops(record: LogRecord) -> int:
@@ -92,12 +93,22 @@ class Writer:
             if self.pending is None:
                 self._commit(record)
                 return
+            journaled = self.journal is not None and self._txn_depth == 0
+            if journaled:
+                # The journal first: an operation it did not take (a full
+                # disk) is not acknowledged, so it must not join the
+                # pending operations, which the next checkpoint commits.
+                self._append_journal(record)
             p = self.pending
             p.apply(record)
-            if self.journal is not None and self._txn_depth == 0:
-                self.journal.append(record.pack())
-                if len(p) >= 1 << 16:
-                    self.checkpoint()
+            if journaled and len(p) >= 1 << 16:
+                self.checkpoint()
+
+    def _append_journal(self, record: LogRecord) -> None:
+        try:
+            self.journal.append(record.pack())
+        except OSError as exc:
+            raise translate_error(exc, self.journal.path) from exc
 
     def _commit(self, record: LogRecord, extra=()) -> None:
         state = self._ix._store.write(lambda wt: commit_record(wt, record, extra), sync=True)
@@ -143,9 +154,13 @@ class Writer:
             return
         # Normal durability: the transaction's net effect is one journal record.
         delta = _difference(self._undo, self.pending)
-        self._undo = None
+        undo, self._undo = self._undo, None
         if log_ops(delta):
-            self.journal.append(delta.pack())
+            try:
+                self._append_journal(delta)
+            except BaseException:
+                self.pending = undo  # not journaled, not acknowledged: discarded
+                raise
 
     @property
     def in_transaction(self) -> bool:

@@ -247,8 +247,9 @@ def run_child(body, timeout: float) -> dict:
 
 
 def remove_index_files(path: str) -> None:
-    """Delete an index file and its LMDB lock file, if present."""
-    for p in (path, path + "-lock"):
+    """Delete an index file, its LMDB lock file and its journals, if present."""
+    import glob
+    for p in [path, path + "-lock"] + glob.glob(glob.escape(path) + ".journal-*"):
         try:
             os.unlink(p)
         except FileNotFoundError:

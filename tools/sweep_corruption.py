@@ -1,12 +1,18 @@
 """Whole-file corruption sweep: damage one byte of an index, run the public API on it, classify.
 
-Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1]
+Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1] [--index large]
 
 It builds an index of 20,000 fingerprints with document keys through the
 public API (adds with keys, many keys for some fingerprints, a compaction,
 removes by fingerprint and by key, then adds that stay in the append log),
 keeping a brute-force model of what it holds (tools/sweep_common.py) and
-checking the built index against it.  It classifies every page of the file
+checking the built index against it.  --index large builds 200,000
+fingerprints with keys instead (build_large): a main Huffman run and raw
+runs at levels 2 and 1 per table, a merge in progress, a tombstone run,
+key runs with deletions, a log of several records and the journal of a
+durability-"normal" writer that died (copied beside every trial file, so
+every open replays it); its chunks tree has a branch page, and every chunk
+kind, the log and the manifest have overflow runs.  It classifies every page of the file
 with the LMDB checker's page map (meta, branch/leaf/overflow pages of each
 tree, free, tail) and spreads the trials evenly over those strata.  Each
 trial writes a copy of the file with one byte damaged (xor 0xFF, or one bit
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import glob
 import json
 import multiprocessing
 import os
@@ -54,6 +61,9 @@ from sweep_common import (IndexModel, api_options, as_answer, parse_options,  # 
                           remove_index_files, run_child, scratch_dir, state_of)
 
 N_FINGERPRINTS = 20_000
+#: --index large: enough fingerprints with keys for branch pages in the
+#: chunks tree and overflow runs of every chunk kind.
+N_LARGE = 200_000
 K = 3
 CLASSES = ("crash", "hang", "untyped", "wrong", "rollback", "typed", "harmless")
 BAD = ("crash", "hang", "untyped", "wrong", "rollback")
@@ -110,7 +120,114 @@ def build_base(path: str, seed: int, options: dict) -> dict:
     return dict(queries=queries, key_fps=key_fps, extra=extra.tolist(),
                 expect=_answers(model, queries, key_fps),
                 previous=_answers(previous, queries, key_fps),
-                after=[after.query(q, K) for q in queries[:40] + extra[:20].tolist()])
+                after=[after.query(q, K) for q in queries[:40] + extra[:20].tolist()],
+                fingerprints=N_FINGERPRINTS)
+
+
+JOURNAL_CHILD = """
+import os, signal, sys
+import numpy as np
+from ndindex import journal
+import ndindex
+journal.CHECKPOINT_SECONDS = 1e6  # no checkpoint: the operations stay in the journal only
+ix = ndindex.open(sys.argv[1], durability="normal", background_compaction=False)
+rng = np.random.default_rng([int(sys.argv[2]), 77])
+fps = np.unique(rng.integers(0, 2**64, 300, dtype=np.uint64))
+ix.add(fps, keys=[f"journal-{i}" for i in range(len(fps))])
+ix.remove(fingerprints=fps[:20])
+print("journaled", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a writer that died: its journal is pending
+"""
+
+
+def build_large(path: str, seed: int, options: dict) -> dict:
+    """Build the large index; return the oracle's expectations (as build_base).
+
+    Through the public API, except two steps taken one at a time with the
+    compactor's own step() so that the file keeps them half done: a
+    merge in progress (inputs and output with cursors, STEP_CHUNKS 1) and
+    a flush whose merge has not run.  The result holds, per table, a main
+    Huffman run, raw runs at levels 2 and 1 and a merge in progress; a
+    tombstone run; key runs with deletions; a log of several records; and
+    a journal of a durability-"normal" writer that died, which every open
+    replays.
+    """
+    import subprocess
+
+    import ndindex
+    from ndindex import compaction
+
+    rng = np.random.default_rng(seed)
+    fps = np.unique(rng.integers(0, 2**64, N_LARGE + 2000, dtype=np.uint64))[:N_LARGE]
+    rng.shuffle(fps)
+    model = IndexModel()
+    create = dict(api_options(ndindex.Index.create, options), log_limit=5000,
+                  background_compaction=False)
+    main, two, one, merging, log, last = (fps[:110_000], fps[110_000:155_000],
+                                          fps[155_000:175_000], fps[175_000:190_000],
+                                          fps[190_000:199_800], fps[199_800:])
+    with ndindex.Index.create(path, k=K, expected_n=N_LARGE, **create) as ix:
+        def add(sel, keys=None):
+            for a in range(0, len(sel), 20_000):
+                part = None if keys is None else keys[a:a + 20_000]
+                ix.add(sel[a:a + 20_000], keys=part)
+                model.add(sel[a:a + 20_000], part)
+
+        def remove(fingerprints=None, keys=None):
+            ix.remove(fingerprints=fingerprints, keys=keys)
+            model.remove(fingerprints, keys)
+
+        add(main, [f"doc-{i}" if i % 3 else None for i in range(len(main))])
+        for i in range(30):  # several keys for some fingerprints
+            add(np.full(8, main[i * 7]), [f"also-{i}-{j}" for j in range(8)])
+        ix.compact(full=True)
+        add(two, [f"two-{i}" for i in range(len(two))])
+        ix.compact()  # more than level 1 holds: a level-2 run
+        add(one, [f"one-{i}" if i % 2 else None for i in range(len(one))])
+        ix.compact()
+        add(merging, [f"m-{i}" for i in range(len(merging))])
+        saved = compaction.STEP_CHUNKS
+        compaction.STEP_CHUNKS = 1
+        try:
+            ix._compactor.step(force_flush=True)  # the flush
+            ix._compactor.step()                   # one step of the merge it makes due
+        finally:
+            compaction.STEP_CHUNKS = saved
+        remove(fingerprints=main[1000:4000])
+        remove(keys=[f"doc-{i}" for i in range(5000, 6500) if i % 3])
+        remove(fingerprints=two[:500])
+        ix._compactor.step(force_flush=True)  # a flush: tombstones and key deletions
+        add(log[:6000], [f"log-{i}" for i in range(6000)])
+        add(log[6000:])
+        remove(fingerprints=log[:100])
+        remove(fingerprints=one[:200])
+        previous = model.copy()
+        add(last, [f"last-{i}" for i in range(len(last))])  # the last commit
+        man = ix._snapshot().manifest
+        if not any(r.merge_into for r in man.runs):
+            raise SystemExit("sweep_corruption: the large index has no merge in progress")
+    out = subprocess.run([sys.executable, "-c", JOURNAL_CHILD, path, str(seed)],
+                         capture_output=True, text=True, timeout=600)
+    if "journaled" not in out.stdout:
+        raise SystemExit(f"sweep_corruption: the journal writer failed: {out.stderr[-500:]}")
+    jrng = np.random.default_rng([seed, 77])
+    jfps = np.unique(jrng.integers(0, 2**64, 300, dtype=np.uint64))
+    for m in (model, previous):
+        m.add(jfps, [f"journal-{i}" for i in range(len(jfps))])
+        m.remove(fingerprints=jfps[:20])
+    table = np.concatenate([main, two, one, merging])
+    queries = _choose_queries(rng, table, log, last) + \
+        [int(x) ^ (1 << int(rng.integers(64))) for x in jfps[:10]] + jfps[15:25].tolist()
+    key_fps = [int(main[0]), int(main[7]), int(main[1]), int(two[3]), int(one[1]),
+               int(merging[5]), int(log[10]), int(last[0]), int(jfps[30]), int(main[1500])]
+    extra = rng.integers(0, 2**64, 100, dtype=np.uint64)
+    after = model.copy()
+    after.add(extra, [f"extra-{i}" for i in range(len(extra))])
+    return dict(queries=queries, key_fps=key_fps, extra=extra.tolist(),
+                expect=_answers(model, queries, key_fps),
+                previous=_answers(previous, queries, key_fps),
+                after=[after.query(q, K) for q in queries[:40] + extra[:20].tolist()],
+                fingerprints=N_LARGE)
 
 
 def _choose_queries(rng, table, log, last) -> list[int]:
@@ -262,8 +379,13 @@ def _worker_init(base_path: str, oracle: dict, options: dict, seed: int, timeout
     from ndindex import _core
 
     psize = _core.lmdb_meta(data, 0)["psize"]
+    # Journals of dead writers beside the base go beside every trial's copy.
+    journals = {}
+    for jpath in glob.glob(glob.escape(base_path) + ".journal-*"):
+        with open(jpath, "rb") as fh:
+            journals[jpath[len(base_path):]] = fh.read()
     _WORKER.update(data=data, oracle=oracle, options=options, seed=seed, timeout=timeout,
-                   psize=psize, strata=page_strata(data),
+                   psize=psize, strata=page_strata(data), journals=journals,
                    path=os.path.join(workdir, f"trial-{os.getpid()}.ndx"))
     import ndindex  # noqa: F401  (imported once here, not in every forked child)
 
@@ -282,6 +404,9 @@ def run_trial(trial: int) -> dict:
     remove_index_files(path)
     with open(path, "wb") as fh:
         fh.write(data)
+    for suffix, journal in w["journals"].items():
+        with open(path + suffix, "wb") as fh:
+            fh.write(journal)
     outcome = run_child(lambda send: run_steps(path, w["oracle"], w["options"], send), w["timeout"])
     remove_index_files(path)
     cls, why = classify(outcome, w["oracle"])
@@ -311,13 +436,16 @@ def _checker_verdict(data: bytearray) -> str:
 
 
 def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, workdir: str | None,
-          only: int | None = None, progress=None) -> dict:
-    """Run the sweep; return the per-trial results and counts."""
+          only: int | None = None, progress=None, index: str = "small") -> dict:
+    """Run the sweep; return the per-trial results and counts.
+
+    index: "small" (build_base) or "large" (build_large).
+    """
     tmp = tempfile.mkdtemp(prefix="ndx-sweep-", dir=workdir or scratch_dir())
     try:
         base = os.path.join(tmp, "base.ndx")
         t0 = time.monotonic()
-        oracle = build_base(base, seed, options)
+        oracle = (build_large if index == "large" else build_base)(base, seed, options)
         remove_index_files(base + "-lock")
         init = (base, oracle, options, seed, timeout, tmp)
         with open(base, "rb") as fh:
@@ -338,7 +466,8 @@ def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, work
         results = [r for r in results if r["trial"] != -1]
         results.sort(key=lambda r: r["trial"])
         return dict(results=results, strata_pages=strata, seconds=time.monotonic() - t0,
-                    file_bytes=os.path.getsize(base))
+                    file_bytes=os.path.getsize(base), fingerprints=oracle["fingerprints"],
+                    journals=len(glob.glob(glob.escape(base) + ".journal-*")))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -367,7 +496,8 @@ def summarize(run: dict) -> dict:
                 by_mode={k: dict(v) for k, v in by_mode.items()},
                 examples=dict(examples), why={k: dict(v.most_common(8)) for k, v in why.items()},
                 strata_pages=run["strata_pages"], seconds=round(run["seconds"], 1),
-                file_bytes=run["file_bytes"])
+                file_bytes=run["file_bytes"], fingerprints=run.get("fingerprints", N_FINGERPRINTS),
+                journals=run.get("journals", 0))
 
 
 def _short(why: str) -> str:
@@ -376,7 +506,8 @@ def _short(why: str) -> str:
 
 def print_report(s: dict, out=sys.stdout) -> None:
     print(f"{s['trials']} trials in {s['seconds']} s on a {s['file_bytes']:,}-byte index "
-          f"of {N_FINGERPRINTS:,} fingerprints", file=out)
+          f"of {s['fingerprints']:,} fingerprints"
+          + (f" with {s['journals']} pending journal" if s["journals"] else ""), file=out)
     print("by class: " + ", ".join(f"{c} {s['by_class'].get(c, 0)}" for c in CLASSES), file=out)
     width = max(len(k) for k in s["by_stratum"]) + 2
     print(f"\n{'stratum (pages)':<{width + 7}}" + "".join(f"{c:>10}" for c in CLASSES), file=out)
@@ -404,6 +535,10 @@ def print_report(s: dict, out=sys.stdout) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=5000)
+    ap.add_argument("--index", choices=["small", "large"], default="small",
+                    help=f"small: {N_FINGERPRINTS:,} fingerprints; large: {N_LARGE:,} with runs at "
+                         "several levels, a merge in progress, tombstones, a log and a pending "
+                         "journal, and branch pages in the chunks tree")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a trial is a hang")
@@ -416,7 +551,7 @@ def main(argv=None) -> int:
                     help="exit 1 if any trial is crash, hang, untyped, wrong or rollback")
     args = ap.parse_args(argv)
     run = sweep(args.trials, args.jobs, args.seed, args.timeout, parse_options(args.option),
-                args.workdir, only=args.trial,
+                args.workdir, only=args.trial, index=args.index,
                 progress=lambda n, total: print(f"  {n}/{total}", file=sys.stderr, flush=True))
     summary = summarize(run)
     if args.trial is not None:

@@ -28,6 +28,13 @@ it checks the file in another forked child:
 Files live on disk (the temp dir, or --workdir), not in RAM: fsync gives
 each write its real length, so the kills find the windows inside them.
 
+With --option background_compaction=True (and a small --option
+log_limit=N) the writer's compaction thread flushes and merges all the
+time; it announces each step, and a third of the kills aim at a random
+moment inside one (counted as "background compaction").  With --option
+durability='normal' an operation counts as acknowledged only after sync()
+returns.
+
 After each check the parent takes the state found as the new model; every
 --fresh-every cycles (and after a file that fails) the lane starts over
 without a file, so create is exercised throughout.  It prints the counts by
@@ -103,9 +110,16 @@ def apply_model(model: IndexModel, kind: str, args: dict) -> None:
 
 
 def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> None:
-    """Create or open the index, then run operations first, first + 1, ... until killed."""
+    """Create or open the index, then run operations first, first + 1, ... until killed.
+
+    With durability "normal" an operation is acknowledged only after sync()
+    returns (before, it may be in the journal only).  Each step of the
+    background compaction thread is announced ("bg", "start"/"end").
+    """
     import ndindex
 
+    _announce_background_steps(send)
+    normal = options.get("durability") == "normal"
     if os.path.exists(path):
         ix = ndindex.open(path, **api_options(ndindex.Index.open, options))
     else:
@@ -124,7 +138,34 @@ def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> 
             ix.remove(keys=args["keys"])
         else:
             ix.compact(**accepted(ix.compact, full=kind == "compact_full"))
+        if normal:
+            ix.sync()
         send("ack", j)
+
+
+def _announce_background_steps(send) -> None:
+    """Make the compaction thread send ("bg", "start") and ("bg", "end") around each step."""
+    import threading
+
+    try:
+        from ndindex import compaction
+    except ImportError:  # a library without background compaction
+        return
+    for name in ("_flush", "_merge_round", "_rewrite_tombstones"):
+        original = getattr(compaction.Compactor, name, None)
+        if original is None:
+            continue
+
+        def step(self, *args, _original=original, **kwargs):
+            background = threading.current_thread().name == "ndindex-compaction"
+            if background:
+                send("bg", "start")
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                if background:
+                    send("bg", "end")
+        setattr(compaction.Compactor, name, step)
 
 
 def read_back(path: str, options: dict, universe: set, send) -> dict:
@@ -164,6 +205,7 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
 
     path = os.path.join(workdir, f"lane-{lane}.ndx")
     remove_index_files(path)
+    background = bool(options.get("background_compaction"))
     rng = np.random.default_rng([seed, lane, 1 << 40])
     taken = collections.defaultdict(lambda: [FIRST_GUESS_SECONDS])  # durations seen, by kind
     # universe: every fingerprint an add of this file may have written; the
@@ -177,15 +219,28 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
         # The kill: `delay` after operation `target` starts (counted from this
         # cycle's first), a random fraction of a duration that kind of
         # operation took before, so it lands inside short operations too.
+        # With background compaction, a third of the kills aim at its steps.
         target = "create" if fresh and rng.random() < 0.8 else next_op + int(rng.integers(0, 4))
-        kind_of_target = "create" if target == "create" else operation_kind(seed, lane, target)
+        if background and not fresh and rng.random() < 1 / 3:
+            target = "background"
+        kind_of_target = target if target in ("create", "background") \
+            else operation_kind(seed, lane, target)
         seen = taken[kind_of_target]
         delay = float(rng.random()) * 1.1 * seen[int(rng.integers(len(seen)))]
         child = Child(lambda send: writer(path, seed, lane, next_op, options, send))
         started, in_flight, acked, kill_at, escaped = {}, None, [], None, None
+        bg_started, bg_running = None, False
         for kind, obj in child.messages(time.monotonic() + timeout):
             now = time.monotonic()
-            if kind == "start":
+            if kind == "bg":
+                bg_running = obj == "start"
+                if bg_running:
+                    bg_started = now
+                    if target == "background" and kill_at is None:
+                        kill_at = now + delay
+                elif bg_started is not None:
+                    taken["background"] = (taken["background"] + [now - bg_started])[-50:]
+            elif kind == "start":
                 started[obj], in_flight = now, obj
                 universe.update(_added(seed, lane, obj))
                 if obj == target:
@@ -203,7 +258,9 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
         child.kill()
         # What the writer said before the kill landed still counts.
         for kind, obj in child.messages(time.monotonic() + 5):
-            if kind == "start":
+            if kind == "bg":
+                bg_running = obj == "start"
+            elif kind == "start":
                 in_flight = obj
                 universe.update(_added(seed, lane, obj))
             elif kind == "ack":
@@ -214,6 +271,10 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
         child.wait()
         rec = check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,
                           existed=not fresh, universe=universe)
+        if bg_running:
+            rec["background_step"] = True
+            if target == "background" or in_flight is None:
+                rec["killed_in"] = "background compaction"
         records.append(rec)
         next_op = max([next_op - 1] + [a for a in acked if a != "create"]
                       + ([in_flight] if isinstance(in_flight, int) else [])) + 1
@@ -329,10 +390,11 @@ def summarize(run: dict) -> dict:
     for r in recs:
         by_op[r["killed_in"]][r["outcome"]] += 1
     committed = sum(1 for r in recs if r.get("detail") == "in-flight committed")
+    during_background = sum(1 for r in recs if r.get("background_step"))
     bad = [r for r in recs if r["outcome"] != "ok"]
     return dict(cycles=len(recs), by_outcome=dict(by_outcome),
                 by_killed_in={k: dict(v) for k, v in sorted(by_op.items())},
-                in_flight_committed=committed,
+                in_flight_committed=committed, during_background_step=during_background,
                 lost_fingerprints=sum(r.get("lost_fingerprints", 0) for r in recs),
                 lost_keys=sum(r.get("lost_keys", 0) for r in recs),
                 examples=bad[:8], seconds=round(run["seconds"], 1))
@@ -342,10 +404,12 @@ def print_report(s: dict, out=sys.stdout) -> None:
     print(f"{s['cycles']} kill cycles in {s['seconds']} s", file=out)
     print("by outcome: " + ", ".join(f"{k} {v}" for k, v in sorted(s["by_outcome"].items())), file=out)
     print(f"acknowledged items lost: {s['lost_fingerprints']} fingerprints, {s['lost_keys']} keys; "
-          f"operations in flight found committed: {s['in_flight_committed']}", file=out)
+          f"operations in flight found committed: {s['in_flight_committed']}; kills landing "
+          f"inside a background compaction step: {s.get('during_background_step', 0)}",
+          file=out)
     print("\nkilled inside   " + "outcomes", file=out)
     for op, counts in s["by_killed_in"].items():
-        print(f"  {op:<14}" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=out)
+        print(f"  {op:<23}" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), file=out)
     if s["examples"]:
         print("\nfirst cycles that were not ok:", file=out)
         for r in s["examples"]:

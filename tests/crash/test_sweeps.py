@@ -141,3 +141,17 @@ def test_kill_sweep_bounded(tmp_path):
     assert s["lost_fingerprints"] == 0 and s["lost_keys"] == 0
     for r in run["records"]:
         assert r["outcome"] == "ok", r
+
+
+@pytest.mark.slow
+def test_kill_sweep_bounded_with_background_compaction_and_normal_durability(tmp_path):
+    options = dict(background_compaction=True, log_limit=300, durability="normal")
+    run = sweep_kill.sweep(cycles=60, jobs=2, seed=5, options=options, workdir=str(tmp_path),
+                           fresh_every=10, timeout=60)
+    s = sweep_kill.summarize(run)
+    assert s["cycles"] == 60
+    assert s["during_background_step"] > 0
+    assert "background compaction" in s["by_killed_in"]
+    assert s["lost_fingerprints"] == 0 and s["lost_keys"] == 0
+    for r in run["records"]:
+        assert r["outcome"] == "ok", r
