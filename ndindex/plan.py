@@ -93,7 +93,7 @@ _KNOWN_PLAN_FLAGS = PLAN_FLAG_PROBABILISTIC
 MAX_PSM_HEADER_BITS = 40
 """Most prefix bits psm_plan gives its table: 2^40 headers is far past any embedded index."""
 
-PSM_ENTRIES_PER_HEADER = 1
+PSM_ENTRIES_PER_HEADER = 64
 """Stored fingerprints psm_plan expects under one prefix value (see psm_header_bits)."""
 
 PSM_DEFAULT_MAX_PROBES = 64
