@@ -25,7 +25,7 @@ from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
-from ndindex.plan import PSM_DEFAULT_MAX_PROBES, Plan, candidate_designs, choose_plan
+from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
 from ndindex.textfile import NotText, decode
 
 _dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
@@ -215,8 +215,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, metavar="K", help="distance (default: the index's k)")
     p.add_argument("--max-probes", type=int, metavar="N",
                    help="flip sets to probe: probabilistic matching (default on a psm index: "
-                        f"{PSM_DEFAULT_MAX_PROBES}; with --text or --file, makes the query "
-                        "probabilistic on any index)")
+                        f"{psm_max_probes(3)} at k=3, {psm_max_probes(10)} at k=10; with --text "
+                        "or --file, makes the query probabilistic on any index)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "remove", "remove fingerprints or document keys",
@@ -595,7 +595,8 @@ def _cmd_stats(args) -> int:
              if info["fingerprints"] > each else ""))
     if info.get("probabilistic"):
         print(f"  probabilistic plan: a query probes the flip sets of table 0's "
-              f"{prefixes[0]}-bit prefix, most likely first ({PSM_DEFAULT_MAX_PROBES} by default)")
+              f"{prefixes[0]}-bit prefix, most likely first ({psm_max_probes(info['k'])} "
+              f"at k={info['k']} by default)")
     if args.tables:
         for t in tables:
             print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['entries']:,} entries  "

@@ -323,7 +323,8 @@ class Index:
         the 64 flip probabilities of the query's bits (p_j of bit j), or
         margins, its simhash weight vector V (turned into probabilities by
         the stored fingerprinter's flip model); max_probes, how many flip
-        sets to probe (default ``plan.PSM_DEFAULT_MAX_PROBES``).  With
+        sets to probe (default ``plan.psm_max_probes(k)``: 64 at k = 3, 256
+        at k = 10).  With
         either, or on an index created with plan="psm", only table 0 is
         probed: at the prefixes of the query XOR each flip set of at most k
         prefix bits, most probable first (without probabilities: by size),
@@ -346,7 +347,7 @@ class Index:
         if probs is None:
             found = snap.query(q, k, pend)
         else:
-            found = snap.query_psm(q, k, probs, self._probe_budget(max_probes), pend)
+            found = snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
         if not found:
             return []
         if not keys:
@@ -374,7 +375,7 @@ class Index:
             def run(a, b):
                 return snap.query_many(qs[a:b], k, pend)
         else:
-            budget = self._probe_budget(max_probes)
+            budget = self._probe_budget(k, max_probes)
 
             def run(a, b):
                 return snap.query_psm_many(qs[a:b], k, probs[a:b], budget, pend)
@@ -441,10 +442,10 @@ class Index:
             return None
         return _float_array(probabilities, shape, "probabilities")
 
-    def _probe_budget(self, max_probes) -> int:
-        """max_probes checked (default PSM_DEFAULT_MAX_PROBES), at most every flip set."""
+    def _probe_budget(self, k: int, max_probes) -> int:
+        """max_probes checked (default plan.psm_max_probes(k)), at most every flip set."""
         if max_probes is None:
-            return plans.PSM_DEFAULT_MAX_PROBES
+            return plans.psm_max_probes(k)
         if isinstance(max_probes, bool) or not isinstance(max_probes, (int, np.integer)):
             raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
         if max_probes < 1:

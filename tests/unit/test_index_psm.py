@@ -132,7 +132,7 @@ def test_psm_index_queries_without_probabilities_probe_by_size(path, small_steps
         uniform = np.full(64, UNIFORM_FLIP_PROBABILITY)
         many = ix.query_many(queries, K)
         for i, q in enumerate(queries.tolist()):
-            prefixes = reference_prefixes(design, q, uniform, K, plans.PSM_DEFAULT_MAX_PROBES)
+            prefixes = reference_prefixes(design, q, uniform, K, plans.psm_max_probes(K))
             # by size: the exact prefix, then every one-bit flip, ...
             assert [bin(x ^ prefixes[0]).count("1") for x in prefixes] == \
                 sorted(bin(x ^ prefixes[0]).count("1") for x in prefixes)

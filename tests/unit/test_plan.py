@@ -12,7 +12,7 @@ from ndindex.errors import FormatError
 from ndindex.plan import (BLOCK_ENTRIES, MAX_PLANNER_K, PLAN_FLAG_PROBABILISTIC,
                           PSM_ENTRIES_PER_HEADER, Plan, TableDesign, block_design,
                           candidate_designs, choose_plan, example_3_1, flip_set_count,
-                          psm_header_bits, psm_plan, x_tables)
+                          psm_header_bits, psm_max_probes, psm_plan, x_tables)
 
 RNG = np.random.default_rng(20070508)
 
@@ -285,6 +285,13 @@ def test_psm_header_bits_expects_psm_entries_per_header():
     assert psm_header_bits(1) == 1 and psm_header_bits(2**60) == 40
     with pytest.raises(ValueError, match="expected_n must be >= 1"):
         psm_header_bits(0)
+
+
+def test_psm_max_probes_grows_with_k():
+    assert [psm_max_probes(k) for k in (3, 6, 10)] == [64, 128, 256]
+    assert all(psm_max_probes(k) <= psm_max_probes(k + 1) for k in range(63 - 1))
+    with pytest.raises(ValueError, match="0..63"):
+        psm_max_probes(64)
 
 
 def test_flip_set_count():

@@ -15,7 +15,7 @@ read from the mapped file):
   probes the first max_probes flip sets of the prefix in VOSH order of its
   flip probabilities (the stored default flip model applied to its margins).
 
-Part 1, k = 3 at N random fingerprints plus the planted near-duplicates:
+Part 1, k = 3 and 6 at N random fingerprints plus the planted near-duplicates:
 every document of the offline corpus (tools/eval/corpus.py), fingerprinted
 by the default Fingerprinter, so that queries carry real margins and their
 partners real flips.  Queries: the distinct simhashes of the corpus's eval
@@ -58,7 +58,7 @@ from ndindex import plan as plans  # noqa: E402
 from ndindex.fingerprint import Fingerprinter  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 
-K_ONLINE = 3
+K_ONLINE = (3, 6)
 K_PIPELINE = 10
 TIMED_QUERIES = 2000
 ONLINE_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -94,64 +94,90 @@ def file_bytes(ix: Index) -> int:
     return os.path.getsize(ix.path)
 
 
-# -- part 1: k = 3 at N ----------------------------------------------------------------
+# -- part 1: k = 3 and 6 at N ------------------------------------------------------------
 
 
-def online(stored, queries, qprobs, truth, workdir, sweep: list, log) -> None:
-    k, n = K_ONLINE, len(stored)
+def truth_within(fps: np.ndarray, queries: np.ndarray, k: int) -> set:
+    """Each query's corpus partners at distance 1..k (brute force)."""
+    truth = set()
+    for q in queries.tolist():
+        d = eval_psm.popcount(fps ^ np.uint64(q))
+        truth |= {(q, int(f)) for f in np.unique(fps[(d <= k) & (d > 0)])}
+    return truth
+
+
+def tables_row(stored, queries, truth, k, timed, workdir) -> dict:
+    """The permuted tables for k: file bytes and p50 (recall is 1 by construction: checked)."""
+    path = os.path.join(workdir, f"tables-{k}.ndx")
+    ix = build(path, stored, k, None)
+    row = dict(plan=ix.plan, bytes=file_bytes(ix),
+               values=sum(t["bytes"] for t in ix.stats()["tables"]),
+               p50=p50_us(lambda q: ix.query(q, k, keys=False), timed))
+    assert truth <= found_pairs(queries, ix.query_many(queries, k)), "the tables are exact"
+    ix.close()
+    os.unlink(path)
+    return row
+
+
+def online(fps, stored, queries, qprobs, workdir, sweep: list, log) -> None:
+    n = len(stored)
     order = np.random.default_rng(1).permutation(len(queries))[:TIMED_QUERIES]
     timed = queries[order].tolist()
     prob_of = dict(zip(queries.tolist(), qprobs))
-    tables = build(os.path.join(workdir, "tables.ndx"), stored, k, None)
-    t_bytes = file_bytes(tables)
-    t_tables = p50_us(lambda q: tables.query(q, k, keys=False), timed)
-    exact = found_pairs(queries, tables.query_many(queries, k))
-    assert truth <= exact, "the permuted tables are exact"
-    t_plan = tables.plan
-    t_values = sum(t["bytes"] for t in tables.stats()["tables"])
-    tables.close()
-    os.unlink(os.path.join(workdir, "tables.ndx"))
-    print(f"\n## 1. k = {k}: N = {n:,} stored ({len(queries):,} queries, {len(truth):,} true "
-          "pairs within k)\n")
-    print(f"permuted tables: {len(t_plan.tables)} tables, p = "
-          f"{t_plan.tables[0].prefix_bits}; file {t_bytes / n:.3f} bytes/fp (table blocks "
-          f"{t_values / n:.3f}); recall 1.0000; p50 {t_tables:.1f} us")
+    truth = {k: truth_within(fps, queries, k) for k in K_ONLINE}
+    tables = {}
+    print(f"\n## 1. N = {n:,} stored, {len(queries):,} queries\n")
+    for k in K_ONLINE:
+        tables[k] = t = tables_row(stored, queries, truth[k], k, timed, workdir)
+        print(f"k = {k}: {len(truth[k]):,} true pairs within k; permuted tables: "
+              f"{len(t['plan'].tables)} tables, p = {t['plan'].tables[0].prefix_bits}; file "
+              f"{t['bytes'] / n:.3f} bytes/fp (table blocks {t['values'] / n:.3f}); recall "
+              f"1.0000; p50 {t['p50']:.1f} us", flush=True)
+        log(f"part 1: tables k = {k} done")
     default_p = plans.psm_header_bits(n)
     for p in [default_p] + [b for b in sweep if b != default_p]:
-        off = p - default_p
+        sweeping = p != default_p
         path = os.path.join(workdir, f"psm-{p}.ndx")
-        ix = build(path, stored, k, plans.psm_plan(n, k, header_bits=p))
-        size = file_bytes(ix)
-        values = ix.stats()["tables"][0]["bytes"]
-        label = "PSM (plan=\"psm\")" if off == 0 else f"PSM, p = {p} (sweep)"
+        ix = build(path, stored, max(K_ONLINE), plans.psm_plan(n, max(K_ONLINE), header_bits=p))
+        size, values = file_bytes(ix), ix.stats()["tables"][0]["bytes"]
+        label = f"PSM, p = {p} (sweep)" if sweeping else 'PSM (plan="psm")'
         print(f"\n{label}: 1 table, p = {p} prefix bits"
-              + (f" (psm_header_bits({n:,}))" if off == 0 else "")
-              + f"; file {size / n:.3f} bytes/fp (table blocks {values / n:.3f}); "
-              f"file / tables' file = {size / t_bytes:.4f} (1/{t_bytes / size:.2f})")
-        print(f"  {'max_probes':>10} {'recall':>8} {'p50 us':>8} {'x tables':>9}")
-        rows = []
-        budgets = ONLINE_PROBES if off == 0 else (4, 16, 64)
-        for m in budgets:
-            got = found_pairs(queries, ix.query_many(queries, k, probabilities=qprobs,
-                                                     max_probes=m))
-            recall = len(got & truth) / len(truth)
-            t = p50_us(lambda q: ix.query(q, k, keys=False, probabilities=prob_of[q],
-                                          max_probes=m), timed)
-            rows.append((m, recall, t))
-            mark = "  <- default" if m == plans.PSM_DEFAULT_MAX_PROBES and off == 0 else ""
-            print(f"  {m:>10} {recall:>8.4f} {t:>8.1f} {t / t_tables:>9.2f}{mark}", flush=True)
-        if off == 0:
-            fit = [r for r in rows if r[2] <= t_tables]
-            print(f"  recall in the tables' time ({t_tables:.1f} us): "
+              + ("" if sweeping else f" (psm_header_bits({n:,}))")
+              + f"; file {size / n:.3f} bytes/fp (table blocks {values / n:.3f})")
+        for k in K_ONLINE:
+            if sweeping and k != K_ONLINE[0]:
+                continue
+            t = tables[k]
+            default = plans.psm_max_probes(k)
+            print(f"  k = {k}: file / the {len(t['plan'].tables)} tables' file = "
+                  f"{size / t['bytes']:.4f} (1/{t['bytes'] / size:.2f}); tables' p50 "
+                  f"{t['p50']:.1f} us")
+            print(f"  {'max_probes':>10} {'recall':>8} {'p50 us':>8} {'x tables':>9}")
+            rows = []
+            budgets = (4, 16, 64) if sweeping else \
+                sorted(set(ONLINE_PROBES) | {default} | ({1024} if k > 3 else set()))
+            for m in budgets:
+                got = found_pairs(queries, ix.query_many(queries, k, probabilities=qprobs,
+                                                         max_probes=m))
+                recall = len(got & truth[k]) / len(truth[k])
+                us = p50_us(lambda q: ix.query(q, k, keys=False, probabilities=prob_of[q],
+                                               max_probes=m), timed)
+                rows.append((m, recall, us))
+                mark = "  <- default" if m == default and not sweeping else ""
+                print(f"  {m:>10} {recall:>8.4f} {us:>8.1f} {us / t['p50']:>9.2f}{mark}",
+                      flush=True)
+            if sweeping:
+                continue
+            fit = [r for r in rows if r[2] <= t["p50"]]
+            print(f"  recall in the tables' time: "
                   + (f"{max(r[1] for r in fit):.4f}" if fit else "none (one probe is slower)"))
-            m = plans.PSM_DEFAULT_MAX_PROBES
             got = found_pairs(queries, ix.query_many(queries, k))      # no probabilities
-            t = p50_us(lambda q: ix.query(q, k, keys=False), timed)
-            print(f"  without probabilities (flip sets by size), max_probes {m}: recall "
-                  f"{len(got & truth) / len(truth):.4f}, p50 {t:.1f} us")
+            us = p50_us(lambda q: ix.query(q, k, keys=False), timed)
+            print(f"  without probabilities (flip sets by size), max_probes {default}: recall "
+                  f"{len(got & truth[k]) / len(truth[k]):.4f}, p50 {us:.1f} us")
         ix.close()
         os.unlink(path)
-        log(f"part 1: p = {p} done")
+        log(f"part 1: PSM p = {p} done")
 
 
 # -- part 2: the document pipeline -----------------------------------------------------
@@ -172,7 +198,8 @@ def pipeline(data, halves, background, workdir, log) -> None:
           f"({', '.join(f'{len(v):,} {k}' for k, v in docs.items())}) among {len(background):,} "
           f"random fingerprints: N = {n:,}\n")
     engines = [("66 tables (today)", None, [None])] + \
-        [("PSM", "psm", list(PIPELINE_PROBES) + ["uniform"])]
+        [("PSM", "psm", sorted(set(PIPELINE_PROBES) | {plans.psm_max_probes(K_PIPELINE)})
+          + ["uniform"])]
     for label, plan, budgets in engines:
         path = os.path.join(workdir, f"pipeline-{plan}.ndx")
         t0 = time.perf_counter()
@@ -187,17 +214,20 @@ def pipeline(data, halves, background, workdir, log) -> None:
               f"{'us/query':>9}")
         for m in budgets:
             for (name, g), q, pr in zip(groups.items(), fps, probs):
-                t0 = time.perf_counter()
                 if m is None:
-                    matches = ix.query_many(q, K_PIPELINE)
+                    run = lambda: ix.query_many(q, K_PIPELINE)  # noqa: E731
                 elif m == "uniform":
-                    matches = ix.query_many(q, K_PIPELINE, max_probes=plans.PSM_DEFAULT_MAX_PROBES)
+                    run = lambda: ix.query_many(q, K_PIPELINE)  # noqa: E731
                 else:
-                    matches = ix.query_many(q, K_PIPELINE, probabilities=pr, max_probes=m)
+                    run = lambda: ix.query_many(q, K_PIPELINE, probabilities=pr,  # noqa: E731
+                                                max_probes=m)
+                run()      # warm: the second pass is timed
+                t0 = time.perf_counter()
+                matches = run()
                 us = (time.perf_counter() - t0) * 1e6 / len(q)
                 row = score_group(g, docs[name], q, matches, fpr)
                 shown = "exact" if m is None else (
-                    f"{plans.PSM_DEFAULT_MAX_PROBES}, no p" if m == "uniform" else str(m))
+                    f"{plans.psm_max_probes(K_PIPELINE)}, no p" if m == "uniform" else str(m))
                 print(f"  {shown:>10} {name:>6} {row['candidates']:>10} "
                       f"{row['precision']:>6.3f} {row['recall']:>6.3f} {us:>9.1f}", flush=True)
         ix.close()
@@ -236,7 +266,8 @@ def main(argv=None) -> int:
           f"{platform.machine()}  {os.cpu_count()} cores  load {os.getloadavg()[0]:.2f}  "
           f"argv {' '.join(sys.argv[1:]) or '(defaults)'}", flush=True)
     print(f"# PSM defaults: psm_header_bits(n) = round(log2(n / {plans.PSM_ENTRIES_PER_HEADER})), "
-          f"max_probes {plans.PSM_DEFAULT_MAX_PROBES}")
+          f"psm_max_probes(k) = " + ", ".join(f"{plans.psm_max_probes(k)} at k = {k}"
+                                              for k in (3, 6, 10)))
     log = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
     parts = set(args.parts.split(","))
     data = eval_psm.load(log)
@@ -252,12 +283,8 @@ def main(argv=None) -> int:
             qprobs = np.ascontiguousarray(probs[np.nonzero(is_eval)[0][first]])
             background = np.random.default_rng(7).integers(0, 2**64, args.n, dtype=np.uint64)
             stored = np.unique(np.concatenate([fps, background]))
-            truth = set()
-            for q in queries.tolist():
-                d = eval_psm.popcount(fps ^ np.uint64(q))
-                truth |= {(q, int(f)) for f in np.unique(fps[(d <= K_ONLINE) & (d > 0)])}
             del background
-            online(stored, queries, qprobs, truth, wd, args.sweep, log)
+            online(fps, stored, queries, qprobs, wd, args.sweep, log)
             del stored
         if "2" in parts:
             background = np.random.default_rng(99).integers(0, 2**64, args.background,
