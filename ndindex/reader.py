@@ -34,6 +34,12 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 #: probed without the chunks tree; larger ones are looked up in the tree,
 #: so that nothing on the open path reads in proportion to N.
 DIRECTORY_MAX_CHUNKS = 256
+#: The same limit for a probabilistic plan's table: a PSM query probes it
+#: tens to hundreds of times, and a listed run saves each probe its tree
+#: search and, after the first visit, its block checksum (a fifth of a probe
+#: at 10M fingerprints).  2^14 chunks list about 10^6 blocks (16 MB) from
+#: their headers alone, read once per run.
+DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
 
 
 class Snapshot:
@@ -116,7 +122,8 @@ class Snapshot:
         Not cached: merge outputs (they grow), and runs with a chunk small
         enough to live inside a leaf page (it moves with the page).
         """
-        if run.chunks > DIRECTORY_MAX_CHUNKS:
+        limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
+        if run.chunks > limit:
             return None
         cache = self._directories
         if not run.merge_output and run.run_id in cache:

@@ -62,7 +62,7 @@ K_ONLINE = (3, 6)
 K_PIPELINE = 10
 TIMED_QUERIES = 2000
 ONLINE_PROBES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-PIPELINE_PROBES = (16, 64, 256, 1024)
+PIPELINE_PROBES = (16, 64, 128, 256, 512, 1024)
 
 
 def build(path: str, stored: np.ndarray, k: int, plan) -> Index:
