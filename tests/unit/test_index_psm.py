@@ -11,6 +11,10 @@ uncommitted operations of a transaction.
 
 import itertools
 import os
+import pathlib
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -309,3 +313,14 @@ def test_a_damaged_block_is_reported_by_a_psm_query(path):
             ix.query(victim, probabilities=np.full(64, 0.1), max_probes=1)
         with pytest.raises(CorruptionError):
             ix.query_many(np.array([victim], np.uint64), probabilities=np.full((1, 64), 0.1))
+
+
+def test_the_docs_example_of_psm_on_an_index_runs(tmp_path):
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "psm.md").read_text()
+    section = text[text.index("## PSM on an index file"):text.index("## Evaluation method")]
+    code = "\n\n".join(re.findall(r"^```python\n(.*?)^```", section, re.S | re.M))
+    assert "plan=\"psm\"" in code
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("plan: f=64 k=10 t=1 p=14..14 probabilistic")
