@@ -324,3 +324,32 @@ def test_the_docs_example_of_psm_on_an_index_runs(tmp_path):
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("plan: f=64 k=10 t=1 p=14..14 probabilistic")
+
+
+def test_export_and_import_keep_the_plan_probabilistic(path, tmp_path):
+    import io
+
+    from ndindex import dump
+    rng = np.random.default_rng(12)
+    fps = rng.integers(0, 2**64, 2000, dtype=np.uint64)
+    buf = io.BytesIO()
+    with Index.create(path, k=K, expected_n=2000, plan="psm") as ix:
+        ix.add(fps)
+        dump.export_index(ix, buf)
+        want = ix.query_many(fps[:50], probabilities=np.full((50, 64), 0.1), max_probes=5)
+    buf.seek(0)
+    dump.import_index(buf, tmp_path / "copy.ndx")
+    with Index.open(tmp_path / "copy.ndx", readonly=True) as ix:
+        assert ix.plan == plans.psm_plan(2000, K)
+        got = ix.query_many(fps[:50], probabilities=np.full((50, 64), 0.1), max_probes=5)
+        assert got.tolist() == want.tolist()
+
+
+def test_the_inspector_shows_the_plan_flag(path):
+    with Index.create(path, k=K, expected_n=5000, plan="psm", background_compaction=False) as ix:
+        ix.add(np.arange(1, 5001, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+        ix.compact(full=True)
+    tool = pathlib.Path(__file__).resolve().parents[2] / "tools" / "inspect_index.py"
+    out = subprocess.run([sys.executable, str(tool), str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "tables 1 flags 0x01 (probabilistic)" in out
