@@ -324,13 +324,12 @@ class Index:
         margins, its simhash weight vector V (turned into probabilities by
         the stored fingerprinter's flip model); max_probes, how many flip
         sets to probe (default ``plan.psm_max_probes(k)``: 64 at k = 3, 256
-        at k = 10).  With
-        either, or on an index created with plan="psm", only table 0 is
-        probed: at the prefixes of the query XOR each flip set of at most k
-        prefix bits, most probable first (without probabilities: by size),
-        up to max_probes of them; a fingerprint is found when it is within k
-        and its prefix is probed.  max_probes >= ``plan.flip_set_count(p,
-        k)`` probes every set and finds all.
+        at k = 10).  With either, or on an index created with plan="psm",
+        only table 0 is probed: at the prefixes of the query XOR each flip
+        set of at most k prefix bits, most probable first (without
+        probabilities: by size), up to max_probes of them; a fingerprint is
+        found when it is within k and its prefix is probed.  max_probes >=
+        ``plan.flip_set_count(p, k)`` probes every set and finds all.
         Returns a list of Match(fingerprint, distance, keys), ordered by
         (distance, fingerprint).  Uncommitted operations of this index's
         open transaction (or normal-durability journal) are included.
@@ -406,12 +405,15 @@ class Index:
             return self.query(simhash, k, keys=keys)
         return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)
 
-    def _fingerprinter(self):
-        """The stored Fingerprinter (parsed once), or ValueError if there is none."""
+    def _fingerprinter(self, required: bool = True):
+        """The stored Fingerprinter (parsed once); if there is none, ValueError
+        when required, else None."""
         if self._fpr is None:
             from ndindex.fingerprint import Fingerprinter
             raw = self.fingerprinter
             if raw is None:
+                if not required:
+                    return None
                 raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
                                  "fingerprints, or pass probabilities")
             self._fpr = Fingerprinter.from_bytes(raw)
@@ -427,10 +429,8 @@ class Index:
         shape = (64,) if rows is None else (rows, 64)
         if margins is not None:
             from ndindex.fingerprint import DEFAULT_FLIP_MODEL
-            try:
-                model = self._fingerprinter().flip_model or DEFAULT_FLIP_MODEL
-            except ValueError:  # no fingerprinter stored: the default model
-                model = DEFAULT_FLIP_MODEL
+            fpr = self._fingerprinter(required=False)
+            model = (fpr.flip_model if fpr is not None else None) or DEFAULT_FLIP_MODEL
             probabilities = model.probabilities(_float_array(margins, shape, "margins"))
         elif probabilities is None:
             if self.plan.probabilistic:
@@ -450,8 +450,7 @@ class Index:
             raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
         if max_probes < 1:
             raise ValueError(f"max_probes must be >= 1, got {max_probes}")
-        return int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits,
-                                                        self._header.k)))
+        return int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
 
     def keys(self, fingerprint: int) -> tuple:
         """Return the document keys stored with a fingerprint (empty if none)."""
