@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import eval_psm  # noqa: E402
 
-from ndindex import plan as plans  # noqa: E402
+from ndindex import plan as plans, reader  # noqa: E402
 from ndindex.fingerprint import Fingerprinter  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 
@@ -176,8 +176,31 @@ def online(fps, stored, queries, qprobs, workdir, sweep: list, log) -> None:
             print(f"  without probabilities (flip sets by size), max_probes {default}: recall "
                   f"{len(got & truth[k]) / len(truth[k]):.4f}, p50 {us:.1f} us")
         ix.close()
+        if not sweeping:
+            directories_ab(path, timed, prob_of, K_ONLINE[0])
         os.unlink(path)
         log(f"part 1: PSM p = {p} done")
+
+
+def directories_ab(path: str, timed: list, prob_of: dict, k: int, rounds: int = 3) -> None:
+    """p50 at the default budget with the table's runs listed (run directories, the
+    default for a probabilistic plan) and found through the chunks tree, alternating."""
+    m = plans.psm_max_probes(k)
+    listed = reader.DIRECTORY_MAX_CHUNKS_PSM
+    times = {"listed": [], "tree": []}
+    try:
+        for _ in range(rounds):
+            for name, limit in (("listed", listed), ("tree", reader.DIRECTORY_MAX_CHUNKS)):
+                reader.DIRECTORY_MAX_CHUNKS_PSM = limit
+                with Index.open(path, readonly=True) as ix:
+                    times[name].append(p50_us(lambda q: ix.query(
+                        q, k, keys=False, probabilities=prob_of[q], max_probes=m), timed))
+    finally:
+        reader.DIRECTORY_MAX_CHUNKS_PSM = listed
+    a, b = np.median(times["listed"]), np.median(times["tree"])
+    print(f"  k = {k}, max_probes {m}, runs listed in directories (DIRECTORY_MAX_CHUNKS_PSM) "
+          f"against the chunks tree ({reader.DIRECTORY_MAX_CHUNKS} chunks), {rounds} rounds "
+          f"alternating: p50 {a:.1f} / {b:.1f} us ({a / b:.2f}x)")
 
 
 # -- part 2: the document pipeline -----------------------------------------------------
