@@ -42,6 +42,11 @@ PARALLEL_QUERY_MIN = 4096
 #: below 1/2 orders flip sets by size, fewest flipped bits first.
 UNIFORM_FLIP_PROBABILITY = 0.25
 
+#: Most flip sets one PSM query may probe: the kernel holds them in one
+#: buffer (128 MiB), and at about a microsecond a probe more would take
+#: minutes per query.
+MAX_PROBES = 1 << 24
+
 
 class Match(NamedTuple):
     """One query result: a stored fingerprint, its distance, its document keys."""
@@ -450,7 +455,11 @@ class Index:
             raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
         if max_probes < 1:
             raise ValueError(f"max_probes must be >= 1, got {max_probes}")
-        return int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
+        budget = int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
+        if budget > MAX_PROBES:
+            raise ValueError(f"max_probes {budget:,} is more than {MAX_PROBES:,} flip sets: "
+                             "probe fewer")
+        return budget
 
     def keys(self, fingerprint: int) -> tuple:
         """Return the document keys stored with a fingerprint (empty if none)."""

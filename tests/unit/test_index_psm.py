@@ -22,7 +22,7 @@ import pytest
 from ndindex import _core, plan as plans, vosh
 from ndindex.errors import CorruptionError
 from ndindex.fingerprint import DEFAULT_FLIP_MODEL, Fingerprinter, FlipModel
-from ndindex.index import UNIFORM_FLIP_PROBABILITY, Index
+from ndindex.index import MAX_PROBES, UNIFORM_FLIP_PROBABILITY, Index
 from tests.oracle import brute_force, clustered, near
 from tests.unit.test_index import STATES, put_in_state, small_steps  # noqa: F401 - a fixture
 
@@ -284,12 +284,22 @@ def test_bad_psm_arguments_raise_and_change_nothing(path):
             ix.query(q, probabilities=probs, max_probes=0)
         with pytest.raises(TypeError, match="int"):
             ix.query(q, probabilities=probs, max_probes=2.5)
+        every = plans.flip_set_count(ix.plan.tables[0].prefix_bits, K)
+        assert every < MAX_PROBES     # a larger budget is every flip set, not an error
+        assert ix.query(q, probabilities=probs, max_probes=10**12) == \
+            ix.query(q, probabilities=probs, max_probes=every)
         with pytest.raises(ValueError, match="outside"):
             ix.query(q, K + 1, probabilities=probs)
         assert len(ix) == 1000 and int(fps[0]) in ix
     with Index.create(path.with_name("t.ndx"), k=K, expected_n=1000) as ix:
         with pytest.raises(ValueError, match="needs probabilities"):
             ix.query(q, max_probes=5)
+    wide = plans.psm_plan(1000, 12, header_bits=40)     # C(40, <= 12) flip sets: too many
+    with Index.create(path.with_name("w.ndx"), k=12, plan=wide) as ix:
+        ix.add(fps)
+        with pytest.raises(ValueError, match="probe fewer"):
+            ix.query(q, probabilities=np.full(64, 0.1), max_probes=10**12)
+        assert ix.query(q, probabilities=np.full(64, 0.1))[0].fingerprint == q
 
 
 def test_a_damaged_block_is_reported_by_a_psm_query(path):
