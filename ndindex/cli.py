@@ -25,7 +25,7 @@ from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
-from ndindex.plan import Plan, candidate_designs, choose_plan
+from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
 from ndindex.textfile import NotText, decode
 
 _dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
@@ -200,7 +200,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p = _sub(commands, "query", "find stored fingerprints near a fingerprint, text or file",
              "Print every stored fingerprint within distance k of the query, nearest first, "
              "with its document keys.  A text or file is fingerprinted with the index's "
-             "fingerprinter.",
+             "fingerprinter.  On a probabilistic (psm) index the query probes the most "
+             "likely flip sets of its prefix (a text's own flip probabilities, from the "
+             "fingerprinter's flip model), up to --max-probes of them.",
              ["ndindex query pages.ndx 0x0123456789abcdef",
               "ndindex query docs.ndx --text 'the quick brown fox' -k 6",
               "ndindex query docs.ndx --file draft.md --json"],
@@ -211,6 +213,10 @@ def _build_parser() -> argparse.ArgumentParser:
     what.add_argument("--text", metavar="TEXT", help="fingerprint this text")
     what.add_argument("--file", metavar="PATH", help="fingerprint this file")
     p.add_argument("-k", type=int, metavar="K", help="distance (default: the index's k)")
+    p.add_argument("--max-probes", type=int, metavar="N",
+                   help="flip sets to probe: probabilistic matching (default on a psm index: "
+                        f"{psm_max_probes(3)} at k=3, {psm_max_probes(10)} at k=10; with --text "
+                        "or --file, makes the query probabilistic on any index)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "remove", "remove fingerprints or document keys",
@@ -529,17 +535,24 @@ def _cmd_add(args) -> int:
 
 def _cmd_query(args) -> int:
     with Index.open(args.index, readonly=True) as ix:
+        k = ix.k if args.k is None else args.k
         if args.fingerprint is not None:
             q = args.fingerprint
-        elif args.text is not None:
-            q = _fingerprinter_of(ix).simhash(args.text)
+            matches = ix.query(q, k, max_probes=args.max_probes)
         else:
-            try:
-                q = _fingerprinter_of(ix).simhash(_document_text(args.file))
-            except NotText as exc:
-                raise ValueError(f"{args.file}: {exc}; documents must be text") from None
-        k = ix.k if args.k is None else args.k
-        matches = ix.query(q, k)
+            if args.text is not None:
+                text = args.text
+            else:
+                try:
+                    text = _document_text(args.file)
+                except NotText as exc:
+                    raise ValueError(f"{args.file}: {exc}; documents must be text") from None
+            q, margins = _fingerprinter_of(ix).simhash_with_weights(text)
+            # A probabilistic query orders its probes by the text's own margins
+            # (Index.query_text's rule; the text is fingerprinted once here).
+            probabilistic = ix.plan.probabilistic or args.max_probes is not None
+            matches = ix.query(q, k, margins=margins if probabilistic else None,
+                               max_probes=args.max_probes)
     if args.json:
         _json(dict(query=q, query_hex=_hex(q), k=k, matches=[
             dict(fingerprint=m.fingerprint, fingerprint_hex=_hex(m.fingerprint),
@@ -603,6 +616,10 @@ def _cmd_stats(args) -> int:
              f"(bound {info['entropy_bound_bits']:.2f})" if entries else "")
           + (f"; {info['fingerprints'] - each:,} not yet compacted"
              if info["fingerprints"] > each else ""))
+    if info.get("probabilistic"):
+        print(f"  probabilistic plan: a query probes the flip sets of table 0's "
+              f"{prefixes[0]}-bit prefix, most likely first ({psm_max_probes(info['k'])} "
+              f"at k={info['k']} by default)")
     if args.tables:
         for t in tables:
             print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['entries']:,} entries  "

@@ -41,6 +41,15 @@ from ndindex.writer import Writer, replay_journals
 #: query_many splits batches of at least this many queries across threads.
 PARALLEL_QUERY_MIN = 4096
 
+#: The flip probability of every bit in a PSM query given none: any value
+#: below 1/2 orders flip sets by size, fewest flipped bits first.
+UNIFORM_FLIP_PROBABILITY = 0.25
+
+#: Most flip sets one PSM query may probe: the kernel holds them in one
+#: buffer (128 MiB), and at about a microsecond a probe more would take
+#: minutes per query.
+MAX_PROBES = 1 << 24
+
 
 class Match(NamedTuple):
     """One query result: a stored fingerprint, its distance, its document keys."""
@@ -70,6 +79,7 @@ class Index:
         self._snap: Snapshot | None = None
         self._snap_lock = threading.Lock()
         self._directories: dict = {}  # run id -> run directory capsule (see reader)
+        self._fpr = None  # the stored Fingerprinter, parsed on first use (query_text)
         self._pool = None
         self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
         self._psize = store.filemap.psize
@@ -89,7 +99,8 @@ class Index:
     # -- opening and closing ----------------------------------------------
 
     @classmethod
-    def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000, plan: plans.Plan | None = None,
+    def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000,
+               plan: plans.Plan | str | None = None,
                coding: int = CODING_DELTA, fingerprinter=None,
                exist_ok: bool = False, durability: str = "full",
                background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
@@ -100,7 +111,10 @@ class Index:
         to store: the planner picks the table design for it (more tables
         and longer prefixes for larger n) and the first Huffman codes assume
         its density, but the index holds any number; plan, a table design
-        (else ``plan.choose_plan(expected_n, k)``); coding, the block coding;
+        (else ``plan.choose_plan(expected_n, k)``), or "psm" for one table
+        queried by probabilistic simhash matching (``plan.psm_plan``: p =
+        ``plan.psm_header_bits(expected_n)`` prefix bits; see :meth:`query`);
+        coding, the block coding;
         fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
         ``to_bytes()``): the index then stores documents too
         (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
@@ -123,6 +137,10 @@ class Index:
         log_limit = validate.positive_int(log_limit, "log_limit")
         if plan is None:
             plan = plans.choose_plan(expected_n, k)
+        elif plan == "psm":
+            plan = plans.psm_plan(expected_n, k)
+        elif isinstance(plan, str):
+            raise ValueError(f'plan must be a Plan, "psm" or None, got {plan!r}')
         elif not isinstance(plan, plans.Plan):
             raise TypeError(f"plan must be an ndindex.plan.Plan, got {type(plan).__name__}")
         if plan.k < k:
@@ -321,50 +339,146 @@ class Index:
 
     # -- queries ------------------------------------------------------------
 
-    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True) -> list[Match]:
+    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True,
+              probabilities=None, margins=None, max_probes: int | None = None) -> list[Match]:
         """Return every stored fingerprint within Hamming distance k, nearest first.
 
         Parameters: fingerprint, a 64-bit int; k, at most the index's k
         (default: the index's k); keys, whether to fetch document keys.
+        Probabilistic simhash matching (PSM; ``docs/psm.md``): probabilities,
+        the 64 flip probabilities of the query's bits (p_j of bit j), or
+        margins, its simhash weight vector V (turned into probabilities by
+        the stored fingerprinter's flip model); max_probes, how many flip
+        sets to probe (default ``plan.psm_max_probes(k)``: 64 at k = 3, 256
+        at k = 10).  With either, or on an index created with plan="psm",
+        only table 0 is probed: at the prefixes of the query XOR each flip
+        set of at most k prefix bits, most probable first (without
+        probabilities: by size), up to max_probes of them; a fingerprint is
+        found when it is within k and its prefix is probed.  max_probes >=
+        ``plan.flip_set_count(p, k)`` probes every set and finds all.
         Returns a list of Match(fingerprint, distance, keys), ordered by
         (distance, fingerprint).  Uncommitted operations of this index's
         open transaction (or normal-durability journal) are included.
         Raises TypeError/ValueError for bad arguments, CorruptionError if a
         page, chunk or block read fails its checks.  Cost: one probe per
-        run of each table, each decoding about one block.
+        run of each table (PSM: of table 0, per flip set probed), each
+        decoding about one block.
         """
         q = validate.fingerprint(fingerprint)
         k = validate.query_k(k, self._header.k)
+        probs = self._flip_probabilities(probabilities, margins, None, max_probes)
         snap, pend = self._view()
-        found = snap.query(q, k, pend)
+        if probs is None:
+            found = snap.query(q, k, pend)
+        else:
+            found = snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
         if not found:
             return []
         if not keys:
             return [Match(f, d, ()) for f, d in found]
         return [Match(f, d, ks) for (f, d), ks in zip(found, snap.keys_of([f for f, _ in found], pend))]
 
-    def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
+    def query_many(self, fingerprints, k: int | None = None, *, probabilities=None,
+                   margins=None, max_probes: int | None = None) -> np.ndarray:
         """Answer query() for a batch; return one structured array of all matches.
 
         The result has fields ``query`` (index into the batch),
         ``fingerprint`` and ``distance``, grouped by query and ordered by
-        (distance, fingerprint) within each.  Large batches are split across
-        threads (the kernel releases the GIL).  Use :meth:`keys` for
-        document keys.  Raises ValueError for input that is not 1-D.
+        (distance, fingerprint) within each.  probabilities or margins, an
+        (n, 64) array (one row per query), and max_probes: as in
+        :meth:`query`.  Large batches are split across threads (the kernel
+        releases the GIL).  Use :meth:`keys` for document keys.  Raises
+        ValueError for input that is not 1-D.
         """
         qs = validate.fingerprints(fingerprints)
         k = validate.query_k(k, self._header.k)
+        probs = self._flip_probabilities(probabilities, margins, len(qs), max_probes)
         snap, pend = self._view()
+        if probs is None:
+            def run(a, b):
+                return snap.query_many(qs[a:b], k, pend)
+        else:
+            budget = self._probe_budget(k, max_probes)
+
+            def run(a, b):
+                return snap.query_psm_many(qs[a:b], k, probs[a:b], budget, pend)
         workers = min(os.cpu_count() or 1, 8)
         if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
-            return _to_matches(*snap.query_many(qs, k, pend), offset=0)
+            return _to_matches(*run(0, len(qs)), offset=0)
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
         bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
-        futures = [self._pool.submit(snap.query_many, qs[a:b], k, pend)
-                   for a, b in zip(bounds[:-1], bounds[1:])]
+        futures = [self._pool.submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         return np.concatenate([_to_matches(*f.result(), offset=int(a))
                                for f, a in zip(futures, bounds[:-1])])
+
+    def query_text(self, text, k: int | None = None, *, keys: bool = True,
+                   max_probes: int | None = None) -> list[Match]:
+        """Return the stored fingerprints within k of a text's simhash, nearest first.
+
+        The text (str or bytes) is fingerprinted by the index's stored
+        fingerprinter.  On a plan="psm" index, or when max_probes is given,
+        the query is probabilistic with the text's own flip probabilities
+        (its margins through the fingerprinter's flip model); otherwise it
+        is :meth:`query` of the simhash.  Raises ValueError if the index
+        stores no fingerprinter; otherwise as :meth:`query`.
+        """
+        fpr = self._fingerprinter()
+        simhash, margins = fpr.simhash_with_weights(text)
+        if not self.plan.probabilistic and max_probes is None:
+            return self.query(simhash, k, keys=keys)
+        return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)
+
+    def _fingerprinter(self, required: bool = True):
+        """The stored Fingerprinter (parsed once); if there is none, ValueError
+        when required, else None."""
+        if self._fpr is None:
+            from ndindex.fingerprint import Fingerprinter
+            raw = self.fingerprinter
+            if raw is None:
+                if not required:
+                    return None
+                raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
+                                 "fingerprints, or pass probabilities")
+            self._fpr = Fingerprinter.from_bytes(raw)
+        return self._fpr
+
+    def _flip_probabilities(self, probabilities, margins, rows: int | None, max_probes):
+        """The flip probabilities a PSM query uses, or None for the tables' exact query.
+
+        rows: None for one query ((64,) arrays), else the batch size ((rows, 64)).
+        """
+        if probabilities is not None and margins is not None:
+            raise TypeError("give probabilities or margins, not both")
+        shape = (64,) if rows is None else (rows, 64)
+        if margins is not None:
+            from ndindex.fingerprint import DEFAULT_FLIP_MODEL
+            fpr = self._fingerprinter(required=False)
+            model = (fpr.flip_model if fpr is not None else None) or DEFAULT_FLIP_MODEL
+            probabilities = model.probabilities(_float_array(margins, shape, "margins"))
+        elif probabilities is None:
+            if self.plan.probabilistic:
+                # Every bit alike: flip sets come out by size, fewest bits first.
+                return np.full(shape, UNIFORM_FLIP_PROBABILITY)
+            if max_probes is not None:
+                raise ValueError("max_probes needs probabilities or margins on an index of "
+                                 "permuted tables (its plain queries are exact)")
+            return None
+        return _float_array(probabilities, shape, "probabilities")
+
+    def _probe_budget(self, k: int, max_probes) -> int:
+        """max_probes checked (default plan.psm_max_probes(k)), at most every flip set."""
+        if max_probes is None:
+            return plans.psm_max_probes(k)
+        if isinstance(max_probes, bool) or not isinstance(max_probes, (int, np.integer)):
+            raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
+        if max_probes < 1:
+            raise ValueError(f"max_probes must be >= 1, got {max_probes}")
+        budget = int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
+        if budget > MAX_PROBES:
+            raise ValueError(f"max_probes {budget:,} is more than {MAX_PROBES:,} flip sets: "
+                             "probe fewer")
+        return budget
 
     def keys(self, fingerprint: int) -> tuple:
         """Return the document keys stored with a fingerprint (empty if none)."""
@@ -788,7 +902,7 @@ class Index:
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
             entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
             compaction_steps=self._compactor.steps if self._compactor else 0,
-            plan=self.plan.describe())
+            plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
 
     def verify(self) -> dict:
         """Check every LMDB page, checksum, ordering and run; raise on the first problem.
@@ -924,6 +1038,17 @@ def _close_quietly(writer, compactor) -> None:
     with contextlib.suppress(Exception):
         if compactor is not None:
             compactor.close()
+
+
+def _float_array(values, shape: tuple, name: str) -> np.ndarray:
+    """values as a C-contiguous float64 array of the given shape, else ValueError."""
+    try:
+        out = np.ascontiguousarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers of shape {shape}: {exc}") from None
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    return out
 
 
 def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarray:

@@ -31,14 +31,13 @@ as ``Index.query_many`` does.
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Iterator
 
 import numpy as np
 
-from ndindex import _core
+from ndindex import _core, plan as plans
 from ndindex.arrays import EMPTY_U64, merge_sorted, sorted_unique
 from ndindex.fpfile import PAIR_DTYPE
 from ndindex.index import MATCH_DTYPE
@@ -62,11 +61,9 @@ def default_header_bits(n: int) -> int:
     return max(1, min(MAX_HEADER_BITS, round(math.log2(max(n, 2)))))
 
 
-@functools.lru_cache(maxsize=256)
-def flip_set_count(header_bits: int, k: int) -> int:
-    """Return the number of flip sets of at most k of the header bits: the probes
-    of an exhaustive (exact) query."""
-    return sum(math.comb(header_bits, h) for h in range(min(k, header_bits) + 1))
+#: The number of flip sets of at most k of p header bits: the probes of an
+#: exhaustive (exact) query.
+flip_set_count = plans.flip_set_count
 
 
 def _check_query_args(header_bits: int, k, max_probes) -> tuple[int, int]:

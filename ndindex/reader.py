@@ -35,6 +35,12 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 #: probed without the chunks tree; larger ones are looked up in the tree,
 #: so that nothing on the open path reads in proportion to N.
 DIRECTORY_MAX_CHUNKS = 256
+#: The same limit for a probabilistic plan's table: a PSM query probes it
+#: tens to hundreds of times, and a listed run saves each probe its tree
+#: search and, after the first visit, its block checksum (a fifth of a probe
+#: at 10M fingerprints).  2^14 chunks list about 10^6 blocks (16 MB) from
+#: their headers alone, read once per run.
+DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
 
 
 class Snapshot:
@@ -117,7 +123,8 @@ class Snapshot:
         Not cached: merge outputs (they grow), and runs with a chunk small
         enough to live inside a leaf page (it moves with the page).
         """
-        if run.chunks > DIRECTORY_MAX_CHUNKS:
+        limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
+        if run.chunks > limit:
             return None
         cache = self._directories
         if not run.merge_output and run.run_id in cache:
@@ -212,6 +219,24 @@ class Snapshot:
         if pending is not None and len(pending):
             return _core.query_many(self.kernel, qs, k, pending.adds(), pending.removes())
         return _core.query_many(self.kernel, qs, k)
+
+    def query_psm(self, q: int, k: int, probabilities: np.ndarray, max_probes: int,
+                  pending: PendingOps | None = None) -> list:
+        """PSM on table 0: its runs, log and pending operations at the prefixes of
+        pi_0(q) XOR the first max_probes flip sets, in VOSH order of the 64
+        probabilities (p_j of bit j); (value, distance) within k of q."""
+        if pending is not None and len(pending):
+            return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes,
+                                   pending.adds(), pending.removes())
+        return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes)
+
+    def query_psm_many(self, qs: np.ndarray, k: int, probabilities: np.ndarray,
+                       max_probes: int, pending: PendingOps | None = None):
+        """query_psm for each query (probabilities: (n, 64)), as query_many returns."""
+        if pending is not None and len(pending):
+            return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes,
+                                        pending.adds(), pending.removes())
+        return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes)
 
     def __del__(self):
         self.close()

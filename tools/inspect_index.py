@@ -118,9 +118,12 @@ def main(argv=None) -> int:
             fail("header invalid [F4]-[F6]")
         plan = framed(b"plan", txn.get(b"plan", db=meta), "plan")
         print("== 6 plan")
-        print(f"f {plan[0]} k {plan[1]} tables {plan[2]}")
+        print(f"f {plan[0]} k {plan[1]} tables {plan[2]} flags {plan[3]:#04x}"
+              + (" (probabilistic)" if plan[3] & 1 else ""))
         if plan[2] != t:
             fail("header and plan disagree on t [F6]")
+        if plan[3] & 0xFE or (plan[3] & 1 and plan[2] != 1):
+            fail("plan flags: a reserved bit, or a probabilistic plan of t != 1 [P5] [P13]")
         for i in range(plan[2]):
             entry = plan[4 + 65 * i:4 + 65 * (i + 1)]
             print(f"  table {i}: p={entry[0]} bits, MSB-first source bits {list(entry[1:9])}...")

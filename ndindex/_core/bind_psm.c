@@ -41,7 +41,7 @@ static const psm_table *get_table(PyObject *obj) {
 }
 
 /* A float64 buffer of n probabilities per row, each in [0, 1]; -1 with an exception. */
-static int get_probs(PyObject *obj, Py_buffer *view, size_t per_row, size_t rows) {
+int ndx_get_probs(PyObject *obj, Py_buffer *view, size_t per_row, size_t rows) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS) < 0)
         return -1;
     if ((size_t)view->len != per_row * rows * sizeof(double)) {
@@ -118,7 +118,7 @@ static PyObject *py_vosh_masks(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "positions must be in 0..63");
             goto done;
         }
-    if (check_k(k) < 0 || get_probs(probs_obj, &probs, n, 1) < 0)
+    if (check_k(k) < 0 || ndx_get_probs(probs_obj, &probs, n, 1) < 0)
         goto done;
     vosh_heap v;
     size_t cap = (size_t)out.len / 8, m = 0;
@@ -208,7 +208,7 @@ static PyObject *py_psm_headers(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     if (p < 0 || p > 63 || out.len % 8) {
         PyErr_SetString(PyExc_ValueError, "p must be in 0..63 and out a uint64 buffer");
-    } else if (check_k(k) == 0 && get_probs(probs_obj, &probs, 64, 1) == 0) {
+    } else if (check_k(k) == 0 && ndx_get_probs(probs_obj, &probs, 64, 1) == 0) {
         long n = psm_headers(q, probs.buf, p, k, (size_t)out.len / 8, out.buf);
         res = n < 0 ? PyErr_NoMemory() : PyLong_FromLong(n);
         PyBuffer_Release(&probs);
@@ -236,7 +236,7 @@ static PyObject *py_psm_expand(PyObject *self, PyObject *args) {
         PyBuffer_Release(&qs);
         return NULL;
     }
-    if (check_k(k) < 0 || get_probs(probs_obj, &probs, 64, nq) < 0) {
+    if (check_k(k) < 0 || ndx_get_probs(probs_obj, &probs, 64, nq) < 0) {
         PyBuffer_Release(&qs);
         return NULL;
     }
@@ -322,7 +322,7 @@ static PyObject *py_psm_query(PyObject *self, PyObject *args) {
         return NULL;
     const psm_table *t = get_table(tab);
     Py_buffer probs;
-    if (!t || check_k(k) < 0 || get_probs(probs_obj, &probs, 64, 1) < 0)
+    if (!t || check_k(k) < 0 || ndx_get_probs(probs_obj, &probs, 64, 1) < 0)
         return NULL;
     if (max_probes < 0) {
         PyBuffer_Release(&probs);
@@ -364,7 +364,7 @@ static PyObject *py_psm_query_many(PyObject *self, PyObject *args) {
         PyBuffer_Release(&qs);
         return NULL;
     }
-    if (get_probs(probs_obj, &probs, 64, nq) < 0) {
+    if (ndx_get_probs(probs_obj, &probs, 64, nq) < 0) {
         PyBuffer_Release(&qs);
         return NULL;
     }

@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "bindings.h"
+#include "psm.h"
 #include "query.h"
 
 #define SNAPSHOT_CAPSULE "ndindex._core.snapshot"
@@ -601,6 +602,221 @@ static PyObject *py_run_read(PyObject *self, PyObject *args) {
     return res;
 }
 
+/* -- probabilistic simhash matching on one table (query_prefixes) ---------- */
+
+/* Table t of the snapshot; -1 with ValueError if there is none. */
+static int check_table(const query_snapshot *s, int t) {
+    if (t < 0 || t >= s->ntables) {
+        PyErr_Format(PyExc_ValueError, "table %d: the snapshot has tables 0..%d", t,
+                     s->ntables - 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of (value, distance) pairs: results r[0..n). */
+static PyObject *results_to_list(const query_results *r) {
+    PyObject *res = PyList_New((Py_ssize_t)r->n);
+    for (size_t i = 0; res && i < r->n; i++) {
+        PyObject *pair = Py_BuildValue("(Ki)", (unsigned long long)r->fp[i], (int)r->dist[i]);
+        if (!pair) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, pair);
+    }
+    return res;
+}
+
+PyDoc_STRVAR(query_prefixes_doc,
+             "query_prefixes(snapshot, table, q, k, prefixes, pending_adds=None,\n"
+             "               pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "Probe only the given table, at each of prefixes (uint64 values of the\n"
+             "table's p prefix bits): every stored value within Hamming distance k of q\n"
+             "whose permuted prefix is one of them, distinct, as (value, distance) pairs\n"
+             "ordered by (distance, value).  Pending additions count only under a\n"
+             "probed prefix.  Raises ValueError for a prefix of more than p bits.");
+static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
+    PyObject *snap, *padds = Py_None, *premoves = Py_None, *prefix_obj;
+    unsigned long long q;
+    int t, k;
+    if (!PyArg_ParseTuple(args, "OiKiO|OO", &snap, &t, &q, &k, &prefix_obj, &padds, &premoves))
+        return NULL;
+    query_snapshot *s = get_snapshot(snap);
+    if (!s || check_table(s, t) < 0)
+        return NULL;
+    if (k < 0 || k > 64) {
+        PyErr_SetString(PyExc_ValueError, "k must be in 0..64");
+        return NULL;
+    }
+    Py_buffer pv;
+    if (ndx_get_u64_buffer(prefix_obj, &pv, 0, "prefixes") < 0)
+        return NULL;
+    const uint64_t *prefixes = pv.buf;
+    size_t n = (size_t)pv.len / 8;
+    int p = s->tables[t].p;
+    for (size_t i = 0; i < n; i++)
+        if (p < 64 && prefixes[i] >> p) {
+            PyErr_Format(PyExc_ValueError, "prefix %llu has more than the table's %d bits",
+                         (unsigned long long)prefixes[i], p);
+            PyBuffer_Release(&pv);
+            return NULL;
+        }
+    pending_args pa;
+    if (get_pending(padds, premoves, &pa) < 0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    query_results r = {0};
+    query_error err = {0};
+    int rc = query_prefixes(s, pa.have ? &pa.p : NULL, t, q, k, prefixes, n, 0, &r, &err);
+    release_pending(&pa);
+    PyBuffer_Release(&pv);
+    PyObject *res = rc < 0 ? raise_query_error(rc, &err) : results_to_list(&r);
+    query_results_free(&r);
+    return res;
+}
+
+/* Probabilities of the input bits (p_j of bit j) moved to the positions the
+ * table's permutation gives them, where psm_headers reads them. */
+static void permute_probs(const perm_runs *r, const double *in, double *out) {
+    for (int i = 0; i < r->n; i++)
+        for (int b = 0; b < __builtin_popcountll(r->mask[i]); b++)
+            out[r->dst[i] + b] = in[r->src[i] + b];
+}
+
+/* The PSM query of each q[i]: its first max_probes prefixes in VOSH order of
+ * probs[64 i ..] over the table's prefix bits, probed by query_prefixes.
+ * headers has room for max_probes values. */
+static int psm_queries(const query_snapshot *s, const query_pending *pend, int t,
+                       const uint64_t *q, const double *probs, size_t nq, int k,
+                       size_t max_probes, uint64_t *headers, query_results *r,
+                       query_error *err) {
+    const query_table *tb = &s->tables[t];
+    double moved[64];
+    for (size_t i = 0; i < nq; i++) {
+        permute_probs(&tb->fwd, probs + 64 * i, moved);
+        long n = psm_headers(perm_apply(&tb->fwd, q[i]), moved, tb->p, k, max_probes, headers);
+        if (n < 0)
+            return QUERY_NOMEM;
+        int rc = query_prefixes(s, pend, t, q[i], k, headers, (size_t)n, (int64_t)i, r, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Parse the arguments shared by query_psm and query_psm_many. */
+static int psm_args(PyObject *snap, int t, int k, Py_ssize_t max_probes, query_snapshot **s,
+                    uint64_t **headers) {
+    *s = get_snapshot(snap);
+    if (!*s || check_table(*s, t) < 0)
+        return -1;
+    if (k < 0 || k > 64 || max_probes < 0) {
+        PyErr_SetString(PyExc_ValueError, "k must be in 0..64 and max_probes >= 0");
+        return -1;
+    }
+    if ((size_t)max_probes > SIZE_MAX / 8) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *headers = PyMem_RawMalloc(max_probes ? (size_t)max_probes * 8 : 8);
+    if (!*headers) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(query_psm_doc,
+             "query_psm(snapshot, table, q, probabilities, k, max_probes, pending_adds=None,\n"
+             "          pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "The probabilistic query of one fingerprint: query_prefixes at the first\n"
+             "max_probes prefixes of pi(q) XOR a flip set of at most k prefix bits, most\n"
+             "probable flip set first (VOSH order of probabilities, 64 float64 values,\n"
+             "p_j of input bit j).");
+static PyObject *py_query_psm(PyObject *self, PyObject *args) {
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    unsigned long long q;
+    int t, k;
+    Py_ssize_t max_probes;
+    if (!PyArg_ParseTuple(args, "OiKOin|OO", &snap, &t, &q, &probs_obj, &k, &max_probes, &padds,
+                          &premoves))
+        return NULL;
+    query_snapshot *s;
+    uint64_t *headers;
+    if (psm_args(snap, t, k, max_probes, &s, &headers) < 0)
+        return NULL;
+    Py_buffer probs;
+    pending_args pa;
+    PyObject *res = NULL;
+    if (ndx_get_probs(probs_obj, &probs, 64, 1) == 0) {
+        if (get_pending(padds, premoves, &pa) == 0) {
+            uint64_t one = q;
+            query_results r = {0};
+            query_error err = {0};
+            int rc = psm_queries(s, pa.have ? &pa.p : NULL, t, &one, probs.buf, 1, k,
+                                 (size_t)max_probes, headers, &r, &err);
+            release_pending(&pa);
+            res = rc < 0 ? raise_query_error(rc, &err) : results_to_list(&r);
+            query_results_free(&r);
+        }
+        PyBuffer_Release(&probs);
+    }
+    PyMem_RawFree(headers);
+    return res;
+}
+
+PyDoc_STRVAR(query_psm_many_doc,
+             "query_psm_many(snapshot, table, queries, probabilities, k, max_probes,\n"
+             "               pending_adds=None, pending_removes=None)\n"
+             "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
+             "query_psm for each uint64 in queries (probabilities: 64 float64 per\n"
+             "query), as query_many returns them.  Releases the GIL.");
+static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    Py_buffer qs;
+    int t, k;
+    Py_ssize_t max_probes;
+    if (!PyArg_ParseTuple(args, "Oiy*Oin|OO", &snap, &t, &qs, &probs_obj, &k, &max_probes, &padds,
+                          &premoves))
+        return NULL;
+    if (qs.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "queries must be a uint64 buffer");
+        PyBuffer_Release(&qs);
+        return NULL;
+    }
+    query_snapshot *s;
+    uint64_t *headers;
+    if (psm_args(snap, t, k, max_probes, &s, &headers) < 0) {
+        PyBuffer_Release(&qs);
+        return NULL;
+    }
+    size_t n = (size_t)qs.len / 8;
+    Py_buffer probs;
+    pending_args pa;
+    PyObject *res = NULL;
+    if (ndx_get_probs(probs_obj, &probs, 64, n) == 0) {
+        if (get_pending(padds, premoves, &pa) == 0) {
+            query_results r = {0};
+            query_error err = {0};
+            int rc;
+            PyThreadState *ts = n >= GIL_RELEASE_QUERIES ? PyEval_SaveThread() : NULL;
+            rc = psm_queries(s, pa.have ? &pa.p : NULL, t, qs.buf, probs.buf, n, k,
+                             (size_t)max_probes, headers, &r, &err);
+            if (ts)
+                PyEval_RestoreThread(ts);
+            release_pending(&pa);
+            res = rc < 0 ? raise_query_error(rc, &err) : results_to_python(&r);
+            query_results_free(&r);
+        }
+        PyBuffer_Release(&probs);
+    }
+    PyMem_RawFree(headers);
+    PyBuffer_Release(&qs);
+    return res;
+}
+
 PyMethodDef query_methods[] = {
     {"run_read", py_run_read, METH_VARARGS, run_read_doc},
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
@@ -608,5 +824,8 @@ PyMethodDef query_methods[] = {
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query", py_query, METH_VARARGS, query_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},
+    {"query_prefixes", py_query_prefixes, METH_VARARGS, query_prefixes_doc},
+    {"query_psm", py_query_psm, METH_VARARGS, query_psm_doc},
+    {"query_psm_many", py_query_psm_many, METH_VARARGS, query_psm_many_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -43,6 +43,9 @@ int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, 
 int ndx_tree_of(PyObject *obj, mdbp_db *db);
 
 extern PyMethodDef psm_methods[];
+/* A C-contiguous float64 buffer of per_row * rows flip probabilities, each in
+ * [0, 1] (bind_psm.c); -1 with ValueError. */
+int ndx_get_probs(PyObject *obj, Py_buffer *view, size_t per_row, size_t rows);
 extern PyMethodDef lmdbcheck_methods[];
 extern PyMethodDef records_methods[];
 

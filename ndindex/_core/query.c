@@ -596,54 +596,27 @@ static void drop_hidden(query_results *out, size_t from, const uint64_t *a, size
     out->n = m;
 }
 
-HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
-                         int64_t qidx, query_results *out, query_error *err) {
-    size_t start = out->n;
-    for (int t = 0; t < s->ntables; t++) {
-        const query_table *tb = &s->tables[t];
-        uint64_t qp = perm_apply(&tb->fwd, q);
-        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-        uint64_t lo = qp & mask, hi = lo | ~mask;
-        size_t run_start = out->n;
-        /* Listed runs: find each one's block first and prefetch it, so the
-         * cache misses of all runs overlap instead of queueing up. */
-        for (int r = 0; r < tb->nruns; r++) {
-            const query_run *run = &tb->runs[r];
-            if (!run->dir || lo > run->last || (run->has_hi && lo > run->hi))
-                continue;
-            uint64_t from = run->has_lo && lo <= run->lo ? run->lo + 1 : lo;
-            size_t b = directory_block(run->dir, from);
-            if (b < run->dir->nblocks) {
-                const uint8_t *blk = run->dir->block[b];
-                for (int line = 0; line < BLOCK_BYTES; line += 256)
-                    __builtin_prefetch(blk + line);
-            }
+/* Listed runs of a table: find each one's block holding lo and prefetch it,
+ * so the cache misses of all runs overlap instead of queueing up. */
+static void prefetch_listed(const query_table *tb, uint64_t lo) {
+    for (int r = 0; r < tb->nruns; r++) {
+        const query_run *run = &tb->runs[r];
+        if (!run->dir || lo > run->last || (run->has_hi && lo > run->hi))
+            continue;
+        uint64_t from = run->has_lo && lo <= run->lo ? run->lo + 1 : lo;
+        size_t b = directory_block(run->dir, from);
+        if (b < run->dir->nblocks) {
+            const uint8_t *blk = run->dir->block[b];
+            for (int line = 0; line < BLOCK_BYTES; line += 256)
+                __builtin_prefetch(blk + line);
         }
-        for (int r = 0; r < tb->nruns; r++) {
-            int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
-            if (rc < 0) {
-                out->n = start;
-                return rc;
-            }
-        }
-        /* Drop what the runs found but tombstones or later removals hide,
-         * then what the log found but pending removals hide. */
-        drop_hidden(out, run_start, s->hide_runs, s->nhide_runs);
-        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
-            if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
-                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
-                    return QUERY_NOMEM;
-        if (pend)
-            drop_hidden(out, run_start, pend->removes, pend->nremoves);
     }
-    for (size_t i = 0; pend && i < pend->nadds; i++)
-        if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
-            if (reserve(out, 1) < 0)
-                return QUERY_NOMEM;
-            out->fp[out->n++] = pend->adds[i];
-        }
-    /* A value can be found in several runs of one table, its log and the
-     * pending additions: sort, drop repeats, then order by distance. */
+}
+
+/* A value can be found in several runs of one table, its log and the
+ * pending additions: sort out[start..], drop repeats, then order by
+ * distance to q (values ascending within one) and tag them with qidx. */
+static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t qidx) {
     size_t n = out->n - start;
     uint64_t *fp = out->fp + start;
     if (n <= 32) {
@@ -689,4 +662,116 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     }
     out->n = start + m;
     return 0;
+}
+
+HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
+                         int64_t qidx, query_results *out, query_error *err) {
+    size_t start = out->n;
+    for (int t = 0; t < s->ntables; t++) {
+        const query_table *tb = &s->tables[t];
+        uint64_t qp = perm_apply(&tb->fwd, q);
+        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        uint64_t lo = qp & mask, hi = lo | ~mask;
+        size_t run_start = out->n;
+        prefetch_listed(tb, lo);
+        for (int r = 0; r < tb->nruns; r++) {
+            int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
+            if (rc < 0) {
+                out->n = start;
+                return rc;
+            }
+        }
+        /* Drop what the runs found but tombstones or later removals hide,
+         * then what the log found but pending removals hide. */
+        drop_hidden(out, run_start, s->hide_runs, s->nhide_runs);
+        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+            if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
+                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
+                    return QUERY_NOMEM;
+        if (pend)
+            drop_hidden(out, run_start, pend->removes, pend->nremoves);
+    }
+    for (size_t i = 0; pend && i < pend->nadds; i++)
+        if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
+            if (reserve(out, 1) < 0)
+                return QUERY_NOMEM;
+            out->fp[out->n++] = pend->adds[i];
+        }
+    return finish_matches(out, start, q, qidx);
+}
+
+/* Prefixes probed together: the blocks of the group's listed runs are
+ * prefetched first, so that their cache misses overlap. */
+#define PREFIX_GROUP 32
+
+HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend, int t,
+                              uint64_t q, int k, const uint64_t *prefixes, size_t nprefixes,
+                              int64_t qidx, query_results *out, query_error *err) {
+    /* Only table t is probed, so a candidate has no earlier table to defer
+     * to: a view of the snapshot whose only table is t makes add_candidate
+     * keep every one, and lets probe_run serve unchanged. */
+    query_snapshot one = *s;
+    one.tables = &s->tables[t];
+    one.ntables = 1;
+    const query_table *tb = one.tables;
+    const int p = tb->p, shift = 64 - p;
+    const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << shift);
+    const uint64_t qp = perm_apply(&tb->fwd, q);
+    size_t start = out->n;
+    for (size_t g = 0; g < nprefixes; g += PREFIX_GROUP) {
+        size_t end = nprefixes - g < PREFIX_GROUP ? nprefixes : g + PREFIX_GROUP;
+        for (size_t i = g; i < end; i++)
+            prefetch_listed(tb, p <= 0 ? 0 : prefixes[i] << shift);
+        for (size_t i = g; i < end; i++) {
+            uint64_t lo = p <= 0 ? 0 : prefixes[i] << shift, hi = lo | ~mask;
+            /* An entry x under this prefix agrees with the probe value qf on
+             * the prefix, and q differs from qf in exactly the flipped prefix
+             * bits: d(x, q) = d(x, qf) + flips.  So the block probe asks for
+             * k - flips around qf, and reports exactly the x within k of q. */
+            int flips = __builtin_popcountll((lo ^ qp) & mask);
+            if (flips > k)
+                continue;
+            uint64_t qf = lo | (qp & ~mask);
+            for (int r = 0; r < tb->nruns; r++) {
+                int rc = probe_run(&one, 0, &tb->runs[r], q, qf, lo, hi, k - flips, out, err);
+                if (rc < 0) {
+                    err->table = t;
+                    out->n = start;
+                    return rc;
+                }
+            }
+        }
+    }
+    drop_hidden(out, start, s->hide_runs, s->nhide_runs);
+    for (size_t j = 0; j < nprefixes; j++) {
+        uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
+        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+            if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
+                add_candidate(&one, 0, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
+                return QUERY_NOMEM;
+    }
+    if (pend)
+        drop_hidden(out, start, pend->removes, pend->nremoves);
+    if (pend && pend->nadds) {
+        /* Pending additions count as stored: reported when within k and
+         * under a probed prefix, as if they were in the log. */
+        uint64_t *sorted = malloc((nprefixes ? nprefixes : 1) * sizeof *sorted);
+        if (!sorted)
+            return QUERY_NOMEM;
+        memcpy(sorted, prefixes, nprefixes * sizeof *sorted);
+        qsort(sorted, nprefixes, sizeof *sorted, cmp_u64);
+        for (size_t i = 0; i < pend->nadds; i++) {
+            uint64_t v = pend->adds[i];
+            if (__builtin_popcountll(v ^ q) > k ||
+                !contains(sorted, nprefixes, p <= 0 ? 0 : perm_apply(&tb->fwd, v) >> shift))
+                continue;
+            if (reserve(out, 1) < 0) {
+                free(sorted);
+                return QUERY_NOMEM;
+            }
+            out->fp[out->n++] = v;
+        }
+        free(sorted);
+    }
+    return finish_matches(out, start, q, qidx);
 }

@@ -123,6 +123,19 @@ static inline uint64_t perm_apply(const perm_runs *r, uint64_t x) {
 int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
               int64_t qidx, query_results *out, query_error *err);
 
+/* Probabilistic simhash matching on table t alone: probe every run of the
+ * table, its log and the pending operations at each of the given prefixes
+ * (values of the table's p prefix bits: the prefix of pi_t(q) XOR a flip
+ * set), and append the values within k of q -- of q itself, not of the
+ * flipped probe -- whose prefix is one of them, distinct, sorted by
+ * (distance, value), tagged with qidx.  Pending additions count only under
+ * a probed prefix, like the log.  Probing every prefix within k of q's
+ * finds what query_one finds.  Returns 0, QUERY_CORRUPT with *err filled,
+ * or QUERY_NOMEM. */
+int query_prefixes(const query_snapshot *s, const query_pending *pend, int t, uint64_t q, int k,
+                   const uint64_t *prefixes, size_t nprefixes, int64_t qidx, query_results *out,
+                   query_error *err);
+
 /* Check a fingerprint chunk's header against its key: checksum, kind,
  * sizes, block keys increasing and ending at the key's value.  Returns 0 or
  * QUERY_CORRUPT with err->what set. */
