@@ -16,13 +16,16 @@ import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ndindex.errors import NdindexError
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan
+
+if TYPE_CHECKING:
+    from ndindex.fingerprint import Fingerprinter
 
 
 class _LazyModule:
