@@ -11,25 +11,41 @@ The dedup job itself lives in :mod:`ndindex.dedup`, the dump in
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib
 import json
 import os
 import sys
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ndindex.dump import export_index, import_index
 from ndindex.errors import NdindexError
-from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
-from ndindex.textfile import NotText, decode
 
-_dedup = importlib.import_module("ndindex.dedup")   # the package attribute is the function
-_upgrade = importlib.import_module("ndindex.upgrade")
+if TYPE_CHECKING:
+    from ndindex.fingerprint import Fingerprinter
+
+
+class _LazyModule:
+    """A module imported when one of its attributes is first used."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+# What only some subcommands need is imported by them, so that `ndindex
+# query` pays for numpy and the index alone (tests/unit/test_lazy_imports.py):
+# the dedup job (fingerprinting, sqlite3, worker processes), the upgrade
+# (a format-1 reader), text decoding (the fingerprint package, zstd), the
+# dump and csv.
+_dedup = _LazyModule("ndindex.dedup")   # not ndindex.dedup: the package attribute is the function
+_upgrade = _LazyModule("ndindex.upgrade")
+_textfile = _LazyModule("ndindex.textfile")
 
 EXIT_OK = 0
 #: dedup: duplicates found (like diff); query: no match (like grep).
@@ -139,16 +155,17 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, metavar="K", help="simhash distance of candidates (default 10)")
     p.add_argument("--threshold", type=float, metavar="J",
                    help="Jaccard similarity a near-duplicate must reach (default 0.8)")
-    p.add_argument("--max-candidates", type=int, default=_dedup.DEFAULT_MAX_CANDIDATES,
-                   metavar="C", help="candidates verified per file, nearest first (default "
-                                     f"{_dedup.DEFAULT_MAX_CANDIDATES})")
+    # Defaults of None stand for ndindex.dedup's (named in the help; a test
+    # checks them): reading them here would import the dedup job for every command.
+    p.add_argument("--max-candidates", type=int, metavar="C",
+                   help="candidates verified per file, nearest first (default 64)")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories no real name "
                         "reaches; a link to a file found anyway is listed as its link, "
                         "not a copy")
-    p.add_argument("--min-size", type=_size, default=_dedup.DEFAULT_MIN_SIZE_BYTES, metavar="SIZE",
+    p.add_argument("--min-size", type=_size, metavar="SIZE",
                    help="skip smaller files (default 1 byte: empty files are skipped)")
-    p.add_argument("--max-size", type=_size, default=_dedup.DEFAULT_MAX_SIZE_BYTES, metavar="SIZE",
+    p.add_argument("--max-size", type=_size, metavar="SIZE",
                    help="skip larger files (default 64M)")
     p.add_argument("--include-binary", action="store_true",
                    help="also report byte-identical binary (and undecodable) files")
@@ -310,7 +327,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="write the new index here (must not exist) and leave INDEX as it is")
     p.add_argument("--no-backup", action="store_true",
                    help="in place: delete the original once the new index is in place "
-                        f"(default: keep it as INDEX{_upgrade.BACKUP_SUFFIX})")
+                        "(default: keep it as INDEX.v1)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     plan = _sub(commands, "plan", "choose a table design for n fingerprints and k",
@@ -406,6 +423,7 @@ def _key_text(key) -> str:
 
 
 def _fingerprinter_of(ix: Index) -> Fingerprinter:
+    from ndindex.fingerprint import Fingerprinter
     raw = ix.fingerprinter
     if raw is None:
         raise ValueError(f"{ix.path}: the index has no fingerprinter (created with "
@@ -415,6 +433,7 @@ def _fingerprinter_of(ix: Index) -> Fingerprinter:
 
 def _cmd_create(args) -> int:
     from ndindex.codec import CODING_DELTA, CODING_XOR
+    from ndindex.fingerprint import Fingerprinter
     fpr = None if args.no_fingerprinter else Fingerprinter().to_bytes()
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
                       coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
@@ -501,7 +520,7 @@ def _document_paths(paths):
 def _document_text(path: str) -> str:
     """Return a document's text in any character set (NotText if it has none)."""
     with open(path, "rb") as fh:
-        return decode(fh.read())
+        return _textfile.decode(fh.read())
 
 
 def _cmd_add(args) -> int:
@@ -515,7 +534,7 @@ def _cmd_add(args) -> int:
             for path in _document_paths(args.docs):
                 try:
                     fps.append(fpr.simhash(_document_text(path)))
-                except NotText as exc:
+                except _textfile.NotText as exc:
                     print(f"ndindex: {path}: {exc}, skipped", file=sys.stderr)
                     skipped += 1
                     continue
@@ -545,7 +564,7 @@ def _cmd_query(args) -> int:
             else:
                 try:
                     text = _document_text(args.file)
-                except NotText as exc:
+                except _textfile.NotText as exc:
                     raise ValueError(f"{args.file}: {exc}; documents must be text") from None
             q, margins = _fingerprinter_of(ix).simhash_with_weights(text)
             # A probabilistic query orders its probes by the text's own margins
@@ -690,6 +709,7 @@ def _recover_into(damaged: str, out: str, as_json: bool) -> int:
 
 
 def _cmd_export(args) -> int:
+    from ndindex.dump import export_index
     with Index.open(args.index, readonly=True) as ix:
         if args.output == "-":
             counts = export_index(ix, sys.stdout.buffer)
@@ -709,6 +729,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_import(args) -> int:
+    from ndindex.dump import import_index
     if args.dump == "-":
         counts = import_index(sys.stdin.buffer, args.index, name="<stdin>")
     else:
@@ -801,12 +822,13 @@ def _cmd_dedup(args) -> int:
     if not args.quiet:
         print(f"ndindex: index {index}", file=sys.stderr)
     progress = _Progress(not args.quiet)
+    given = {name: getattr(args, name) for name in ("min_size", "max_size", "max_candidates")
+             if getattr(args, name) is not None}
     try:
         result = _dedup.dedup(args.paths, index=index, k=args.k, threshold=args.threshold,
-                              follow_symlinks=args.follow_symlinks, min_size=args.min_size,
-                              max_size=args.max_size, include_binary=args.include_binary,
-                              decompress=args.decompress, max_candidates=args.max_candidates,
-                              jobs=args.jobs, progress=progress)
+                              follow_symlinks=args.follow_symlinks,
+                              include_binary=args.include_binary, decompress=args.decompress,
+                              jobs=args.jobs, progress=progress, **given)
     finally:
         progress.clear()
     if not args.quiet:
@@ -853,6 +875,7 @@ def _dedup_json(result) -> dict:
 
 
 def _dedup_csv(result) -> None:
+    import csv
     out = csv.writer(sys.stdout, lineterminator="\n")
     out.writerow(["cluster", "kind", "path", "size", "content_hash", "simhash", "representative",
                   "distance_to_representative", "similarity_to_representative", "links"])
