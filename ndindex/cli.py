@@ -120,13 +120,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _sub(commands, "dedup", "find exact and near-duplicate files under directories",
              "Walk PATHs, fingerprint text-like files, and report clusters of files that are "
-             "byte-identical or near-duplicates (simhash within k bits, then Jaccard of word "
-             "3-shingles >= the threshold).  Text in any character set is read, and "
-             "compressed files through their decompressor.  Each cluster is printed once, "
-             "its representative (*) first; --json and --csv give every pair.  The index "
-             "and its state file (INDEX.files) make a re-run read only new and changed "
-             "files; one --index may serve different PATHs: a file is forgotten only when "
-             "it is gone from disk.",
+             "byte-identical or near-duplicates (Jaccard of word 3-shingles >= the "
+             "threshold, whatever their simhash distance).  Text in any character set is "
+             "read, and compressed files through their decompressor.  Each cluster is "
+             "printed once, its representative (*) first; --json and --csv give every pair.  "
+             "The index, one file, makes a re-run read only new and changed files; one "
+             "--index may serve different PATHs: a file is forgotten only when it is gone "
+             "from disk.",
              ["ndindex dedup /usr/share/common-licenses",
               "ndindex dedup --index docs.ndx ~/Documents ~/Downloads",
               "ndindex dedup --json src/ > clusters.json",
@@ -136,7 +136,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", metavar="FILE",
                    help="index to keep between runs (default: a file under "
                         "$XDG_CACHE_HOME/ndindex/, printed on stderr)")
-    p.add_argument("-k", type=int, metavar="K", help="simhash distance of candidates (default 10)")
+    p.add_argument("-k", type=int, metavar="K",
+                   help="simhash distance a new index answers for `ndindex query` (default 3; "
+                        "near-duplicates do not depend on it)")
     p.add_argument("--threshold", type=float, metavar="J",
                    help="Jaccard similarity a near-duplicate must reach (default 0.8)")
     p.add_argument("--max-candidates", type=int, default=_dedup.DEFAULT_MAX_CANDIDATES,
@@ -722,6 +724,8 @@ def _cmd_dedup(args) -> int:
     if not args.quiet:
         for path, problem in result.errors:
             print(f"ndindex: {_dedup.display_path(path)}: {problem} (skipped)", file=sys.stderr)
+        for note in result.notes:
+            print(f"ndindex: {note}", file=sys.stderr)
     if args.json:
         _json(_dedup_json(result))
     elif args.csv:
