@@ -57,8 +57,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 EXIT_CODES_HELP = """exit status:
-  0    success; dedup: no duplicates; query: at least one match
-  1    dedup: duplicates found (like diff); query: no match (like grep)
+  0    success; dedup: no duplicates; query, similar: at least one match
+  1    dedup: duplicates found (like diff); query, similar: no match (like grep)
   2    error: bad arguments, unreadable or corrupt index or dump, a missing
        PATH (one line on stderr: "ndindex: <file>: <problem>")
   130  interrupted (Ctrl-C); the index stays consistent and a re-run resumes
@@ -136,13 +136,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _sub(commands, "dedup", "find exact and near-duplicate files under directories",
              "Walk PATHs, fingerprint text-like files, and report clusters of files that are "
-             "byte-identical or near-duplicates (simhash within k bits, then Jaccard of word "
-             "3-shingles >= the threshold).  Text in any character set is read, and "
-             "compressed files through their decompressor.  Each cluster is printed once, "
-             "its representative (*) first; --json and --csv give every pair.  The index "
-             "and its state file (INDEX.files) make a re-run read only new and changed "
-             "files; one --index may serve different PATHs: a file is forgotten only when "
-             "it is gone from disk.",
+             "byte-identical or near-duplicates (Jaccard of word 3-shingles >= the "
+             "threshold, whatever their simhash distance).  Text in any character set is "
+             "read, and compressed files through their decompressor.  Each cluster is "
+             "printed once, its representative (*) first; --json and --csv give every pair.  "
+             "The index, one file, makes a re-run read only new and changed files; one "
+             "--index may serve different PATHs: a file is forgotten only when it is gone "
+             "from disk.",
              ["ndindex dedup /usr/share/common-licenses",
               "ndindex dedup --index docs.ndx ~/Documents ~/Downloads",
               "ndindex dedup --json src/ > clusters.json",
@@ -152,7 +152,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", metavar="FILE",
                    help="index to keep between runs (default: a file under "
                         "$XDG_CACHE_HOME/ndindex/, printed on stderr)")
-    p.add_argument("-k", type=int, metavar="K", help="simhash distance of candidates (default 10)")
+    p.add_argument("-k", type=int, metavar="K",
+                   help="simhash distance a new index answers for `ndindex query` (default 3; "
+                        "near-duplicates do not depend on it)")
     p.add_argument("--threshold", type=float, metavar="J",
                    help="Jaccard similarity a near-duplicate must reach (default 0.8)")
     # Defaults of None stand for ndindex.dedup's (named in the help; a test
@@ -181,9 +183,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _sub(commands, "create", "create an empty index",
              "Create an index file for fingerprints within distance k.  It stores the default "
-             "fingerprinter, so documents and texts can be added and queried.",
-             ["ndindex create pages.ndx -k 3 -n 10M", "ndindex create docs.ndx -k 10"],
-             _cmd_create)
+             "fingerprinter, so documents and texts can be added and queried.  With --docs "
+             "(implied by --threshold and --bottom-k), say so and choose the document "
+             "pipeline's threshold (the lowest `similar`, `pairs` and `clusters` accept) "
+             "and sketch size.",
+             ["ndindex create pages.ndx -k 3 -n 10M", "ndindex create docs.ndx --docs",
+              "ndindex create strict.ndx --docs --threshold 0.9 --bottom-k 256"],
+             _cmd_create_documents)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("-k", type=int, default=3, metavar="K", help="largest query distance (default 3)")
     p.add_argument("-n", type=_count, default=1_000_000, metavar="N",
@@ -192,23 +198,40 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="block coding (default delta)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
+    p.add_argument("--docs", action="store_true",
+                   help="an index for documents (ndindex add --docs, similar, clusters)")
+    p.add_argument("--threshold", type=float, metavar="J",
+                   help="with --docs: the lowest Jaccard similarity queries may ask for "
+                        "(default 0.8; lower thresholds store more lookup keys)")
+    p.add_argument("--bottom-k", type=int, metavar="K",
+                   help="with --docs: values per document sketch (default 1024; a smaller "
+                        "sketch is smaller and coarser)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "add", "add fingerprints (from a file or stdin) or documents",
              "Add fingerprints, one per line as decimal or 0x-hex, optionally followed by white "
              "space and a document key (UTF-8); blank lines and lines starting with # are "
              "ignored.  Any invalid line stops the whole input unless --skip-invalid.  "
-             "With --docs, fingerprint the files instead (directories recursively) with the "
-             "index's fingerprinter, keyed by path.",
+             "Or add documents, for `ndindex similar` and `clusters`: with --docs, files "
+             "(directories recursively, text in any character set), each keyed by its path "
+             "as given; with --jsonl, texts that are not files, one JSON object a line: "
+             '{"key": "...", "text": "..."}.  A key names one document: adding it again '
+             "replaces the document.",
              ["ndindex add pages.ndx fingerprints.txt",
               "printf '0x0123456789abcdef https://example.org/\\n' | ndindex add pages.ndx",
               "ndindex add pages.ndx crawl.txt --skip-invalid",
-              "ndindex add docs.ndx --docs notes/ README.md"],
-             _cmd_add)
+              "ndindex add docs.ndx --docs notes/ README.md",
+              "printf '{\"key\": \"mail-1\", \"text\": \"Dear all, ...\"}\\n' | "
+              "ndindex add docs.ndx --jsonl -"],
+             _cmd_add_documents)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("source", nargs="?", default="-", metavar="FILE",
                    help="fingerprint list (default -: stdin)")
-    p.add_argument("--docs", nargs="+", metavar="PATH", help="fingerprint these files instead")
+    p.add_argument("--docs", nargs="+", metavar="PATH",
+                   help="add these files as documents, keyed by path (directories recursively)")
+    p.add_argument("--jsonl", metavar="FILE",
+                   help='add the documents of JSON lines {"key": K, "text": T} from FILE '
+                        "(- for stdin)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="add the valid lines and count the invalid ones (default: report "
                         f"the invalid lines, up to {MAX_REPORTED_LINES}, and add nothing)")
@@ -343,6 +366,7 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--tables", action="store_true",
                       help="also list the chosen design's tables and permutations")
     plan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_document_commands(commands)
     return parser
 
 
@@ -771,6 +795,337 @@ def _cmd_upgrade(args) -> int:
     return EXIT_OK
 
 
+# -- documents --------------------------------------------------------------------
+
+#: Documents per Index.add_documents call of ``ndindex add --docs/--jsonl``: one
+#: commit each, and enough texts for its fingerprinting to use every core.
+ADD_BATCH_DOCS = 20_000
+#: ... and at most this many characters of text held at once.
+ADD_BATCH_CHARS = 256 << 20
+
+
+def _add_document_commands(commands) -> None:
+    """Register the document queries: similar, pairs, clusters."""
+    threshold_help = ("Jaccard similarity of word 3-shingles to reach (default: the index's, "
+                      "0.8; not below it)")
+    p = _sub(commands, "similar", "find stored documents near-duplicate to a text or file",
+             "Print the stored documents whose Jaccard similarity of word 3-shingles with "
+             "the query reaches the threshold, most similar first: candidates share a lookup "
+             "key with the query, whatever their simhash distance, and each is verified by "
+             "its sketch.  The query is a FILE (text in any character set), --text, or "
+             "--key of a stored document (left out of its own results).  A text of fewer "
+             "than 4 distinct word 3-shingles (about 6 words; at threshold 0.9, 9 shingles, "
+             "about 11 words) can only match the same words: a note on stderr says so.",
+             ["ndindex similar docs.ndx draft.md",
+              "ndindex similar docs.ndx --text 'the quick brown fox jumps over the lazy dog'",
+              "ndindex similar docs.ndx --key notes/a.txt --threshold 0.9 --json",
+              "ndindex similar docs.ndx draft.md --limit 5"],
+             _cmd_similar)
+    p.add_argument("index", metavar="INDEX")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("file", nargs="?", metavar="FILE", help="a text file")
+    what.add_argument("--text", metavar="TEXT", help="this text")
+    what.add_argument("--key", metavar="KEY", help="the stored document of this key")
+    p.add_argument("--threshold", type=float, metavar="J", help=threshold_help)
+    p.add_argument("--limit", type=int, metavar="N", help="print at most N documents")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "pairs", "list every pair of near-duplicate stored documents",
+             "Print every pair of stored documents whose Jaccard similarity of word "
+             "3-shingles reaches the threshold, verified: similarity, then both keys, one pair "
+             "a line.  Reads every document (time and memory grow with the documents, and "
+             "with the pairs: m identical texts make m(m-1)/2 of them; `clusters` does not "
+             "expand them).",
+             ["ndindex pairs docs.ndx", "ndindex pairs docs.ndx --threshold 0.9 --json"],
+             _cmd_pairs)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--threshold", type=float, metavar="J", help=threshold_help)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = _sub(commands, "clusters", "group the stored documents into near-duplicate clusters",
+             "Print the groups of stored documents joined by near-duplicate pairs (union-find "
+             "over the verified pairs), largest first.  Reads every document.",
+             ["ndindex clusters docs.ndx", "ndindex clusters docs.ndx --min-size 3",
+              "ndindex clusters docs.ndx --threshold 0.9 --json"],
+             _cmd_clusters)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--threshold", type=float, metavar="J", help=threshold_help)
+    p.add_argument("--min-size", type=int, default=2, metavar="N",
+                   help="smallest cluster printed (default 2; 1 lists every document)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _document_key(name: str):
+    """A document key for a name from the command line or a path: str if it is
+    UTF-8, else its bytes (a file name that is not UTF-8)."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return os.fsencode(name)
+
+
+def _key_bytes(key) -> int:
+    return len(key.encode("utf-8") if isinstance(key, str) else key)
+
+
+def _cmd_create_documents(args) -> int:
+    """ndindex create; --docs, --threshold and --bottom-k choose the fingerprinter."""
+    if not args.docs and args.threshold is None and args.bottom_k is None:
+        return _cmd_create(args)
+    if args.no_fingerprinter:
+        raise ValueError("--docs, --threshold and --bottom-k need the fingerprinter that "
+                         "--no-fingerprinter leaves out")
+    from ndindex.codec import CODING_DELTA, CODING_XOR
+    from ndindex.fingerprint import Fingerprinter
+    options = {name: value for name, value in (("threshold", args.threshold),
+                                               ("bottom_k", args.bottom_k)) if value is not None}
+    fpr = Fingerprinter(**options)
+    with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
+                      coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
+        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(ix.plan.tables),
+                    scheme=ix.plan.scheme, fingerprinter=True,
+                    documents=dict(threshold=fpr.threshold, bottom_k=fpr.bottom_k))
+    if args.json:
+        _json(info)
+    else:
+        print(f"created {info['path']}: k={info['k']}, {info['tables']} tables "
+              f"({info['scheme']}), planned for {args.n:,} fingerprints; documents: "
+              f"threshold {fpr.threshold:g}, bottom-{fpr.bottom_k} sketches")
+    return EXIT_OK
+
+
+def _cmd_add_documents(args) -> int:
+    """ndindex add: documents with --docs or --jsonl, else a fingerprint list (_cmd_add)."""
+    if not args.docs and args.jsonl is None:
+        return _cmd_add(args)
+    if args.docs and args.jsonl is not None:
+        raise ValueError("give --docs or --jsonl, not both")
+    if args.source != "-":
+        raise ValueError(f"{args.source}: a fingerprint list, and --docs or --jsonl: give one")
+    invalid = 0
+    if args.jsonl is not None:
+        docs, invalid = _read_document_lines(args.jsonl, args.skip_invalid)
+        items = iter(docs.items())
+    counts = dict(added=0, skipped=0)
+    with Index.open(args.index) as ix:
+        if args.docs:
+            items = _document_files(args.docs, counts)
+        batch, chars = {}, 0
+        for key, text in items:
+            batch.pop(key, None)            # a key given again replaces its text
+            batch[key] = text
+            chars += len(text)
+            if len(batch) >= ADD_BATCH_DOCS or chars >= ADD_BATCH_CHARS:
+                _add_document_batch(ix, batch, counts)
+                batch, chars = {}, 0
+        _add_document_batch(ix, batch, counts)
+        total = len(ix)
+    if args.json:
+        _json(dict(added=counts["added"], skipped=counts["skipped"], invalid=invalid,
+                   fingerprints=total))
+    else:
+        print(f"added {counts['added']:,} document{'s' if counts['added'] != 1 else ''} "
+              f"({total:,} distinct fingerprints in the index)"
+              + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else "")
+              + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+                 if invalid else ""))
+    return EXIT_OK
+
+
+def _document_files(paths, counts: dict):
+    """Yield (key, text) of the files under paths; report and count the others."""
+    from ndindex.records import MAX_DOC_KEY_BYTES
+    from ndindex.textfile import NotText
+    for path in _document_paths(paths):
+        key = _document_key(os.path.normpath(path))     # ./a.txt is a.txt
+        if _key_bytes(key) > MAX_DOC_KEY_BYTES:
+            problem = f"path of {_key_bytes(key)} bytes, above the {MAX_DOC_KEY_BYTES} of a key"
+        else:
+            try:
+                yield key, _document_text(path)
+                continue
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            except NotText as exc:                  # binary, undecodable
+                problem = str(exc)
+        print(f"ndindex: {_dedup.display_path(path)}: {problem}, skipped", file=sys.stderr)
+        counts["skipped"] += 1
+
+
+def _add_document_batch(ix: Index, batch: dict, counts: dict) -> None:
+    """Add a batch of documents; a text without a word to fingerprint is reported
+    and skipped (the check runs only when add_documents refuses one)."""
+    if not batch:
+        return
+    keys = list(batch)
+    try:
+        counts["added"] += ix.add_documents([batch[k] for k in keys], keys)
+        return
+    except ValueError:
+        fpr = _fingerprinter_of(ix)
+        empty = [k for k in keys if len(fpr.sketch(batch[k])) == 0]
+        if not empty:
+            raise
+    for key in empty:
+        print(f"ndindex: {_key_text(key)}: no words to fingerprint, skipped", file=sys.stderr)
+    counts["skipped"] += len(empty)
+    rest = [k for k in keys if k not in set(empty)]
+    if rest:
+        counts["added"] += ix.add_documents([batch[k] for k in rest], rest)
+
+
+def _parse_document_line(raw: bytes):
+    """Return (key, text) of a JSON line, or None for a blank one; ValueError says why not."""
+    from ndindex.records import MAX_DOC_KEY_BYTES
+    if not raw.strip():
+        return None
+    try:
+        item = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at column {exc.colno})" if hasattr(exc, "msg")
+                         else f"not UTF-8 JSON ({exc})") from None
+    if not isinstance(item, dict):
+        raise ValueError(f'not a JSON object: {{"key": ..., "text": ...}}, got {type(item).__name__}')
+    unknown = sorted(set(item) - {"key", "text"})
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r} (fields: key, text)")
+    key, text = item.get("key"), item.get("text")
+    if not isinstance(key, str) or not key:
+        raise ValueError('"key" must be a non-empty string')
+    if _key_bytes(key) > MAX_DOC_KEY_BYTES:
+        raise ValueError(f'"key" is {_key_bytes(key)} bytes of UTF-8, at most {MAX_DOC_KEY_BYTES}')
+    if not isinstance(text, str):
+        raise ValueError('"text" must be a string')
+    return key, text
+
+
+def _read_document_lines(source: str, skip_invalid: bool) -> tuple[dict, int]:
+    """Return ({key: text}, invalid count) of a JSON-lines file (or - for stdin).
+
+    Checked as fingerprint lists are (_read_fingerprint_lines): the first
+    MAX_REPORTED_LINES invalid lines are printed, and without skip_invalid any
+    raises _InvalidInput.  A key given again replaces its text.
+    """
+    name = "<stdin>" if source == "-" else source
+    fh = sys.stdin.buffer if source == "-" else open(source, "rb")
+    docs, invalid = {}, 0
+    try:
+        for number, raw in enumerate(fh, 1):
+            try:
+                item = _parse_document_line(raw)
+            except ValueError as exc:
+                invalid += 1
+                if invalid <= MAX_REPORTED_LINES:
+                    print(f"ndindex: {name}:{number}: {exc}", file=sys.stderr)
+                continue
+            if item is not None:
+                docs.pop(item[0], None)
+                docs[item[0]] = item[1]
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+    if invalid and not skip_invalid:
+        more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
+            else ""
+        raise _InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+                            f"{more}; nothing added (--skip-invalid adds the valid ones)")
+    return docs, invalid
+
+
+def _threshold_of(ix: Index, threshold) -> float:
+    """The threshold a document query ran at: the given one, or the index's."""
+    return _fingerprinter_of(ix).threshold if threshold is None else threshold
+
+
+def _exact_only_note(ix: Index, text, threshold: float) -> str | None:
+    """A sentence when a query text is too short for any other text to reach threshold."""
+    from ndindex.fingerprint.bands import min_values_for
+    fewest = min_values_for(threshold)
+    shingles = len(_fingerprinter_of(ix).sketch(text))
+    if shingles >= fewest:
+        return None
+    if shingles == 0:
+        return "the text has no words to compare: no document can match it"
+    return (f"the text has {shingles} distinct word 3-shingle{'s' if shingles != 1 else ''}, "
+            f"fewer than {fewest}: no other text can reach similarity {threshold:g} with it, "
+            "so it matches only texts of the same words")
+
+
+def _cmd_similar(args) -> int:
+    note = None
+    with Index.open(args.index, readonly=True) as ix:
+        if args.key is not None:
+            key = _document_key(args.key)
+            try:
+                matches = ix.similar(key=key, threshold=args.threshold, limit=args.limit)
+            except KeyError:
+                raise NdindexError(f"no document has the key {args.key!r}") from None
+            query = dict(key=_key_json(key))
+        else:
+            if args.text is not None:
+                text, query = args.text, dict(text=args.text)
+            else:
+                from ndindex.textfile import NotText
+                try:
+                    text = _document_text(args.file)
+                except NotText as exc:
+                    raise ValueError(f"{args.file}: {exc}; documents must be text") from None
+                query = dict(file=args.file)
+            matches = ix.similar(text, threshold=args.threshold, limit=args.limit)
+        threshold = _threshold_of(ix, args.threshold)
+        if args.key is None:
+            note = _exact_only_note(ix, text, threshold)
+    if note is not None:
+        print(f"ndindex: note: {note}", file=sys.stderr)
+    if args.json:
+        _json(dict(query=query, threshold=threshold, note=note, matches=[
+            dict(key=_key_json(m.key), similarity=round(m.similarity, 4),
+                 fingerprint_hex=_hex(m.fingerprint)) for m in matches]))
+    else:
+        what = (f"key {_key_text(_document_key(args.key))}" if args.key is not None
+                else "the text" if args.text is not None else args.file)
+        print(f"similar to {what} (threshold {threshold:g}): {len(matches)} "
+              f"document{'s' if len(matches) != 1 else ''}")
+        for m in matches:
+            print(f"  {m.similarity:.4f}  {_key_text(m.key)}")
+    return EXIT_OK if matches else EXIT_NONE
+
+
+def _cmd_pairs(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        pairs = ix.near_duplicate_pairs(args.threshold)
+        threshold = _threshold_of(ix, args.threshold)
+    if args.json:
+        _json(dict(threshold=threshold, pairs=[
+            dict(a=_key_json(a), b=_key_json(b), similarity=round(s, 4)) for a, b, s in pairs]))
+    else:
+        for a, b, s in pairs:
+            print(f"{s:.4f}  {_key_text(a)}  {_key_text(b)}")
+        print(f"{len(pairs):,} pair{'s' if len(pairs) != 1 else ''} at similarity >= "
+              f"{threshold:g}.")
+    return EXIT_OK
+
+
+def _cmd_clusters(args) -> int:
+    with Index.open(args.index, readonly=True) as ix:
+        clusters = ix.clusters(args.threshold, min_size=args.min_size)
+        threshold = _threshold_of(ix, args.threshold)
+    if args.json:
+        _json(dict(threshold=threshold, min_size=args.min_size,
+                   clusters=[[_key_json(k) for k in c] for c in clusters]))
+    else:
+        for n, cluster in enumerate(clusters, 1):
+            print(f"cluster {n}: {len(cluster)} document{'s' if len(cluster) != 1 else ''}")
+            for key in cluster:
+                print(f"  {_key_text(key)}")
+            print()
+        members = sum(len(c) for c in clusters)
+        print(f"{_plural(len(clusters), 'cluster')} of {_plural(members, 'document')} at "
+              f"similarity >= {threshold:g}.")
+    return EXIT_OK
+
+
 # -- dedup ----------------------------------------------------------------------
 
 
@@ -834,6 +1189,8 @@ def _cmd_dedup(args) -> int:
     if not args.quiet:
         for path, problem in result.errors:
             print(f"ndindex: {_dedup.display_path(path)}: {problem} (skipped)", file=sys.stderr)
+        for note in result.notes:
+            print(f"ndindex: {note}", file=sys.stderr)
     if args.json:
         _json(_dedup_json(result))
     elif args.csv:
