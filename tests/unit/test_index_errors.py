@@ -190,8 +190,9 @@ def test_create_with_bad_k_raises_and_leaves_no_file(tmp_path, k, error):
 @pytest.mark.parametrize("kwargs,error", [
     (dict(expected_n=0), ValueError), (dict(expected_n=-5), ValueError),
     (dict(durability="sometimes"), ValueError), (dict(log_limit=0), ValueError),
-    (dict(coding=7), ValueError), (dict(plan="4 tables"), TypeError),
-], ids=["n=0", "n<0", "durability", "log_limit", "coding", "plan"])
+    (dict(coding=7), ValueError), (dict(plan="4 tables"), ValueError),
+    (dict(plan=4), TypeError),
+], ids=["n=0", "n<0", "durability", "log_limit", "coding", "plan name", "plan type"])
 def test_create_with_bad_parameters_raises_and_leaves_no_file(tmp_path, kwargs, error):
     with pytest.raises(error):
         Index.create(tmp_path / "x.ndx", **kwargs)
