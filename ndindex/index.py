@@ -372,11 +372,7 @@ class Index:
             found = snap.query(q, k, pend)
         else:
             found = snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
-        if not found:
-            return []
-        if not keys:
-            return [Match(f, d, ()) for f, d in found]
-        return [Match(f, d, ks) for (f, d), ks in zip(found, snap.keys_of([f for f, _ in found], pend))]
+        return _matches(snap, pend, found, keys)
 
     def query_many(self, fingerprints, k: int | None = None, *, probabilities=None,
                    margins=None, max_probes: int | None = None) -> np.ndarray:
@@ -569,11 +565,20 @@ class Index:
         fp = validate.fingerprint(fingerprint)
         k = validate.query_k(k, self._header.k)
         self._check_writable()
+        pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
+        # query() and add() without their batch-shaped validation: this is
+        # the per-item call, thousands a second inside a transaction.
         with self._writer.lock:
-            found = self.query(fp, k)
+            snap, pend = self._view()
+            if self.plan.probabilistic:
+                found = snap.query_psm(fp, k, self._flip_probabilities(None, None, None, None),
+                                       self._probe_budget(k, None), pend)
+            else:
+                found = snap.query(fp, k, pend)
             if not found:
-                self.add([fp], None if key is None else [key])
-        return found
+                self._writer.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
+                return []
+        return _matches(snap, pend, found, True)
 
     def remove(self, fingerprints=None, keys=None) -> int:
         """Remove fingerprints, or document keys; removed entries never return in results.
@@ -1049,6 +1054,15 @@ def _float_array(values, shape: tuple, name: str) -> np.ndarray:
     if out.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
     return out
+
+
+def _matches(snap, pend, found: list, keys: bool) -> list:
+    """Match objects for found (fingerprint, distance) pairs, with keys if asked."""
+    if not found:
+        return []
+    if not keys:
+        return [Match(f, d, ()) for f, d in found]
+    return [Match(f, d, ks) for (f, d), ks in zip(found, snap.keys_of([f for f, _ in found], pend))]
 
 
 def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarray:

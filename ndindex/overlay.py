@@ -327,7 +327,8 @@ class PendingOps:
 
     def add_array(self, fps: np.ndarray) -> None:
         """Add sorted distinct fingerprints in bulk."""
-        if not len(fps):
+        if len(fps) < 16:  # check_and_add's one item: the array path's set-up costs more
+            self.add(fps.tolist())
             return
         if self._removes:
             hit = [int(v) for v in fps if int(v) in self._removes]
