@@ -422,11 +422,31 @@ def raw_block(key: bytes, value, entry):
     if clen == rlen:
         return data
     try:
-        raw = _decompressor().decompress(data, max_output_size=rlen)
-    except zstandard.ZstdError as exc:
+        return zstd_exact(data, rlen)
+    except ValueError as exc:
         raise _bad(f"record sub-block: {exc}", key) from None
-    if len(raw) != rlen:
-        raise _bad(f"record sub-block holds {len(raw)} bytes, its directory says {rlen}", key)
+
+
+def zstd_exact(data, size: int, decompressor=None) -> bytes:
+    """Decompress one zstd frame that must hold exactly size bytes.
+
+    The frame header's own content size is checked before anything is
+    allocated: a damaged header can claim petabytes, which decompress()
+    would try to allocate (MemoryError; found by fuzz/record_chunk.py).
+    Raises ValueError saying what is wrong.
+    """
+    try:
+        claimed = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"not a zstd frame ({exc})") from None
+    if claimed not in (-1, size):
+        raise ValueError(f"zstd frame claims {claimed} bytes, expected {size}")
+    try:
+        raw = (decompressor or _decompressor()).decompress(data, max_output_size=size)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"zstd frame does not decode ({exc})") from None
+    if len(raw) != size:
+        raise ValueError(f"zstd frame holds {len(raw)} bytes, expected {size}")
     return raw
 
 
