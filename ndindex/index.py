@@ -962,7 +962,7 @@ def _key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
     holding it, and a fingerprint whose last key goes goes too.
     """
     gone = set(fps)
-    have = {}
+    have = dict(zip(gone, snap.raw_keys_many(gone, pend)))
 
     def keys_of(fp):
         if fp not in have:

@@ -290,7 +290,13 @@ class Snapshot:
 
     def raw_keys(self, fp: int, pending: PendingOps | None = None) -> set:
         """The typed document keys of one fingerprint."""
-        return {key[8:] for key in self.record_group(SPACE_KEYS_BY_FP, U64_BE.pack(fp), pending)}
+        return self.raw_keys_many([fp], pending)[0]
+
+    def raw_keys_many(self, fps, pending: PendingOps | None = None) -> list[set]:
+        """The typed document keys of each fingerprint (one batched lookup)."""
+        groups = [U64_BE.pack(fp) for fp in fps]
+        return [{key[8:] for key in found}
+                for found in self.record_groups(SPACE_KEYS_BY_FP, groups, pending)]
 
     def keys_of(self, fps, pending: PendingOps | None = None) -> list[tuple]:
         """The document keys of each fingerprint, as sorted tuples."""
