@@ -667,7 +667,9 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
 HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
                          int64_t qidx, query_results *out, query_error *err) {
     size_t start = out->n;
-    for (int t = 0; t < s->ntables; t++) {
+    /* Every table holds every fingerprint: an exact lookup (k = 0) needs one. */
+    const int ntables = k == 0 ? 1 : s->ntables;
+    for (int t = 0; t < ntables; t++) {
         const query_table *tb = &s->tables[t];
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
