@@ -437,12 +437,15 @@ class Store:
                     raise translate_error(exc, self.path) from exc
                 raise
             self.bytes_written += wt.bytes_put
-            if sync:
-                try:
-                    env.sync(True)
-                except lmdb.Error as exc:
-                    raise translate_error(exc, self.path) from exc
-            return result
+        if sync:
+            # Outside the write lock: another thread's commit need not wait
+            # for this fsync (LMDB's env sync takes no transaction lock), and
+            # whatever it commits meanwhile is flushed too.
+            try:
+                env.sync(True)
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
+        return result
 
     def sync(self) -> None:
         """Flush every commit to disk (the meta page included)."""
