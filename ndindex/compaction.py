@@ -66,6 +66,12 @@ MAIN_LEVEL = RAW_LEVELS
 #: The last raw level merges into the main level once it holds this
 #: fraction of the main level (or FLUSH_OPS * LEVEL_RATIO**2, if more).
 MAIN_FRACTION = 0.25
+#: Deletion-triggered merge (as RocksDB's compaction on deletions): once the
+#: tombstones that may hide fingerprints of a table's oldest run outnumber
+#: this fraction of its main level, every run of the table merges into the
+#: main level, so removed fingerprints leave the file and their tombstones
+#: can go (the next flush drops them) instead of piling up with churn.
+TOMBSTONE_FRACTION = 0.05
 #: Input chunks read per input run per merge step (about 2 MB each).
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
@@ -243,8 +249,11 @@ class Compactor:
         if log_due:
             self._flush(snap)
             return True
-        if full and len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
-                                                                       snap.tombstone_stamps):
+        # Tombstones no run can hold any more go as soon as the merges that
+        # outdated them are done (not only at the next flush): the first
+        # query after an open reads every tombstone.
+        if len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
+                                                               snap.tombstone_stamps):
             self._rewrite_tombstones(snap)
             return True
         return False
@@ -258,9 +267,10 @@ class Compactor:
         """
         man = _copy_manifest(snap.manifest)
         jobs = []
+        stamps = np.sort(snap.tombstone_stamps) if len(snap.tombstone_stamps) else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         for space in spaces:
-            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit)
+            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit, stamps)
             if merge is None:
                 continue
             output, inputs, level = merge
@@ -558,8 +568,12 @@ def kind_of(level: int) -> int:
     return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
 
 
-def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS):
-    """The merge to advance in a space: (output or None, inputs newest first, level) or None."""
+def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
+                  stamps: np.ndarray | None = None):
+    """The merge to advance in a space: (output or None, inputs newest first, level) or None.
+
+    stamps: the tombstones' stamps, sorted (for the deletion trigger).
+    """
     runs = man.of(space)
     for r in runs:  # a merge in progress goes first
         if r.merge_output:
@@ -573,6 +587,12 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
         return None
     main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    if not record and stamps is not None and main and len(free) == len(runs):
+        # A tombstone stamped s hides fingerprints of runs older than s.
+        oldest = min(r.run_id for r in free)
+        hiding = len(stamps) - int(np.searchsorted(stamps, oldest, side="right"))
+        if hiding > TOMBSTONE_FRACTION * main:
+            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
     # Level-0 runs (flushes) merge up at once, with the free level-1 run.
     level0 = [r for r in free if r.level == 0]
     if level0:

@@ -114,9 +114,10 @@ def test_kill_before_and_after_every_compaction_commit(base, tmp_path):
     out = run_child(dry, "count")
     assert out.returncode == 0, out.stderr
     background, foreground, commits = map(int, out.stdout.split())
-    # A flush, merge rounds in the background; full merge rounds and the
-    # tombstone rewrite in the foreground.
-    assert background >= 5 and foreground >= 5 and commits == background + foreground, out.stdout
+    # A flush, merge rounds (the removals trigger a merge into the main
+    # level) and the tombstone rewrite in the background; whatever full=True
+    # still finds to do in the foreground.
+    assert background >= 5 and commits == background + foreground, out.stdout
     check(dry, state)
 
     def kill_at(point):
