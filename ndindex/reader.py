@@ -33,8 +33,11 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 
 #: Runs of at most this many chunks are listed once (a run directory) and
 #: probed without the chunks tree; larger ones are looked up in the tree,
-#: so that nothing on the open path reads in proportion to N.
-DIRECTORY_MAX_CHUNKS = 256
+#: so that nothing on the open path reads in proportion to N.  Listing reads
+#: one page per chunk: 256 made the first query on a cold 1M index read 354
+#: pages (37 ms) where the tree reads about 18 (3 ms); a listed run's probe
+#: is about 20% cheaper warm (tools/bench/bench_open.py).
+DIRECTORY_MAX_CHUNKS = 32
 #: The same limit for a probabilistic plan's table: a PSM query probes it
 #: tens to hundreds of times, and a listed run saves each probe its tree
 #: search and, after the first visit, its block checksum (a fifth of a probe
