@@ -189,7 +189,7 @@ def _build_parser() -> argparse.ArgumentParser:
              "and sketch size.",
              ["ndindex create pages.ndx -k 3 -n 10M", "ndindex create docs.ndx --docs",
               "ndindex create strict.ndx --docs --threshold 0.9 --bottom-k 256"],
-             _cmd_create_documents)
+             _cmd_create)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("-k", type=int, default=3, metavar="K", help="largest query distance (default 3)")
     p.add_argument("-n", type=_count, default=1_000_000, metavar="N",
@@ -450,25 +450,17 @@ def _fingerprinter_of(ix: Index) -> Fingerprinter:
     from ndindex.fingerprint import Fingerprinter
     raw = ix.fingerprinter
     if raw is None:
-        raise ValueError(f"{ix.path}: the index has no fingerprinter (created with "
+        raise _FileError(ix.path, "the index has no fingerprinter (created with "
                          "--no-fingerprinter): give fingerprints, not documents")
     return Fingerprinter.from_bytes(raw)
 
 
-def _cmd_create(args) -> int:
-    from ndindex.codec import CODING_DELTA, CODING_XOR
-    from ndindex.fingerprint import Fingerprinter
-    fpr = None if args.no_fingerprinter else Fingerprinter().to_bytes()
-    with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
-                      coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
-        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(ix.plan.tables),
-                    scheme=ix.plan.scheme, fingerprinter=fpr is not None)
-    if args.json:
-        _json(info)
-    else:
-        print(f"created {info['path']}: k={info['k']}, {info['tables']} tables "
-              f"({info['scheme']}), planned for {args.n:,} fingerprints")
-    return EXIT_OK
+class _FileError(Exception):
+    """A problem with one named file, printed as ``ndindex: <file>: <problem>``."""
+
+    def __init__(self, filename: str, problem: str):
+        super().__init__(problem)
+        self.filename = filename
 
 
 class _InvalidInput(Exception):
@@ -548,27 +540,15 @@ def _document_text(path: str) -> str:
 
 
 def _cmd_add(args) -> int:
-    added = skipped = invalid = 0
-    if not args.docs:
-        fps, keys, invalid = _read_fingerprint_lines(args.source, args.skip_invalid)
+    fps, keys, invalid = _read_fingerprint_lines(args.source, args.skip_invalid)
+    added = 0
     with Index.open(args.index) as ix:
-        if args.docs:
-            fpr = _fingerprinter_of(ix)
-            fps, keys = [], []
-            for path in _document_paths(args.docs):
-                try:
-                    fps.append(fpr.simhash(_document_text(path)))
-                except _textfile.NotText as exc:
-                    print(f"ndindex: {path}: {exc}, skipped", file=sys.stderr)
-                    skipped += 1
-                    continue
-                keys.append(path)
         for start in range(0, len(fps), ADD_BATCH_LINES):
             added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
                             keys=keys[start:start + ADD_BATCH_LINES])
         total = len(ix)
     if args.json:
-        _json(dict(added=added, skipped=skipped, invalid=invalid, fingerprints=total))
+        _json(dict(added=added, skipped=0, invalid=invalid, fingerprints=total))
     else:
         print(f"added {added:,} fingerprints ({total:,} distinct in the index)"
               + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
@@ -589,7 +569,7 @@ def _cmd_query(args) -> int:
                 try:
                     text = _document_text(args.file)
                 except _textfile.NotText as exc:
-                    raise ValueError(f"{args.file}: {exc}; documents must be text") from None
+                    raise _FileError(args.file, f"{exc}; documents must be text") from None
             q, margins = _fingerprinter_of(ix).simhash_with_weights(text)
             # A probabilistic query orders its probes by the text's own margins
             # (Index.query_text's rule; the text is fingerprinted once here).
@@ -646,28 +626,51 @@ def _cmd_stats(args) -> int:
     if args.json:
         _json(info)
         return EXIT_OK
-    tables = info["tables"]
-    entries = sum(t["entries"] for t in tables)
-    table_bytes = sum(t["bytes"] for t in tables)
-    prefixes = sorted({t["prefix_bits"] for t in tables})
-    print(f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
-          f"{info['file_bytes']:,} bytes")
-    each = tables[0]["entries"] if tables else 0
-    print(f"  {len(tables)} tables (prefixes of {prefixes[0]}..{prefixes[-1]} bits), "
-          f"{each:,} fingerprints each: {table_bytes:,} bytes"
-          + (f", {8 * table_bytes / entries:.2f} bits per fingerprint per table "
-             f"(bound {info['entropy_bound_bits']:.2f})" if entries else "")
-          + (f"; {info['fingerprints'] - each:,} not yet compacted"
-             if info["fingerprints"] > each else ""))
-    if info.get("probabilistic"):
-        print(f"  probabilistic plan: a query probes the flip sets of table 0's "
-              f"{prefixes[0]}-bit prefix, most likely first ({psm_max_probes(info['k'])} "
-              f"at k={info['k']} by default)")
-    if args.tables:
-        for t in tables:
-            print(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {t['entries']:,} entries  "
-                  f"{t['bytes']:,} bytes  {t['bits_per_fingerprint']:.2f} bits/fingerprint")
+    for line in _stats_lines(info, args.tables):
+        print(line)
     return EXIT_OK
+
+
+def _prefixes(low: int, high: int) -> str:
+    return f"prefix of {low} bits" if low == high else f"prefixes of {low}..{high} bits"
+
+
+def _stats_lines(info: dict, per_table: bool) -> list[str]:
+    """The text of ``ndindex stats``: a summary, then a line per table if asked.
+
+    Sizes per fingerprint count only what the runs hold: fingerprints still
+    in the log (not yet compacted) are named apart, not averaged in.
+    """
+    tables = info["tables"]
+    prefixes = sorted({t["prefix_bits"] for t in tables})
+    in_runs = sum(tables[0]["run_entries"]) if tables else 0
+    table_bytes = sum(t["bytes"] for t in tables)
+    lines = [f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
+             f"{info['file_bytes']:,} bytes"]
+    summary = (f"  {_plural(len(tables), 'table')} ({_prefixes(prefixes[0], prefixes[-1])}): "
+               f"{in_runs:,} fingerprints each in runs, {table_bytes:,} bytes")
+    if in_runs:
+        bits = 8 * table_bytes / in_runs / len(tables)
+        summary += (f", {bits:.2f} bits per fingerprint per table "
+                    f"(bound {info['entropy_bound_bits']:.2f})")
+    if info["log_entries"]:
+        summary += f"; {info['log_entries']:,} operations in the log, not yet compacted"
+    lines.append(summary)
+    if info.get("key_bytes"):
+        lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
+                     f"{_plural(info['key_runs'], 'run')}")
+    if info.get("probabilistic"):
+        lines.append(f"  probabilistic plan: a query probes the flip sets of table 0's "
+                     f"{prefixes[0]}-bit prefix, most likely first "
+                     f"({psm_max_probes(info['k'])} at k={info['k']} by default)")
+    if per_table:
+        for t in tables:
+            entries = sum(t["run_entries"])
+            bits = f"{8 * t['bytes'] / entries:.2f}" if entries else "-"
+            lines.append(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {entries:,} "
+                         f"entries in {_plural(t['runs'], 'run')}  {t['bytes']:,} bytes  "
+                         f"{bits} bits/fingerprint")
+    return lines
 
 
 def _cmd_verify(args) -> int:
@@ -869,29 +872,34 @@ def _key_bytes(key) -> int:
     return len(key.encode("utf-8") if isinstance(key, str) else key)
 
 
-def _cmd_create_documents(args) -> int:
-    """ndindex create; --docs, --threshold and --bottom-k choose the fingerprinter."""
-    if not args.docs and args.threshold is None and args.bottom_k is None:
-        return _cmd_create(args)
-    if args.no_fingerprinter:
-        raise ValueError("--docs, --threshold and --bottom-k need the fingerprinter that "
-                         "--no-fingerprinter leaves out")
+def _cmd_create(args) -> int:
+    """ndindex create; --docs, --threshold and --bottom-k choose the document pipeline."""
     from ndindex.codec import CODING_DELTA, CODING_XOR
     from ndindex.fingerprint import Fingerprinter
+    docs = args.docs or args.threshold is not None or args.bottom_k is not None
+    if docs and args.no_fingerprinter:
+        raise ValueError("--docs, --threshold and --bottom-k need the fingerprinter that "
+                         "--no-fingerprinter leaves out")
     options = {name: value for name, value in (("threshold", args.threshold),
                                                ("bottom_k", args.bottom_k)) if value is not None}
-    fpr = Fingerprinter(**options)
+    fpr = None if args.no_fingerprinter else Fingerprinter(**options)
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
                       coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
-        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(ix.plan.tables),
-                    scheme=ix.plan.scheme, fingerprinter=True,
-                    documents=dict(threshold=fpr.threshold, bottom_k=fpr.bottom_k))
+        prefixes = [t.prefix_bits for t in ix.plan.tables]
+        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(prefixes),
+                    prefix_bits=[min(prefixes), max(prefixes)],
+                    probabilistic=ix.plan.probabilistic, fingerprinter=fpr is not None)
+    if docs:
+        info["documents"] = dict(threshold=fpr.threshold, bottom_k=fpr.bottom_k)
     if args.json:
         _json(info)
-    else:
-        print(f"created {info['path']}: k={info['k']}, {info['tables']} tables "
-              f"({info['scheme']}), planned for {args.n:,} fingerprints; documents: "
-              f"threshold {fpr.threshold:g}, bottom-{fpr.bottom_k} sketches")
+        return EXIT_OK
+    print(f"created {info['path']}: k={info['k']}, {_plural(info['tables'], 'table')} "
+          f"({_prefixes(*info['prefix_bits'])}"
+          + (", probabilistic" if info["probabilistic"] else "")
+          + f"), planned for {args.n:,} fingerprints"
+          + (f"; documents: threshold {fpr.threshold:g}, bottom-{fpr.bottom_k} sketches"
+             if docs else ""))
     return EXIT_OK
 
 
@@ -1070,7 +1078,7 @@ def _cmd_similar(args) -> int:
                 try:
                     text = _document_text(args.file)
                 except NotText as exc:
-                    raise ValueError(f"{args.file}: {exc}; documents must be text") from None
+                    raise _FileError(args.file, f"{exc}; documents must be text") from None
                 query = dict(file=args.file)
             matches = ix.similar(text, threshold=args.threshold, limit=args.limit)
         threshold = _threshold_of(ix, args.threshold)
@@ -1311,15 +1319,21 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def _error_line(exc: BaseException, file) -> str:
+def _named_files(args) -> list:
+    """The files a command line names (its index, input, dump, output)."""
+    names = ("index", "source", "dump", "file", "jsonl", "output")
+    return [v for v in (getattr(args, n, None) for n in names) if isinstance(v, str) and v != "-"]
+
+
+def _error_line(exc: BaseException, file, named: Sequence[str] = ()) -> str:
     """Return ``ndindex: <file>: <problem>`` for an error about a file.
 
-    The file is the exception's own (OSError.filename) or else the one the
+    The file is the exception's own (its ``filename``) or else the one the
     command works on; a message that already begins with the file's name
-    keeps one copy of it, and one that begins with a file beside it
-    (``INDEX.files: ...``) is printed as it is.
+    keeps one copy of it, and one that begins with another file the command
+    names, or a file beside it (``INDEX.files: ...``), is printed as it is.
     """
-    if isinstance(exc, OSError) and exc.filename is not None:
+    if getattr(exc, "filename", None) is not None:
         file = exc.filename
     problem = _one_line(exc.strerror if isinstance(exc, OSError) and exc.strerror else exc)
     if file is None:
@@ -1328,7 +1342,9 @@ def _error_line(exc: BaseException, file) -> str:
     for prefix in (f"{name}: ", f"{os.path.abspath(name)}: "):
         while problem.startswith(prefix):
             problem = problem[len(prefix):]
-    if problem.startswith((name, os.path.abspath(name))) and ": " in problem:
+    others = [n for other in named for n in (other, os.path.abspath(other)) if other != file]
+    if problem.startswith(tuple(f"{n}: " for n in others)) or (
+            problem.startswith((name, os.path.abspath(name))) and ": " in problem):
         return f"ndindex: {problem}"
     return f"ndindex: {name}: {problem}"
 
@@ -1369,8 +1385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _InvalidInput as exc:
         print(f"ndindex: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except (OSError, NdindexError) as exc:
-        print(_error_line(exc, getattr(args, "index", None)), file=sys.stderr)
+    except (OSError, NdindexError, _FileError) as exc:
+        print(_error_line(exc, getattr(args, "index", None), _named_files(args)),
+              file=sys.stderr)
         return EXIT_ERROR
     except (_UsageError, ValueError, TypeError) as exc:
         print(f"ndindex: error: {_one_line(exc)}", file=sys.stderr)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -73,7 +74,7 @@ from typing import Callable, Iterable, Sequence
 
 from ndindex import textfile
 from ndindex.cluster import clusters_from_pairs
-from ndindex.errors import CorruptionError, NdindexError
+from ndindex.errors import CorruptionError, NdindexError, ReadOnlyError
 from ndindex.fingerprint import Fingerprinter
 from ndindex.fingerprint.html import html_to_text
 from ndindex.index import Index
@@ -708,6 +709,10 @@ class _DedupIndex:
         a note.  Raises NdindexError for a file that is not a dedup index,
         ValueError for k above the index's.
         """
+        why = _unwritable(path)
+        if why is not None:
+            raise ReadOnlyError(f"{path}: the dedup job cannot write its index here ({why}); "
+                                "use another --index")
         _replace_two_file_layout(path, notes)
         if os.path.exists(path):
             ix = Index.open(path)
@@ -887,8 +892,23 @@ def _create(path: str, fingerprinter: Fingerprinter, k: int | None, threshold: f
             ix.add_documents(_token(MARKER_KEY), MARKER_KEY, data=_MARKER_DATA % LAYOUT_VERSION)
         os.replace(tmp, path)
     finally:
-        _unlink(tmp, tmp + "-lock")
+        for leftover in (tmp, tmp + "-lock"):     # never hiding the error that stopped it
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
     return Index.open(path)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the index at path (or a new one there) cannot be written; None if it can."""
+    target = path if os.path.exists(path) else os.path.dirname(os.path.abspath(path))
+    if os.access(target, os.W_OK):
+        return None
+    try:
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    except (OSError, AttributeError):
+        pass
+    return "no permission to write"
 
 
 def _replace_two_file_layout(path: str, notes: list) -> None:

@@ -84,10 +84,21 @@ def translate_error(exc: Exception, path: str, database: str = "lmdb",
                                key=key)
     if isinstance(exc, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) \
             or "Read-only file system" in text or "Permission denied" in text:
-        return ReadOnlyError(f"{path}: cannot write ({exc})")
+        return ReadOnlyError(f"{path}: cannot write ({_reason(exc)})")
     if isinstance(exc, (lmdb.Error, OSError)):
-        return NdindexError(f"{path}: {exc}")
+        return NdindexError(f"{path}: {_reason(exc)}")
     return exc
+
+
+def _reason(exc: Exception) -> str:
+    """An OS or LMDB error's reason without the file name it carries: the
+    caller names the index, and the file the error names may be a temporary
+    one (Store.create builds the index under another name)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc)
+    head, sep, rest = text.partition(": ")
+    return rest if sep and os.sep in head else text
 
 
 def _out_of_space(path: str) -> bool:
@@ -108,6 +119,13 @@ def _out_of_space(path: str) -> bool:
 
 
 # -- before LMDB touches a file ------------------------------------------------
+
+
+def _read_only_fs(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
 
 
 def check_path_for_open(path: str) -> None:
@@ -230,7 +248,8 @@ class Store:
         path = os.fspath(path)
         check_path_for_open(path)
         if not readonly and not os.access(path, os.W_OK):
-            raise ReadOnlyError(f"{path}: no permission to write; open it with readonly=True")
+            why = "on a read-only file system" if _read_only_fs(path) else "no permission to write"
+            raise ReadOnlyError(f"{path}: {why}; open it with readonly=True")
         size = os.path.getsize(path)
         if size < 8192 or not _looks_like_lmdb(path):
             raise FormatError(f"{path}: not an ndindex file ({size} bytes, no LMDB meta page)")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -140,8 +142,21 @@ def test_errors_are_one_line_with_status_2(ix, tmp_path, capsys, argv, message):
     assert message.format(tmp=tmp_path) in err
 
 
-@pytest.mark.parametrize("command", ["create", "add", "query", "remove", "compact", "stats",
-                                     "verify", "plan", "export", "import", "dedup"])
+def subcommands() -> list[str]:
+    from ndindex.cli import _build_parser
+    action = next(a for a in _build_parser()._actions if a.dest == "command")
+    return list(action.choices)
+
+
+def test_the_readme_lists_every_subcommand():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = {line.split()[1] for line in readme.splitlines()
+              if line.startswith("    ndindex ") and len(line.split()) > 1}
+    assert listed == set(subcommands())
+
+
+@pytest.mark.parametrize("command", subcommands())
 def test_every_subcommand_has_help_with_examples_and_exit_codes(capsys, command):
     status, out, _ = run(capsys, command, "--help")
     assert status == 0 and "examples:" in out and f"ndindex {command}" in out
@@ -221,6 +236,99 @@ def test_stats_prints_a_summary_and_tables_on_request(tmp_path, capsys, monkeypa
     assert "199 fingerprints each" in lines[1] and "bits per fingerprint per table" in lines[1]
     status, out, _ = run(capsys, "stats", path, "--tables")
     assert out.splitlines()[:2] == lines and len(out.splitlines()) == 2 + tables
+
+
+def test_stats_names_what_the_log_holds_apart_from_the_runs(ix, capsys, monkeypatch):
+    run(capsys, "add", ix, stdin="".join(f"{i * 7919}\n" for i in range(1, 101)),
+        monkeypatch=monkeypatch)
+    status, out, _ = run(capsys, "stats", ix)
+    assert status == 0
+    assert out.splitlines()[1] == ("  5 tables (prefixes of 12..13 bits): 0 fingerprints each "
+                                   "in runs, 0 bytes; 100 operations in the log, not yet "
+                                   "compacted")
+    run(capsys, "compact", ix)
+    run(capsys, "add", ix, stdin="1\n2\n", monkeypatch=monkeypatch)
+    line = run(capsys, "stats", ix)[1].splitlines()[1]
+    assert line.startswith("  5 tables (prefixes of 12..13 bits): 100 fingerprints each in runs, ")
+    assert line.endswith("; 2 operations in the log, not yet compacted")
+    bits = float(line.split(" bits per fingerprint")[0].rsplit(", ", 1)[1])
+    assert 8 < bits < 128                   # the runs' bytes over the runs' fingerprints
+
+
+def test_create_says_what_it_made(tmp_path, capsys):
+    status, out, _ = run(capsys, "create", str(tmp_path / "a.ndx"), "-k", "10", "-n", "1000")
+    assert status == 0
+    assert out == (f"created {tmp_path / 'a.ndx'}: k=10, 11 tables (prefixes of 5..6 bits), "
+                   "planned for 1,000 fingerprints\n")
+
+
+def test_errors_about_a_file_name_it_as_the_file(tmp_path, capsys):
+    bare = str(tmp_path / "bare.ndx")
+    run(capsys, "create", bare, "--no-fingerprinter")
+    (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 8)
+    status, _, err = run(capsys, "query", bare, "--text", "some words")
+    assert status == 2 and err == (f"ndindex: {bare}: the index has no fingerprinter (created "
+                                   "with --no-fingerprinter): give fingerprints, not documents\n")
+    docs = str(tmp_path / "docs.ndx")
+    run(capsys, "create", docs)
+    for argv in (["query", docs, "--file"], ["similar", docs]):
+        status, _, err = run(capsys, *argv, str(tmp_path / "b.bin"))
+        assert status == 2
+        assert err == f"ndindex: {tmp_path / 'b.bin'}: looks binary; documents must be text\n"
+    # an error about the dump names the dump, not the index being made
+    (tmp_path / "junk").write_bytes(b"x" * 100)
+    status, _, err = run(capsys, "import", str(tmp_path / "junk"), str(tmp_path / "new.ndx"))
+    assert status == 2 and err.startswith(f"ndindex: {tmp_path / 'junk'}: dump is not a valid")
+    # the temporary name an index is built under is never shown
+    status, _, err = run(capsys, "create", str(tmp_path / "no" / "dir.ndx"))
+    assert status == 2 and err == f"ndindex: {tmp_path / 'no' / 'dir.ndx'}: No such file or directory\n"
+
+
+@pytest.fixture
+def read_only_fs(tmp_path):
+    """A tmpfs holding an index, a dedup index and two texts, remounted read-only."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        ndindex.Index.create(d / "plain.ndx", k=3).close()
+        (d / "texts").mkdir()
+        for name in ("a.txt", "b.txt"):
+            (d / "texts" / name).write_text(DOC)
+        ndindex.dedup([d / "texts"], index=d / "dedup.ndx")
+        subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+        yield d
+    finally:
+        # lazily: a mapping this process keeps of a closed index must not
+        # leave the mount behind
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_read_only_file_system_is_a_read_only_error(read_only_fs, capsys):
+    d = read_only_fs
+    with pytest.raises(ndindex.ReadOnlyError, match="read-only file system; open it with "
+                                                    "readonly=True"):
+        ndindex.Index.open(d / "plain.ndx")
+    with pytest.raises(ndindex.ReadOnlyError) as raised:
+        ndindex.Index.create(d / "new.ndx", k=3)
+    assert str(raised.value) == f"{d / 'new.ndx'}: cannot write (Read-only file system)"
+    reader = subprocess.run([sys.executable, "-c", "import ndindex, sys; print(len(ndindex.open("
+                             "sys.argv[1], readonly=True)))", str(d / "plain.ndx")],
+                            capture_output=True, text=True, timeout=60)
+    assert reader.stdout == "0\n", reader.stderr          # readers still read
+    for name in ("dedup.ndx", "new-dedup.ndx"):
+        index = str(d / name)
+        with pytest.raises(ndindex.ReadOnlyError):
+            ndindex.dedup([d / "texts"], index=index)
+        status, out, err = run(capsys, "dedup", str(d / "texts"), "--index", index, "-q")
+        assert status == 2 and out == ""
+        assert err == (f"ndindex: {index}: the dedup job cannot write its index here (a "
+                       "read-only file system); use another --index\n")
+    assert sorted(os.listdir(d)) == ["dedup.ndx", "dedup.ndx-lock", "plain.ndx", "plain.ndx-lock",
+                                    "texts"]
 
 
 def test_a_closed_pipe_ends_the_command_quietly(ix, capsys, monkeypatch):

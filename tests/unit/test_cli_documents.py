@@ -251,7 +251,7 @@ def test_similar_errors_are_one_line(docs, tmp_path, capsys):
     (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 4)
     for argv, line in [
             (["--key", "nope"], f"ndindex: {ix}: no document has the key 'nope'"),
-            ([tmp_path / "b.bin"], f"ndindex: error: {tmp_path / 'b.bin'}: looks binary; "
+            ([tmp_path / "b.bin"], f"ndindex: {tmp_path / 'b.bin'}: looks binary; "
                                    "documents must be text"),
             ([tmp_path / "missing.txt"], f"ndindex: {tmp_path / 'missing.txt'}: No such file or "
                                          "directory"),

@@ -144,6 +144,62 @@ def test_readme_dedup_command_on_a_generated_tree(tmp_path, capsys, monkeypatch)
                        "directories already counted (links, not copies).")
 
 
+def test_readme_quick_start_runs_twice(tmp_path):
+    """The Quick start as written, twice in one directory: the second run opens
+    the index the first one made (exist_ok) and prints the same."""
+    readme = (ROOT / "README.md").read_text()
+    quick = blocks(readme[readme.index("## Quick start"):], "python")[0]
+    assert "exist_ok=True" in quick
+    (tmp_path / "quick.py").write_text(quick)
+    printed = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "quick.py"], cwd=tmp_path, env=environment(),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout)
+    assert printed[0] == printed[1] and float(printed[0]) > 0
+
+
+def test_readme_layout_lists_every_module_and_folder():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    layout = layout[:layout.index("\n## ")]
+    listed = {line.split()[0] for line in layout.splitlines()
+              if re.match(r"^ {6}\S", line)}           # the package's entries
+    package = {p.name for p in (ROOT / "ndindex").glob("*.py")}
+    package |= {p.name + "/" for p in (ROOT / "ndindex").iterdir()
+                if p.is_dir() and (p.name == "_core" or (p / "__init__.py").exists())}
+    assert package <= listed, sorted(package - listed)
+    assert listed <= package, sorted(listed - package)      # nothing that is gone
+    tops = {line.split()[0] for line in layout.splitlines() if re.match(r"^ {4}\S", line)}
+    assert tops == {"ndindex/", "docs/", "format-spec/", "tests/", "fuzz/", "tools/"}
+    for name in re.findall(r"[\w-]+\.md", layout[layout.index("docs/"):layout.index("tests/")]):
+        assert (ROOT / "docs" / name).exists() or (ROOT / "format-spec" / name).exists(), name
+
+
+def test_readme_key_cost_holds_at_small_scale(tmp_path):
+    """README "What it costs": a fully compacted file grows by less than the
+    key's length + 16 bytes per URL-like key (bench_keys.py measures it at 400,000)."""
+    import numpy as np
+
+    import ndindex
+    n = 20_000
+    fps = np.unique(np.random.default_rng(3).integers(0, 2**64, n, dtype=np.uint64))
+    keys = [f"https://news.example.com/section{i % 13}/2024/{i % 12 + 1:02d}/"
+            f"story-{i * 7919 % 100_003}.html" for i in range(len(fps))]
+    sizes = []
+    for name, ks in (("plain", None), ("keyed", keys)):
+        path = tmp_path / f"{name}.ndx"
+        with ndindex.Index.create(path, k=3, expected_n=len(fps)) as ix:
+            for start in range(0, len(fps), 5000):
+                ix.add(fps[start:start + 5000], keys=None if ks is None else ks[start:start + 5000])
+            ix.compact(full=True)
+        sizes.append(os.path.getsize(path))
+    per_key = (sizes[1] - sizes[0]) / len(fps)
+    key_length = sum(len(k) for k in keys) / len(keys)
+    assert per_key <= key_length + 16, (per_key, key_length)
+
+
 def test_docs_are_linked_from_the_readme():
     readme = (ROOT / "README.md").read_text()
     for page in PAGES:
