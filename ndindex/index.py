@@ -35,7 +35,7 @@ from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_DELTA
 from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
 from ndindex.overlay import RecordOps
-from ndindex.reader import Snapshot
+from ndindex.reader import WARM_QUERIES, DirectoryCache, Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
@@ -79,7 +79,8 @@ class Index(DocumentMethods):
         self.plan = plan
         self._snap: Snapshot | None = None
         self._snap_lock = threading.Lock()
-        self._directories: dict = {}  # run id -> run directory capsule (see reader)
+        self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
+        self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
         self._fpr = None  # the stored Fingerprinter, parsed on first use (query_text)
         self._pool = None
         self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
@@ -492,7 +493,15 @@ class Index(DocumentMethods):
         both is harmless (adds and removes are idempotent).
         """
         pend = self._writer.visible_pending() if self._writer is not None else None
-        return self._snapshot(), pend
+        snap = self._snapshot()
+        if not self._directories.warm:
+            self._queries += 1
+            if self._queries >= WARM_QUERIES:
+                # Queries keep coming: list the larger runs now (the next
+                # use of the snapshot's kernel builds it again with them).
+                self._directories.warm = True
+                snap.__dict__.pop("kernel", None)
+        return snap, pend
 
     def _pending_view(self):
         """The snapshot, and what this writer's pending operations change in it.

@@ -33,17 +33,29 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 
 #: Runs of at most this many chunks are listed once (a run directory) and
 #: probed without the chunks tree; larger ones are looked up in the tree,
-#: so that nothing on the open path reads in proportion to N.  Listing reads
-#: one page per chunk: 256 made the first query on a cold 1M index read 354
-#: pages (37 ms) where the tree reads about 18 (3 ms); a listed run's probe
-#: is about 20% cheaper warm (tools/bench/bench_open.py).
-DIRECTORY_MAX_CHUNKS = 32
+#: so that nothing on the open path reads in proportion to N.  A listed
+#: run's probe is cheaper (no tree search, its blocks prefetched), which
+#: matters most while a table has several runs.
+DIRECTORY_MAX_CHUNKS = 256
 #: The same limit for a probabilistic plan's table: a PSM query probes it
 #: tens to hundreds of times, and a listed run saves each probe its tree
 #: search and, after the first visit, its block checksum (a fifth of a probe
 #: at 10M fingerprints).  2^14 chunks list about 10^6 blocks (16 MB) from
 #: their headers alone, read once per run.
 DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
+#: Listing reads one page per chunk, so until an index has answered
+#: WARM_QUERIES queries only runs of at most DIRECTORY_COLD_CHUNKS are
+#: listed: with 256, the first query on a cold 1M index read 354 pages
+#: (37 ms) where the tree reads about 20 (3 ms; tools/bench/bench_open.py).
+DIRECTORY_COLD_CHUNKS = 32
+WARM_QUERIES = 256
+
+
+class DirectoryCache(dict):
+    """Run directories by run id, kept across snapshots; warm once the index
+    has answered WARM_QUERIES queries (then larger runs are listed too)."""
+
+    warm = False
 
 
 class Snapshot:
@@ -126,7 +138,10 @@ class Snapshot:
         Not cached: merge outputs (they grow), and runs with a chunk small
         enough to live inside a leaf page (it moves with the page).
         """
-        limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
+        if not getattr(self._directories, "warm", True):
+            limit = DIRECTORY_COLD_CHUNKS
+        else:
+            limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
         if run.chunks > limit:
             return None
         cache = self._directories
