@@ -29,7 +29,6 @@ from a snapshot commits only if the manifest is still the one it read.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import dataclasses
 import fcntl
@@ -149,6 +148,7 @@ class Compactor:
         self.log_ops = 0
         self._thread = None
         workers = min(os.cpu_count() or 1, 4)
+        import concurrent.futures  # here: read-only opens do not pay for it
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, "ndindex-merge") \
             if workers > 1 else None
         if background:

@@ -17,10 +17,8 @@ the public face; the work is done by:
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
-import secrets
 import struct
 import threading
 import weakref
@@ -149,7 +147,7 @@ class Index(DocumentMethods):
             raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
         if coding not in codec.CODING_NAMES:
             raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
-        header = Header(k, len(plan.tables), expected_n, secrets.token_bytes(16), coding)
+        header = Header(k, len(plan.tables), expected_n, os.urandom(16), coding)
         initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
                    rec.KEY_MANIFEST: Manifest().pack()}
         if fingerprinter is not None:
@@ -390,6 +388,7 @@ class Index(DocumentMethods):
         if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
             return _to_matches(*run(0, len(qs)), offset=0)
         if self._pool is None:
+            import concurrent.futures  # here: a reader that never batches does not pay for it
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
         bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
         futures = [self._pool.submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
@@ -683,7 +682,7 @@ class Index(DocumentMethods):
         try:
             with self._writer.lock, self._compactor._lock:
                 self._writer.checkpoint()
-                tmp = f"{self.path}.{secrets.token_hex(6)}.vacuum"
+                tmp = f"{self.path}.{os.urandom(6).hex()}.vacuum"
                 size = self.vacuum_into(tmp)
                 with self._snap_lock:
                     snap, self._snap = self._snap, None
@@ -716,7 +715,7 @@ class Index(DocumentMethods):
         if os.path.lexists(dest):
             raise FileExistsError(f"{dest}: already exists")
         tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
-                           f".{os.path.basename(dest)}.{secrets.token_hex(6)}.copying")
+                           f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
         try:
             self._store.copy_to(tmp)
             st.restamp_commits(tmp)

@@ -29,7 +29,6 @@ import errno
 import fcntl
 import glob
 import os
-import secrets
 import struct
 
 from ndindex import _core
@@ -55,7 +54,7 @@ class Journal:
     """This writer's journal: append, and note positions for checkpoints."""
 
     def __init__(self, index_path: str, file_id: bytes):
-        self.journal_id = int.from_bytes(secrets.token_bytes(8), "big") or 1
+        self.journal_id = int.from_bytes(os.urandom(8), "big") or 1
         self.path = f"{index_path}.journal-{self.journal_id:016x}"
         self.generation = 0
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND |

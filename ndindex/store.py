@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import struct
 import sys
 import threading
@@ -308,7 +307,7 @@ class Store:
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path)
         directory = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}.creating")
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.creating")
         try:
             env = lmdb.open(tmp, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, map_size=1 << 26,
                             lock=False, meminit=False)

@@ -21,7 +21,9 @@ from ndindex.index import Index
 #: Modules neither `import ndindex` nor a fingerprint query needs.
 HEAVY_FOR_QUERY = ["ndindex.fingerprint", "ndindex.batch", "ndindex.dedup", "ndindex.documents",
                    "ndindex.textfile", "ndindex.upgrade", "ndindex.dump", "sqlite3",
-                   "multiprocessing", "csv", "dask"]
+                   "multiprocessing", "csv", "dask",
+                   # a reader neither batches on threads nor makes random names
+                   "concurrent.futures", "secrets", "ndindex.recover"]
 #: ... and these `import ndindex` alone does not need either.
 HEAVY_FOR_IMPORT = HEAVY_FOR_QUERY + ["zstandard", "numpy", "lmdb", "ndindex.index"]
 
