@@ -35,8 +35,12 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 #: probed without the chunks tree; larger ones are looked up in the tree,
 #: so that nothing on the open path reads in proportion to N.  A listed
 #: run's probe is cheaper (no tree search, its blocks prefetched), which
-#: matters most while a table has several runs.
-DIRECTORY_MAX_CHUNKS = 256
+#: matters most while a table has several runs.  2048 chunks list about
+#: 130,000 blocks (2 MB) from 2048 pages, read once per run and kept while
+#: the run lasts: a 10M index's main runs (about 830 chunks each) are
+#: listed, 10% off its p50.  A merge output grows and is listed again by
+#: every snapshot, so it is listed only while small (DIRECTORY_COLD_CHUNKS).
+DIRECTORY_MAX_CHUNKS = 2048
 #: The same limit for a probabilistic plan's table: a PSM query probes it
 #: tens to hundreds of times, and a listed run saves each probe its tree
 #: search and, after the first visit, its block checksum (a fifth of a probe
@@ -138,7 +142,7 @@ class Snapshot:
         Not cached: merge outputs (they grow), and runs with a chunk small
         enough to live inside a leaf page (it moves with the page).
         """
-        if not getattr(self._directories, "warm", True):
+        if not getattr(self._directories, "warm", True) or run.merge_output:
             limit = DIRECTORY_COLD_CHUNKS
         else:
             limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
