@@ -269,11 +269,9 @@ class Compactor:
         jobs = []
         stamps = np.sort(snap.tombstone_stamps) if len(snap.tombstone_stamps) else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
-        for space in spaces:
-            merge = _choose_merge(snap.manifest, space, full, self._ix.log_limit, stamps)
-            if merge is None:
-                continue
-            output, inputs, level = merge
+        merges = [(space, m) for space in spaces
+                  for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps)]
+        for space, (output, inputs, level) in merges:
             inputs = [_find(man, r.run_id) for r in inputs]
             if output is None:
                 rid = man.new_run_id()
@@ -566,6 +564,34 @@ def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
 
 def kind_of(level: int) -> int:
     return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
+
+
+def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
+                   stamps: np.ndarray | None = None) -> list:
+    """The merges to advance in a space this round (see _choose_merge).
+
+    Beside a merge into a table's main level, which takes hundreds of steps
+    at 10M, the flushes that arrive meanwhile are merged among the small
+    levels (level-0 runs with the free level-1 run), as LevelDB compacts
+    different levels at once: otherwise they pile up as level-0 runs, and
+    every query probes each of them.  Record spaces, whose runs are ordered
+    (newest wins), keep one merge at a time.
+    """
+    runs = man.of(space)
+    busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level)
+            for r in runs if r.merge_output]
+    if not busy:
+        first = _choose_merge(man, space, full, flush_ops, stamps)
+        return [] if first is None else [first]
+    if space in RECORD_SPACES or full or len(busy) > 1 or busy[0][2] < MAIN_LEVEL:
+        return busy
+    level0 = [r for r in runs if not r.merge_into and r.level == 0]
+    if not level0:
+        return busy
+    inputs = level0 + [r for r in runs if not r.merge_into and r.level == 1][:1]
+    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL and not r.merge_output)
+    level = min(level_for(sum(r.entries for r in inputs), 1, main, flush_ops), MAIN_LEVEL - 1)
+    return busy + [(None, inputs, level)]
 
 
 def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
