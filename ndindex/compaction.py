@@ -570,8 +570,8 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
                    stamps: np.ndarray | None = None) -> list:
     """The merges to advance in a space this round (see _choose_merge).
 
-    Beside a merge into a table's main level, which takes hundreds of steps
-    at 10M, the flushes that arrive meanwhile are merged among the small
+    Beside a merge of the large levels (level 2 and the main level), which
+    takes hundreds of steps at 10M, the flushes that arrive meanwhile are merged among the small
     levels (level-0 runs with the free level-1 run), as LevelDB compacts
     different levels at once: otherwise they pile up as level-0 runs, and
     every query probes each of them.  Record spaces, whose runs are ordered
@@ -583,15 +583,15 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     if not busy:
         first = _choose_merge(man, space, full, flush_ops, stamps)
         return [] if first is None else [first]
-    if space in RECORD_SPACES or full or len(busy) > 1 or busy[0][2] < MAIN_LEVEL:
+    if space in RECORD_SPACES or full or len(busy) > 1 or \
+            any(r.level < 2 for r in busy[0][1]):
         return busy
     level0 = [r for r in runs if not r.merge_into and r.level == 0]
     if not level0:
         return busy
-    inputs = level0 + [r for r in runs if not r.merge_into and r.level == 1][:1]
-    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL and not r.merge_output)
-    level = min(level_for(sum(r.entries for r in inputs), 1, main, flush_ops), MAIN_LEVEL - 1)
-    return busy + [(None, inputs, level)]
+    # Into level 1 even past its capacity: a second run at a busy level
+    # would be one more run for every query to probe.
+    return busy + [(None, level0 + [r for r in runs if not r.merge_into and r.level == 1][:1], 1)]
 
 
 def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
@@ -623,7 +623,13 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     level0 = [r for r in free if r.level == 0]
     if level0:
         inputs = level0 + [r for r in free if r.level == 1][:1]
-        return None, inputs, level_for(sum(r.entries for r in inputs), 1, main, flush_ops)
+        level = level_for(sum(r.entries for r in inputs), 1, main, flush_ops)
+        if 1 < level < MAIN_LEVEL:
+            # Into the run already at that level (leveled, as LevelDB), not
+            # beside it: each run at a level is one more probe per query.
+            inputs += [r for r in free if r.level == level][:1]
+            level = level_for(sum(r.entries for r in inputs), level, main, flush_ops)
+        return None, inputs, level
     for level in sorted({r.level for r in free}):
         here = [r for r in free if r.level == level]
         if level >= MAIN_LEVEL:
