@@ -181,3 +181,17 @@ def test_damaged_document_in_the_log_loses_its_operations(damaged, tmp_path):
     assert report["status"] == 1
     late = {f"t{i:03d}" for i in range(250, 300)}
     assert documents(out) == {k: d for k, d in want.items() if k not in late}
+
+
+def test_cli_recover_counts_documents(damaged, tmp_path, capsys):
+    from ndindex import cli
+
+    path, live = damaged
+    out = str(tmp_path / "cli.ndx")
+    assert cli.main(["recover", path, "-o", out]) == 0
+    assert f"{len(live):,} documents" in capsys.readouterr().out
+    key = next(k for k, _ in records(path, rec.DB_CHUNKS) if k[0] == rec.SPACE_DOCS)
+    damage_value(path, rec.DB_CHUNKS, key, at=5)
+    assert cli.main(["recover", path, "-o", str(tmp_path / "cli2.ndx")]) == 1
+    printed = capsys.readouterr()
+    assert "documents" in printed.out and "no readable document" in printed.err
