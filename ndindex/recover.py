@@ -27,11 +27,13 @@ What to rebuild, in order of trust:
    removed fingerprints; the log applies on top ([Q1]).  Every table holds
    every fingerprint, so the first table read whole is enough; otherwise
    the union of what every table still holds.  Document keys come from
-   either key space the same way.
+   either key space the same way; documents from their 0xF3 records
+   (lookup-key records are never read: the rebuild derives them again).
 4. Without a manifest, every verifying chunk counts (newest run id first)
    and the report says removed fingerprints may come back.
 
-The result is written through the public API as a new index with the same
+The result is written through the public API (documents through the
+writer, as add_documents writes them) as a new index with the same
 k, plan, coding and fingerprinter, compacted and verified, and moved into
 place atomically.  The report says what was recovered, what could not be
 read, and whether the recovery is provably complete (``complete``).
