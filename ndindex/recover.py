@@ -1084,6 +1084,8 @@ def _documents(found: Found, trusted: Trusted, runs: list, logged: dict, pairs: 
 
     space_runs = _space_runs(found, trusted, runs, rec.SPACE_DOCS, sv)
     logged = logged.get(rec.SPACE_DOCS, {})
+    if not space_runs and not logged:
+        return {}  # an index without documents
     candidates = set(pairs)
     if not keys_whole:
         for records, _ in space_runs:
