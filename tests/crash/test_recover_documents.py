@@ -7,6 +7,8 @@ last batch still in the log.  Recovery rebuilds the documents from their
 0xF3 records (lookup-key records are derived again, never read) and must
 give back the same keys, sketches, data and similar() answers; damage to
 one document chunk loses exactly the documents in it, and nothing else.
+verify() must catch a damaged fingerprinter record (its value or its
+name) and read every document record in the runs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import shutil
 import numpy as np
 import pytest
 
-from damage import contents, damage_value, records
+from damage import contents, damage_value, flip, occurrences, records
+from ndindex import CorruptionError
 from ndindex import chunks as ch, recover, records as rec
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
@@ -195,3 +198,52 @@ def test_cli_recover_counts_documents(damaged, tmp_path, capsys):
     assert cli.main(["recover", path, "-o", str(tmp_path / "cli2.ndx")]) == 1
     printed = capsys.readouterr()
     assert "documents" in printed.out and "no readable document" in printed.err
+
+
+@pytest.mark.parametrize("where", ["value", "name"])
+def test_damaged_fingerprinter_record_fails_verify_and_keeps_documents_as_keys(damaged, tmp_path,
+                                                                               where):
+    path, live = damaged
+    before = contents(path)
+    if where == "value":
+        damage_value(path, rec.DB_META, rec.KEY_FINGERPRINTER, at=10)
+    else:  # the name in the meta leaf (the frame's checksum covers it)
+        data = open(path, "rb").read()
+        hits = occurrences(data, rec.KEY_FINGERPRINTER)
+        assert hits
+        for hit in hits:
+            flip(path, hit + 3, 0x80)
+    with Index.open(path, readonly=True) as ix:
+        with pytest.raises(CorruptionError):
+            ix.verify()
+    report, out = run_recover(path, tmp_path)
+    assert report["status"] == 1
+    assert any("fingerprinter" in p for p in report["problems"])
+    assert contents(out) == before
+    with Index.open(out, readonly=True) as ix:
+        assert ix.fingerprinter is None
+
+
+def test_verify_parses_every_document_record_in_the_runs(damaged, monkeypatch):
+    from ndindex import docstore
+
+    path, live = damaged
+    seen = []
+    real = docstore.unpack_document
+
+    def unpack(value, key=b""):
+        seen.append(rec.decode_doc_key(bytes(key[8:])))
+        if key[8:] == rec.encode_doc_key("t100"):
+            raise CorruptionError("stands in for a document record that does not parse")
+        return real(value, key)
+
+    monkeypatch.setattr(docstore, "unpack_document", unpack)
+    with Index.open(path, readonly=True) as ix:
+        with pytest.raises(CorruptionError, match="does not parse"):
+            ix.verify()
+        seen.clear()
+        monkeypatch.setattr(docstore, "unpack_document", lambda value, key=b"":
+                            seen.append(rec.decode_doc_key(bytes(key[8:]))) or real(value, key))
+        ix.verify()
+    in_log = {f"t{i:03d}" for i in range(250, 300)}
+    assert sorted(seen) == sorted(set(live) - in_log)
