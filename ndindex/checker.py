@@ -8,12 +8,15 @@ The checks, in order (each raises CorruptionError naming what is wrong):
    tree with every page checked).
 2. The commit records: both meta pages name transactions that wrote the
    state record ([F9]).
-3. The records: header, plan, state, manifest, every log record.
+3. The records: header, plan, state, manifest, every log record; every
+   meta record has a name the format knows and its frame (which covers
+   the name, [F2]) verifies, and the fingerprinter and key design parse.
 4. Every chunk belongs to a run the manifest names; every run's chunks
    chain (fences), decode (block checksums), hold the entries and the
    range the manifest says.
 5. Every table holds the same fingerprints; the two key spaces mirror
-   each other.
+   each other; every document record in the runs parses and its
+   (fingerprint, key) pair is in the key spaces.
 
 Cost: a full read of the file, O(N log N) for the table comparison.
 """
@@ -25,9 +28,15 @@ import numpy as np
 from ndindex import _core, chunks as ch, runs as rn
 from ndindex.arrays import isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError
-from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KIND_RECORDS, KIND_TOMBSTONES,
-                             RECORD_SPACES, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_TOMBSTONES,
-                             U64_BE, space_name)
+from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_FINGERPRINTER, KEY_HEADER,
+                             KEY_KEY_DESIGN, KEY_MANIFEST, KEY_PLAN, KEY_STATE, KIND_RECORDS,
+                             KIND_TOMBSTONES, RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY,
+                             SPACE_KEYS_BY_FP, SPACE_TOMBSTONES, U64_BE, space_name, unframe)
+
+#: Names of the meta records (FORMAT.md 7.2-7.5); journal positions are
+#: JOURNAL_PREFIX and a u64 id (7.3).
+META_NAMES = (KEY_HEADER, KEY_PLAN, KEY_STATE, KEY_MANIFEST, KEY_FINGERPRINTER, KEY_KEY_DESIGN)
+JOURNAL_PREFIX = b"journal:"
 
 
 def check_lmdb(view) -> dict:
@@ -51,6 +60,7 @@ def verify(ix) -> dict:
     view = snap.view
     lmdb_stats = check_lmdb(view)
     snap.log  # noqa: B018 - parses every log record
+    documents_configured = _check_meta_records(view)
     man = snap.manifest
     # Every chunk must belong to a run of the manifest.
     known = {ch.run_prefix(r.space, r.run_id) for r in man.runs}
@@ -92,6 +102,7 @@ def verify(ix) -> dict:
     if by_fp != by_key:
         raise CorruptionError(f"the key spaces disagree on {len(by_fp ^ by_key)} (fingerprint, "
                               "key) pairs", database=DB_CHUNKS)
+    _check_documents(live_keys[SPACE_DOCS], by_fp, documents_configured)
     return dict(tables=len(ix.plan.tables), runs=runs_checked, chunks=chunk_count,
                 table_entries=len(reference) if reference is not None else 0,
                 log_records=snap.state.log_next_seq - snap.state.log_first_seq,
@@ -122,8 +133,49 @@ def _check_fp_run(view, run) -> np.ndarray:
     return values
 
 
-def _check_record_space(view, runs) -> set:
-    """Read every record run of a space (newest first); return the live keys."""
+def _check_meta_records(view) -> bool:
+    """Check every meta record's name and frame, and parse the document configuration.
+
+    A damaged name is found here: the frame's checksum covers it.  Returns
+    whether the index stores documents (has a fingerprinter record).
+    Raises CorruptionError, or FormatError for a configuration this
+    version cannot read.
+    """
+    for key, value in view.scan(DB_META):
+        known = key in META_NAMES or (key.startswith(JOURNAL_PREFIX) and
+                                      len(key) == len(JOURNAL_PREFIX) + 8)
+        if not known:
+            raise CorruptionError(f"meta record of unknown name {key[:40]!r}", database=DB_META,
+                                  key=key)
+        unframe(value, DB_META, key)
+    fingerprinter = view.get(DB_META, KEY_FINGERPRINTER)
+    design = view.get(DB_META, KEY_KEY_DESIGN)
+    if fingerprinter is None:
+        if design is not None:
+            raise CorruptionError("a key design record without a fingerprinter record",
+                                  database=DB_META, key=KEY_KEY_DESIGN)
+        return False
+    from ndindex.docstore import DocConfig
+    DocConfig.from_records(unframe(fingerprinter, DB_META, KEY_FINGERPRINTER),
+                           None if design is None else unframe(design, DB_META, KEY_KEY_DESIGN))
+    return True
+
+
+def _check_documents(documents: dict, pairs: set, configured: bool) -> None:
+    """Check that every document record in the runs parses and its key pair is stored."""
+    if documents and not configured:
+        raise CorruptionError(f"{len(documents)} document records in an index without a "
+                              "fingerprinter record", database=DB_CHUNKS)
+    from ndindex.docstore import unpack_document
+    for key, value in documents.items():
+        unpack_document(value, key)
+        if (U64_BE.unpack(key[:8])[0], key[8:]) not in pairs:
+            raise CorruptionError("a document whose (fingerprint, key) pair is not in the key "
+                                  "spaces", database=DB_CHUNKS, key=key)
+
+
+def _check_record_space(view, runs) -> dict:
+    """Read every record run of a space (newest first); return the live records' values by key."""
     decided = {}
     for run in runs:
         if run.kind != KIND_RECORDS:
@@ -133,9 +185,9 @@ def _check_record_space(view, runs) -> set:
         if not run.merge_into and len(recs) != run.entries:
             raise CorruptionError(f"record run {run.run_id} holds {len(recs)} records, the "
                                   f"manifest says {run.entries}", database=DB_CHUNKS)
-        for key, flag, _ in recs:
-            decided.setdefault(key, flag == ch.RECORD_PUT)
-    return {k for k, put in decided.items() if put}
+        for key, flag, value in recs:
+            decided.setdefault(key, (flag, value))
+    return {k: value for k, (flag, value) in decided.items() if flag == ch.RECORD_PUT}
 
 
 __all__ = ["verify", "check_lmdb", "KIND_TOMBSTONES"]

@@ -726,9 +726,11 @@ def _recover_into(damaged: str, out: str, as_json: bool) -> int:
         c = report["counts"]
         lost = [f"{c[k]:,} {what}" for k, what in (
             ("table_chunks_lost", "table chunks"), ("table_blocks_lost", "table blocks"),
-            ("log_records_lost", "log records")) if c.get(k)]
+            ("log_records_lost", "log records"),
+            ("documents_maybe_lost", "documents")) if c.get(k)]
+        docs = f", {report['documents']:,} documents" if report.get("documents") else ""
         print(f"recovered {report['fingerprints']:,} fingerprints and {report['keys']:,} "
-              f"document keys from {damaged} into {out}: "
+              f"document keys{docs} from {damaged} into {out}: "
               + ("complete" if report["complete"] else
                  f"partial ({len(report['problems'])} problems, listed on stderr)")
               + (f"; could not read {', '.join(lost)}" if lost else ""))

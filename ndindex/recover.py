@@ -27,11 +27,13 @@ What to rebuild, in order of trust:
    removed fingerprints; the log applies on top ([Q1]).  Every table holds
    every fingerprint, so the first table read whole is enough; otherwise
    the union of what every table still holds.  Document keys come from
-   either key space the same way.
+   either key space the same way; documents from their 0xF3 records
+   (lookup-key records are never read: the rebuild derives them again).
 4. Without a manifest, every verifying chunk counts (newest run id first)
    and the report says removed fingerprints may come back.
 
-The result is written through the public API as a new index with the same
+The result is written through the public API (documents through the
+writer, as add_documents writes them) as a new index with the same
 k, plan, coding and fingerprinter, compacted and verified, and moved into
 place atomically.  The report says what was recovered, what could not be
 read, and whether the recovery is provably complete (``complete``).
@@ -73,7 +75,9 @@ PAGE_SIZES = (4096, 8192, 16384, 32768, 65536, 2048, 1024, 512)
 REBUILD_BATCH = 100_000
 #: Meta records a salvage reads; other names are ignored.
 META_NAMES = (rec.KEY_HEADER, rec.KEY_PLAN, rec.KEY_STATE, rec.KEY_MANIFEST,
-              rec.KEY_FINGERPRINTER)
+              rec.KEY_FINGERPRINTER, rec.KEY_KEY_DESIGN)
+#: Documents per log record of the rebuild (each record value is up to ~2 KB).
+REBUILD_DOCUMENTS = 10_000
 U64 = (1 << 64) - 1
 
 
@@ -348,31 +352,34 @@ def _overflow_chunk(buf, start: int, limit: int, space_of_run: dict, table_space
 
 
 def _record_chunk_extent(buf, start: int, limit: int):
-    """(length, last record key) of a record chunk from its directory, or (None, None)."""
+    """(length, last record key) of a record chunk from its directory, or (None, None).
+
+    Only the header's layout is used here (7.9: fence, directory, filter,
+    then the sub-blocks back to back); the last sub-block is read through
+    the chunk reader (its CRC checked, raw or zstd), and the header
+    checksum under the rebuilt key decides afterwards.
+    """
     head = ch.RECORD_CHUNK_HEAD
     if start + head.size > limit:
         return None, None
-    _, _, _, n, _, _, dir_bytes, fence_len, _ = head.unpack_from(buf, start)
+    _, _, _, n, _, _, dir_bytes, fence_len, filter_bytes = head.unpack_from(buf, start)
     pos = start + head.size + fence_len
-    head_end = pos + dir_bytes
-    if n < 1 or head_end > limit:
+    dir_end = pos + dir_bytes
+    if n < 1 or dir_end + filter_bytes > limit:
         return None, None
     entry = None
     for _ in range(n):
-        if pos + ch.DIR_ENTRY.size > head_end:
+        if pos + ch.DIR_ENTRY.size > dir_end:
             return None, None
         entry = ch.DIR_ENTRY.unpack_from(buf, pos)
         pos += ch.DIR_ENTRY.size + entry[4]
-    off, clen, rlen, crc, _ = entry
+    off, clen, rlen = entry[:3]
     if start + off + clen > limit or rlen > 1 << 24:
         return None, None
-    comp = bytes(buf[start + off:start + off + clen])
-    if _core.crc32c(comp) != crc:
-        return None, None
     try:
-        raw = ch._decompressor().decompress(comp, max_output_size=rlen)
+        raw = ch.raw_block(b"", bytes(buf[start:start + off + clen]), entry)
         records = ch.unpack_records(raw)
-    except Exception:  # noqa: BLE001 - any failure means "not a readable chunk"
+    except CorruptionError:
         return None, None
     if not records:
         return None, None
@@ -444,8 +451,11 @@ class Salvage:
     plan: plans.Plan | None = None
     fingerprinter: bytes | None = None
     fingerprints: np.ndarray = dataclasses.field(default_factory=lambda: EMPTY_U64)
+    key_design: bytes | None = None
     #: (fingerprint, typed key) pairs, sorted.
     pairs: list = dataclasses.field(default_factory=list)
+    #: ((fingerprint, typed key), document record value) of the live documents, sorted.
+    documents: list = dataclasses.field(default_factory=list)
     complete: bool = True
     problems: list = dataclasses.field(default_factory=list)
     counts: dict = dataclasses.field(default_factory=dict)
@@ -555,6 +565,8 @@ def _choose_header_and_plan(found: Found, trusted: Trusted, path: str, sv: Salva
         sv.plan = None
     sv.fingerprinter = _one(found.meta.get(rec.KEY_FINGERPRINTER, []),
                             trusted.meta(rec.KEY_FINGERPRINTER), "fingerprinter", sv)
+    sv.key_design = _one(found.meta.get(rec.KEY_KEY_DESIGN, []),
+                         trusted.meta(rec.KEY_KEY_DESIGN), "key design", sv)
 
 
 # -- the log -------------------------------------------------------------------------
@@ -723,7 +735,7 @@ def _decode_chunk(c: ch.FpChunk, code) -> tuple[np.ndarray, int]:
 
 
 def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
-    """({record key: flag} of a record run's live records, [lost (lo, hi] ranges]).
+    """({record key: (flag, value)} of a record run's live records, [lost (lo, hi] ranges]).
 
     A lost range is where records may be missing: (the previous readable
     chunk's separator, the next one's low fence], None for an open end.
@@ -752,9 +764,9 @@ def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
                 with contextlib.suppress(CorruptionError):
                     recs.extend(c.block(i))
             lost_ranges.append((c.low_fence, c.separator))
-        for key, flag, _ in recs:
+        for key, flag, value in recs:
             if _record_live(run, key):
-                records[key] = flag
+                records[key] = (flag, value)
     if prev is None:
         if run.chunks:
             lost_ranges.append((None, None))
@@ -809,12 +821,16 @@ def _salvage(image: FileImage) -> Salvage:
     if manifest is None:
         runs = _runs_from_chunks(found)
     log = read_log(found, trusted, state, newest, sv)
+    _replay_journals(image.path, sv, found, trusted, log)
     tomb, tomb_whole = _tombstones(found, trusted, runs, manifest is not None)
     sv.counts.update(tombstones=len(tomb), tombstones_whole=tomb_whole)
     if not tomb_whole:
         sv.lost("tombstone chunks lost: fingerprints removed before the last compaction "
                 "may have come back")
-    pairs, pair_fps = _key_pairs(found, trusted, runs, log, sv)
+    logged = _log_records(log)
+    pairs, keys_whole = _key_pairs(found, trusted, runs, logged, sv)
+    docs = _documents(found, trusted, runs, logged, pairs, keys_whole, sv)
+    pair_fps = np.array(sorted({fp for fp, _ in pairs}), dtype=np.uint64)
     if sv.plan is None and sv.header is not None:
         in_runs = pair_fps[~isin_sorted(pair_fps, log.adds)] if len(log.adds) else pair_fps
         _guess_plan(found, trusted, runs, tomb, in_runs, sv)
@@ -828,9 +844,9 @@ def _salvage(image: FileImage) -> Salvage:
     extra = [a for a in (log.adds, pair_fps) if len(a)]
     if extra:
         stored = sorted_unique(np.concatenate([stored] + extra))
-    stored = _replay_journals(image.path, sv, found, trusted, stored, pairs)
     live = set(stored.tolist()) if pairs else set()
     sv.pairs = sorted(p for p in pairs if p[0] in live)
+    sv.documents = sorted((p, v) for p, v in docs.items() if p[0] in live)
     sv.fingerprints = stored
     sv.counts.update(
         pages=image.npages, leaf_pages=found.leaf_pages, unclaimed_overflow_runs=found.overflow_runs,
@@ -973,8 +989,21 @@ def _guess_plan(found: Found, trusted: Trusted, runs: list, tomb, key_fps, sv: S
                            "expected_n and k decodes the tables consistently and was used")
 
 
-def _key_pairs(found: Found, trusted: Trusted, runs: list, log: LogOverlay, sv: Salvage):
-    """(set of live (fingerprint, typed key) pairs, fingerprints they name).
+def _log_records(log: LogOverlay) -> dict:
+    """{space: {record key: (flag, value)}} of the log's net record operations."""
+    return {space: {key: (flag, value) for key, flag, value in ch.unpack_records(raw)}
+            for space, raw in log.ops.streams().items()}
+
+
+def _space_runs(found: Found, trusted: Trusted, runs: list, space: int, sv: Salvage) -> list:
+    """[(records, lost ranges)] of every run of a record space, newest first (counted)."""
+    out = [read_record_run(found, trusted, run, sv) for run in runs if run.space == space]
+    sv.counts[f"key_ranges_lost_{rec.space_name(space)}"] = sum(len(lost) for _, lost in out)
+    return out
+
+
+def _key_pairs(found: Found, trusted: Trusted, runs: list, logged: dict, sv: Salvage):
+    """(set of live (fingerprint, typed key) pairs, whether a key space was read whole).
 
     Each pair is recorded in both key spaces (7.9), so a space read whole
     decides every pair alone (the other is not read).  If both lost
@@ -983,79 +1012,136 @@ def _key_pairs(found: Found, trusted: Trusted, runs: list, log: LogOverlay, sv: 
     can decide for certain is kept as the newest record found says, and
     the recovery is marked incomplete.  The log decides before either.
     """
-    decided = dict(log.keys)
+    decided = {_pair_of(rec.SPACE_KEYS_BY_FP, key): flag == ch.RECORD_PUT
+               for key, (flag, _) in logged.get(rec.SPACE_KEYS_BY_FP, {}).items()}
     spaces = {}
-    for space in rec.RECORD_SPACES:
-        spaces[space] = [read_record_run(found, trusted, run, sv)
-                         for run in runs if run.space == space]  # newest first
-        sv.counts[f"key_ranges_lost_{rec.space_name(space)}"] = \
-            sum(len(lost) for _, lost in spaces[space])
+    for space in (rec.SPACE_KEYS_BY_FP, rec.SPACE_FPS_BY_KEY):
+        spaces[space] = _space_runs(found, trusted, runs, space, sv)
         if all(not lost for _, lost in spaces[space]):
             for records, _ in spaces[space]:
-                for key, flag in records.items():
+                for key, (flag, _) in records.items():
                     if len(key) > 8:
                         decided.setdefault(_pair_of(space, key), flag == ch.RECORD_PUT)
-            return _live_pairs(decided)
+            return {pair for pair, put in decided.items() if put}, True
     uncertain = 0
     mentioned = {_pair_of(space, key) for space, space_runs in spaces.items()
                  for records, _ in space_runs for key in records if len(key) > 8}
     for pair in mentioned - decided.keys():
-        results = [_decide(spaces[s], _key_of(s, pair)) for s in rec.RECORD_SPACES]
-        certain = [put for put, sure in results if sure]
+        results = [_decide(spaces[s], _key_of(s, pair)) for s in spaces]
+        certain = [got for got, sure in results if sure]
         if certain:
-            put = certain[0]
+            put = certain[0] is not None and certain[0][0] == ch.RECORD_PUT
         else:
             uncertain += 1
-            put = next((put for put, _ in results if put is not None), None)
-        decided[pair] = bool(put)
+            put = next((got[0] == ch.RECORD_PUT for got, _ in results if got is not None), False)
+        decided[pair] = put
     sv.lost(f"both key spaces lost chunks: {uncertain} keys could not be decided for "
             "certain, and keys recorded only in the lost chunks are missing")
-    return _live_pairs(decided)
+    return {pair for pair, put in decided.items() if put}, False
 
 
 def _pair_of(space: int, key: bytes) -> tuple:
-    if space == rec.SPACE_KEYS_BY_FP:
+    if space in (rec.SPACE_KEYS_BY_FP, rec.SPACE_DOCS):
         return rec.U64_BE.unpack(key[:8])[0], key[8:]
     return rec.U64_BE.unpack(key[-8:])[0], key[:-8]
 
 
 def _key_of(space: int, pair: tuple) -> bytes:
     fp, raw = pair
-    return rec.U64_BE.pack(fp) + raw if space == rec.SPACE_KEYS_BY_FP else raw + rec.U64_BE.pack(fp)
+    if space in (rec.SPACE_KEYS_BY_FP, rec.SPACE_DOCS):
+        return rec.U64_BE.pack(fp) + raw
+    return raw + rec.U64_BE.pack(fp)
 
 
 def _decide(space_runs: list, key: bytes):
-    """(put, True if certain) of a record key in one space: put None if no run holds it."""
+    """((flag, value) or None if no run holds key, True if certain) of a record key in one space."""
     certain = True
     for records, lost_ranges in space_runs:  # newest first
-        flag = records.get(key)
-        if flag is not None:
-            return flag == ch.RECORD_PUT, certain
+        got = records.get(key)
+        if got is not None:
+            return got, certain
         if lost_ranges and _in_ranges(key, lost_ranges):
             certain = False
     return None, certain
 
 
-def _live_pairs(decided: dict):
-    pairs = {pair for pair, put in decided.items() if put}
-    return pairs, np.array(sorted({fp for fp, _ in pairs}), dtype=np.uint64)
+def _documents(found: Found, trusted: Trusted, runs: list, logged: dict, pairs: set,
+               keys_whole: bool, sv: Salvage) -> dict:
+    """{(fingerprint, typed key): document record value} of the live documents that verify.
+
+    A document is live when its pair is and the newest operation on its
+    record (the log's, else the newest run holding it) is a put.  The
+    record must parse and name as its first lookup key the exact key of
+    its own sketch (documents.md [DK22]); its lookup-key records are not
+    read (the rebuild derives them again from the document records).
+    When the key spaces lost chunks, a document record put for certain
+    (no newer run lost its range) vouches for its pair too ([D1]: a
+    document's pair is stored with it), and the pair is added to pairs.
+    Documents whose records may lie in a lost range are counted lost.
+    """
+    from ndindex import docstore
+    from ndindex.fingerprint.bands import exact_key
+
+    space_runs = _space_runs(found, trusted, runs, rec.SPACE_DOCS, sv)
+    logged = logged.get(rec.SPACE_DOCS, {})
+    if not space_runs and not logged:
+        return {}  # an index without documents
+    candidates = set(pairs)
+    if not keys_whole:
+        for records, _ in space_runs:
+            candidates.update(_pair_of(rec.SPACE_DOCS, key) for key, (flag, _) in records.items()
+                              if flag == ch.RECORD_PUT)
+        candidates.update(_pair_of(rec.SPACE_DOCS, key) for key, (flag, _) in logged.items()
+                          if flag == ch.RECORD_PUT)
+    docs, maybe_lost, uncertain, bad = {}, 0, 0, 0
+    for pair in candidates:
+        key = _key_of(rec.SPACE_DOCS, pair)
+        got, certain = logged.get(key), True
+        if got is None:
+            got, certain = _decide(space_runs, key)
+        if got is None or got[0] != ch.RECORD_PUT:
+            maybe_lost += pair in pairs and not certain
+            continue
+        if pair not in pairs and not certain:
+            continue  # a pair the key spaces did not keep, vouched for by an uncertain copy
+        try:
+            doc = docstore.unpack_document(got[1], key)
+            if not len(doc.lookup_keys) or int(doc.lookup_keys[0]) != exact_key(doc.sketch):
+                raise CorruptionError("the first lookup key is not the sketch's exact key")
+        except (CorruptionError, ValueError):
+            bad += 1
+            continue
+        uncertain += not certain
+        docs[pair] = got[1]
+        pairs.add(pair)
+    sv.counts.update(documents_maybe_lost=maybe_lost, documents_not_verified=bad,
+                     documents_uncertain=uncertain)
+    if maybe_lost:
+        sv.lost(f"document record chunks lost: {maybe_lost} stored keys have no readable "
+                "document (their fingerprints and keys were kept)")
+    if uncertain:
+        sv.lost(f"{uncertain} documents were read from an older run whose newer runs lost "
+                "chunks: a newer version of them may have been lost")
+    if bad:
+        sv.lost(f"{bad} document records do not parse")
+    return docs
 
 
 def _replay_journals(path: str, sv: Salvage, found: Found, trusted: Trusted,
-                     stored: np.ndarray, pairs: set) -> np.ndarray:
-    """Apply the operations of journals whose writer died (durability "normal", 7.10 [J2]).
+                     log: LogOverlay) -> None:
+    """Apply to log the operations of journals whose writer died (durability "normal", 7.10 [J2]).
 
-    Returns the stored fingerprints after them; pairs is updated in place.
+    A journal's records follow every log record (it is checkpointed into
+    the log), so they apply after it.
     """
     if sv.header is None:
-        return stored
+        return
     for jpath, journal_id, generation, records in jr.orphans(path, sv.header.file_id):
         if journal_id is None:
             continue
         key = jr.journal_key(journal_id)
         raw = _one(found.meta.get(key, []), trusted.meta(key), f"journal {journal_id:016x}", sv)
         done_gen, done_off = jr.unpack_position(raw) if raw is not None else (-1, 0)
-        log = LogOverlay()
         n = 0
         for end, payload in records:
             if generation == done_gen and end <= done_off:
@@ -1063,16 +1149,8 @@ def _replay_journals(path: str, sv: Salvage, found: Found, trusted: Trusted,
             with contextlib.suppress(CorruptionError):
                 log.apply(rec.LogRecord.unpack(payload, key))
                 n += 1
-        if not n:
-            continue
-        if len(log.removes):
-            stored = stored[~isin_sorted(stored, log.removes)]
-        if len(log.adds):
-            stored = sorted_unique(np.concatenate([stored, log.adds]))
-        for pair, put in log.keys.items():
-            (pairs.add if put else pairs.discard)(pair)
-        sv.problems.append(f"{n} journal records of {os.path.basename(jpath)} replayed")
-    return stored
+        if n:
+            sv.problems.append(f"{n} journal records of {os.path.basename(jpath)} replayed")
 
 
 # -- writing the new index ------------------------------------------------------------------
@@ -1084,12 +1162,14 @@ def recover(source, output, *, progress=None) -> dict:
     Parameters: source, the damaged file (left as it is); output, the new
     index (must not exist); progress, an optional callable(phase, done,
     total).  The new index has the source's k, plan, coding and
-    fingerprinter and every fingerprint and document key whose records
-    still verify; it is compacted and verified, built under a temporary
+    fingerprinter and every fingerprint, document key and document whose
+    records still verify (documents' lookup-key records are derived again
+    from them); it is compacted and verified, built under a temporary
     name beside output and moved into place when whole.
 
     Returns a dict: source, output (None if nothing could be rebuilt),
-    fingerprints, keys, complete (every fingerprint and key provably
+    fingerprints, keys, documents, complete (every fingerprint, key and
+    document provably
     recovered), status (0 complete, 1 partial, 2 nothing recoverable),
     problems (what could not be read, one line each) and counts.
     Raises FileExistsError if output exists, FileNotFoundError if source
@@ -1104,8 +1184,8 @@ def recover(source, output, *, progress=None) -> dict:
         progress("reading", 0, 1)
     sv = salvage(source)
     report = dict(source=source, output=None, fingerprints=len(sv.fingerprints),
-                  keys=len(sv.pairs), complete=sv.complete, problems=sv.problems,
-                  counts=sv.counts)
+                  keys=len(sv.pairs), documents=len(sv.documents), complete=sv.complete,
+                  problems=sv.problems, counts=sv.counts)
     k, plan = _parameters(sv)
     if plan is None or (not len(sv.fingerprints) and not sv.complete):
         report.update(status=2, complete=False)
@@ -1114,7 +1194,7 @@ def recover(source, output, *, progress=None) -> dict:
                                                 "header could be read"]
         return report
     _rebuild(sv, output, k, plan, progress)
-    report.update(output=output, status=0 if sv.complete else 1)
+    report.update(output=output, status=0 if sv.complete else 1, complete=sv.complete)
     return report
 
 
@@ -1151,15 +1231,13 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
                 part = sv.pairs[a:a + REBUILD_BATCH]
                 keys, fp_list = [], []
                 for fp, raw in part:
-                    try:
+                    if _valid_key(raw, fp, sv):
                         keys.append(rec.decode_doc_key(raw))
-                    except CorruptionError:
-                        sv.lost(f"key {raw[:40]!r} of fingerprint {fp:#018x} is not a valid key")
-                        continue
-                    fp_list.append(fp)
+                        fp_list.append(fp)
                 ix.add(np.array(fp_list, dtype=np.uint64), keys=keys)
                 if progress:
                     progress("writing", len(fps) + a + len(part), total)
+            _rebuild_documents(ix, sv)
             if progress:
                 progress("compacting", 0, 1)
             ix.compact(full=True)
@@ -1173,6 +1251,43 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
         for leftover in (tmp, tmp + "-lock"):
             with contextlib.suppress(OSError):
                 os.unlink(leftover)
+
+
+def _valid_key(raw: bytes, fp: int, sv: Salvage) -> bool:
+    try:
+        rec.decode_doc_key(raw)
+    except CorruptionError:
+        sv.lost(f"key {raw[:40]!r} of fingerprint {fp:#018x} is not a valid key")
+        return False
+    return True
+
+
+def _rebuild_documents(ix, sv: Salvage) -> None:
+    """Store the salvaged document records; the flush derives their lookup-key records ([D2]).
+
+    The records go through the writer as add_documents' do (their pairs
+    are already stored); the new index was created with the source's
+    fingerprinter, so its key design is the one the fingerprinter implies
+    (the only one Index.create writes): a source whose key design record
+    says otherwise is reported.
+    """
+    if not sv.documents:
+        return
+    from ndindex import docstore
+
+    if sv.fingerprinter is None:
+        sv.lost(f"the fingerprinter record was lost: {len(sv.documents)} documents are kept "
+                "as fingerprints and keys only")
+        return
+    design = docstore.key_design_for(docstore.as_fingerprinter(sv.fingerprinter)).to_bytes()
+    if sv.key_design is not None and sv.key_design != design:
+        sv.lost("the key design record differs from the one the fingerprinter implies, which "
+                "the new index uses: similar() of a text may miss recovered documents")
+    for a in range(0, len(sv.documents), REBUILD_DOCUMENTS):
+        records = [(rec.SPACE_DOCS, _key_of(rec.SPACE_DOCS, pair), ch.RECORD_PUT, value)
+                   for pair, value in sv.documents[a:a + REBUILD_DOCUMENTS]
+                   if _valid_key(pair[1], pair[0], Salvage())]
+        ix._writer.apply(rec.LogRecord(EMPTY_U64, EMPTY_U64, [], [], records))
 
 
 __all__ = ["recover", "salvage", "Salvage"]

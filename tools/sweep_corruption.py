@@ -1,6 +1,7 @@
 """Whole-file corruption sweep: damage one byte of an index, run the public API on it, classify.
 
-Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1] [--index large]
+Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1]
+          [--index small|large|documents]
 
 It builds an index of 20,000 fingerprints with document keys through the
 public API (adds with keys, many keys for some fingerprints, a compaction,
@@ -12,7 +13,12 @@ runs at levels 2 and 1 per table, a merge in progress, a tombstone run,
 key runs with deletions, a log of several records and the journal of a
 durability-"normal" writer that died (copied beside every trial file, so
 every open replays it); its chunks tree has a branch page, and every chunk
-kind, the log and the manifest have overflow runs.  It classifies every page of the file
+kind, the log and the manifest have overflow runs.  --index documents
+builds an index with a fingerprinter holding 3,000 short texts (a third
+near-duplicates) stored with add_documents and data (build_documents):
+runs at several levels, removals and replacements by key, a log; its
+trials also run similar() for 35 texts and documents(), compared with
+the in-memory pipeline (ndindex.documents) over the live texts.  It classifies every page of the file
 with the LMDB checker's page map (meta, branch/leaf/overflow pages of each
 tree, free, tail) and spreads the trials evenly over those strata.  Each
 trial writes a copy of the file with one byte damaged (xor 0xFF, or one bit
@@ -67,7 +73,10 @@ N_LARGE = 200_000
 K = 3
 CLASSES = ("crash", "hang", "untyped", "wrong", "rollback", "typed", "harmless")
 BAD = ("crash", "hang", "untyped", "wrong", "rollback")
-STEPS = ("open", "verify", "query", "keys", "add", "compact", "query_after")
+STEPS = ("open", "verify", "query", "keys", "similar", "documents", "add", "compact",
+         "query_after")
+#: Steps whose answers are compared with the oracle's (similar/documents: document indexes).
+ANSWERS = ("query", "keys", "similar", "documents")
 #: Bytes of a meta page that LMDB reads (page header and MDB_meta).
 META_USED_BYTES = 152
 
@@ -230,6 +239,157 @@ def build_large(path: str, seed: int, options: dict) -> dict:
                 fingerprints=N_LARGE)
 
 
+#: --index documents: texts stored with add_documents.
+N_DOCUMENTS = 3000
+DOC_VOCAB = [f"w{i}" for i in range(4000)]
+
+
+def _doc_texts(rng, n: int, earlier: list) -> list[str]:
+    """Short random texts, a third of them edited copies of earlier ones (near-duplicates)."""
+    out = []
+    for _ in range(n):
+        pool = earlier + out
+        if len(pool) > 5 and rng.random() < 0.35:
+            words = pool[int(rng.integers(len(pool)))].split()
+            words[int(rng.integers(len(words)))] = DOC_VOCAB[int(rng.integers(len(DOC_VOCAB)))]
+        else:
+            words = [DOC_VOCAB[int(x) % len(DOC_VOCAB)]
+                     for x in rng.zipf(1.3, int(rng.integers(8, 40)))]
+        out.append(" ".join(words))
+    return out
+
+
+class DocumentModel:
+    """The live documents: key -> (text, data); fingerprints and keys go to an IndexModel."""
+
+    def __init__(self, fingerprinter):
+        self.fingerprinter = fingerprinter
+        self.docs: dict = {}
+        self.index = IndexModel()
+
+    def copy(self) -> "DocumentModel":
+        other = DocumentModel(self.fingerprinter)
+        other.docs, other.index = dict(self.docs), self.index.copy()
+        return other
+
+    def simhashes(self, texts: list) -> np.ndarray:
+        from ndindex.docstore import key_design_for
+        from ndindex.documents import fingerprint_documents
+        return fingerprint_documents(texts, self.fingerprinter, key_design_for(self.fingerprinter),
+                                     workers=1, simhash=True).simhashes
+
+    def add(self, texts: list, keys: list, data: list) -> None:
+        fps = self.simhashes(texts)
+        self.index.remove(keys=[k for k in keys if k in self.docs])  # replaced
+        self.index.add(fps, keys)
+        for k, t, d, fp in zip(keys, texts, data, fps.tolist()):
+            self.docs[k] = (t, d, fp)
+
+    def remove(self, keys: list) -> None:
+        self.index.remove(keys=keys)
+        for k in keys:
+            self.docs.pop(k, None)
+
+    def documents(self) -> list:
+        """documents() as the index yields them, sorted by key."""
+        return sorted((k, fp, d) for k, (_, d, fp) in self.docs.items())
+
+    def similar(self, texts: list) -> list:
+        """similar(text) of each text, by the in-memory pipeline: sorted (key, similarity)."""
+        from ndindex.docstore import key_design_for
+        from ndindex.documents import near_duplicate_pairs
+        keys = sorted(self.docs)
+        stored = [self.docs[k][0] for k in keys]
+        fpr = self.fingerprinter
+        got = near_duplicate_pairs(stored + texts, fpr.threshold, workers=1, fingerprinter=fpr,
+                                   design=key_design_for(fpr)).pairs
+        out = [dict() for _ in texts]
+        n = len(stored)
+        for a, b, j in zip(got["a"].tolist(), got["b"].tolist(), got["jaccard"].tolist()):
+            a, b = min(a, b), max(a, b)
+            if a < n <= b:
+                out[b - n][keys[a]] = j
+        return [_similar_answer(d.items()) for d in out]
+
+
+def _similar_answer(pairs) -> list:
+    return sorted((k, round(float(j), 6)) for k, j in pairs)
+
+
+def build_documents(path: str, seed: int, options: dict) -> dict:
+    """Build a document index; return the oracle's expectations (as build_base, plus documents).
+
+    Texts go in with add_documents (with data for some): a main run (full
+    compaction), runs at lower levels, removals and replacements by key
+    flushed into runs, then a log of several records, the last commit an
+    add of 100 documents.  The oracle's similar() answers come from the
+    in-memory pipeline (ndindex.documents) over the live texts, its
+    documents() from the model; query()/keys() as build_base.
+    """
+    import ndindex
+    from ndindex.fingerprint import Fingerprinter
+
+    rng = np.random.default_rng(seed)
+    model = DocumentModel(Fingerprinter())
+    create = dict(api_options(ndindex.Index.create, options), log_limit=10**9,
+                  background_compaction=False)
+    texts = _doc_texts(rng, N_DOCUMENTS, [])
+    keys = [f"d{i:05d}" for i in range(N_DOCUMENTS)]
+    data = [f"data {i}".encode() if i % 3 else b"" for i in range(N_DOCUMENTS)]
+    parts = dict(main=(0, 1500), two=(1500, 2300), one=(2300, 2600), log=(2600, 2900),
+                 last=(2900, 3000))
+    with ndindex.Index.create(path, k=K, expected_n=N_DOCUMENTS,
+                              fingerprinter=model.fingerprinter, **create) as ix:
+        def add(a, b, new_texts=None):
+            for lo in range(a, b, 500):
+                hi = min(b, lo + 500)
+                t = new_texts[lo - a:hi - a] if new_texts else texts[lo:hi]
+                ix.add_documents(t, keys[lo:hi], data=data[lo:hi], workers=1)
+                model.add(t, keys[lo:hi], data[lo:hi])
+
+        def remove(ks):
+            ix.remove(keys=ks)
+            model.remove(ks)
+
+        add(*parts["main"])
+        ix.compact(full=True)
+        add(*parts["two"])
+        ix.compact()
+        add(*parts["one"])
+        ix.compact()
+        remove(keys[100:1600:15])
+        add(200, 250, _doc_texts(rng, 50, texts))  # replacements under the same keys
+        ix._compactor.step(force_flush=True)
+        add(*parts["log"])
+        remove(keys[2300:2330])
+        previous = model.copy()
+        add(*parts["last"])
+        live = model.index.fingerprints()
+        got = state_of(ix, live)
+        if got != model.index.state() or sorted(ix.documents()) != model.documents():
+            raise SystemExit("sweep_corruption: the built document index disagrees with the "
+                             "model; the oracle or the library is wrong")
+    fps = model.index.fingerprints()
+    rng.shuffle(fps)
+    queries = _choose_queries(rng, fps[:2000], fps[2000:2500], fps[2500:])
+    key_fps = [int(x) for x in fps[:8]]
+    live_keys = sorted(model.docs)
+    sample = [live_keys[int(i)] for i in rng.choice(len(live_keys), 30, replace=False)]
+    sample += [k for k in keys[2900:3000:10] if k in model.docs]
+    similar_texts = [model.docs[k][0] for k in sample] + _doc_texts(rng, 5, texts)
+    extra = rng.integers(0, 2**64, 100, dtype=np.uint64)
+    after = model.index.copy()
+    after.add(extra, [f"extra-{i}" for i in range(len(extra))])
+    expect = _answers(model.index, queries, key_fps)
+    expect.update(similar=model.similar(similar_texts), documents=model.documents())
+    before = _answers(previous.index, queries, key_fps)
+    before.update(similar=previous.similar(similar_texts), documents=previous.documents())
+    return dict(queries=queries, key_fps=key_fps, extra=extra.tolist(), expect=expect,
+                previous=before, similar_texts=similar_texts,
+                after=[after.query(q, K) for q in queries[:40] + extra[:20].tolist()],
+                fingerprints=len(fps), documents=len(model.docs))
+
+
 def _choose_queries(rng, table, log, last) -> list[int]:
     """Stored fingerprints with 0-3 bits flipped from every part of the file, and strangers."""
     picks = np.concatenate([table[:3], table[100:101], table[200:220], table[400:520:4],
@@ -323,6 +483,10 @@ def run_steps(path: str, oracle: dict, options: dict, send) -> dict:
         step("verify", lambda: ix.verify() and None)
         step("query", lambda: [as_answer(ix.query(q, K, keys=True)) for q in oracle["queries"]])
         step("keys", lambda: [tuple(ix.keys(fp)) for fp in oracle["key_fps"]])
+        if "similar_texts" in oracle:
+            step("similar", lambda: [_similar_answer((m.key, m.similarity) for m in ix.similar(t))
+                                     for t in oracle["similar_texts"]])
+            step("documents", lambda: sorted(ix.documents()))
         extra = oracle["extra"]
         step("add", lambda: ix.add(np.array(extra, dtype=np.uint64),
                                    keys=[f"extra-{i}" for i in range(len(extra))]) and None)
@@ -351,7 +515,8 @@ def classify(outcome: dict, oracle: dict) -> tuple[str, str]:
     if untyped:
         return "untyped", f"{untyped[0][0]}: {untyped[0][1]}"
     if steps.get("verify", ("",))[0] == "ok":
-        got = {name: steps[name][1] for name in ("query", "keys") if steps.get(name, ("",))[0] == "ok"}
+        got = {name: steps[name][1] for name in ANSWERS
+               if name in oracle["expect"] and steps.get(name, ("",))[0] == "ok"}
         wrong = [name for name, value in got.items() if value != oracle["expect"][name]]
         if wrong:
             if all(value == oracle["previous"][name] for name, value in got.items()):
@@ -439,13 +604,14 @@ def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, work
           only: int | None = None, progress=None, index: str = "small") -> dict:
     """Run the sweep; return the per-trial results and counts.
 
-    index: "small" (build_base) or "large" (build_large).
+    index: "small" (build_base), "large" (build_large) or "documents" (build_documents).
     """
     tmp = tempfile.mkdtemp(prefix="ndx-sweep-", dir=workdir or scratch_dir())
     try:
         base = os.path.join(tmp, "base.ndx")
         t0 = time.monotonic()
-        oracle = (build_large if index == "large" else build_base)(base, seed, options)
+        builder = dict(small=build_base, large=build_large, documents=build_documents)[index]
+        oracle = builder(base, seed, options)
         remove_index_files(base + "-lock")
         init = (base, oracle, options, seed, timeout, tmp)
         with open(base, "rb") as fh:
@@ -467,6 +633,7 @@ def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, work
         results.sort(key=lambda r: r["trial"])
         return dict(results=results, strata_pages=strata, seconds=time.monotonic() - t0,
                     file_bytes=os.path.getsize(base), fingerprints=oracle["fingerprints"],
+                    documents=oracle.get("documents", 0),
                     journals=len(glob.glob(glob.escape(base) + ".journal-*")))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -497,6 +664,7 @@ def summarize(run: dict) -> dict:
                 examples=dict(examples), why={k: dict(v.most_common(8)) for k, v in why.items()},
                 strata_pages=run["strata_pages"], seconds=round(run["seconds"], 1),
                 file_bytes=run["file_bytes"], fingerprints=run.get("fingerprints", N_FINGERPRINTS),
+                documents=run.get("documents", 0),
                 journals=run.get("journals", 0))
 
 
@@ -507,6 +675,7 @@ def _short(why: str) -> str:
 def print_report(s: dict, out=sys.stdout) -> None:
     print(f"{s['trials']} trials in {s['seconds']} s on a {s['file_bytes']:,}-byte index "
           f"of {s['fingerprints']:,} fingerprints"
+          + (f" and {s['documents']:,} documents" if s.get("documents") else "")
           + (f" with {s['journals']} pending journal" if s["journals"] else ""), file=out)
     print("by class: " + ", ".join(f"{c} {s['by_class'].get(c, 0)}" for c in CLASSES), file=out)
     width = max(len(k) for k in s["by_stratum"]) + 2
@@ -535,10 +704,11 @@ def print_report(s: dict, out=sys.stdout) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=5000)
-    ap.add_argument("--index", choices=["small", "large"], default="small",
+    ap.add_argument("--index", choices=["small", "large", "documents"], default="small",
                     help=f"small: {N_FINGERPRINTS:,} fingerprints; large: {N_LARGE:,} with runs at "
                          "several levels, a merge in progress, tombstones, a log and a pending "
-                         "journal, and branch pages in the chunks tree")
+                         f"journal, and branch pages in the chunks tree; documents: {N_DOCUMENTS:,} "
+                         "texts stored with add_documents, in runs at several levels and a log")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a trial is a hang")

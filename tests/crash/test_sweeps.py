@@ -57,6 +57,35 @@ def test_model_agrees_with_the_index_under_random_operations(tmp_path):
             assert sweep_common.as_answer(ix.query(q, 3, keys=True)) == model.query(q, 3)
 
 
+def test_document_model_agrees_with_a_document_index(tmp_path):
+    from ndindex.fingerprint import Fingerprinter
+
+    rng = np.random.default_rng(6)
+    model = sweep_corruption.DocumentModel(Fingerprinter())
+    texts = sweep_corruption._doc_texts(rng, 120, [])
+    keys = [f"k{i}" for i in range(len(texts))]
+    with Index.create(tmp_path / "d.ndx", k=3, fingerprinter=model.fingerprinter,
+                      background_compaction=False) as ix:
+        for a in range(0, 120, 40):
+            data = [bytes([i % 256]) for i in range(a, a + 40)]
+            ix.add_documents(texts[a:a + 40], keys[a:a + 40], data=data, workers=1)
+            model.add(texts[a:a + 40], keys[a:a + 40], data)
+        ix.compact()
+        replaced = sweep_corruption._doc_texts(rng, 10, texts)
+        ix.add_documents(replaced, keys[:10], data=[b"r"] * 10, workers=1)
+        model.add(replaced, keys[:10], [b"r"] * 10)
+        ix.remove(keys=keys[50:60])
+        model.remove(keys[50:60])
+        assert sorted(ix.documents()) == model.documents()
+        assert sweep_common.state_of(ix, model.index.fingerprints()) == model.index.state()
+        queries = texts[10:40:3] + sweep_corruption._doc_texts(rng, 3, texts)
+        want = model.similar(queries)
+        assert all(w for w in want[:10]) and sum(map(len, want[:10])) > 10  # near-duplicates too
+        got = [sweep_corruption._similar_answer((m.key, m.similarity) for m in ix.similar(t))
+               for t in queries]
+        assert got == want
+
+
 def test_option_filtering_keeps_only_accepted_keywords():
     def create(path, *, k=3, durability="full", background_compaction=True):
         pass
@@ -81,6 +110,9 @@ def test_child_reports_signal_exception_and_hang():
 
 ORACLE = dict(expect=dict(query=[[(1, 0, ("a",))]], keys=[("a",)]),
               previous=dict(query=[[]], keys=[()]), after=[[(1, 0, ("a",))]])
+DOC_ORACLE = dict(expect=dict(ORACLE["expect"], similar=[[("a", 1.0)]], documents=[("a", 1, b"")]),
+                  previous=dict(ORACLE["previous"], similar=[[]], documents=[]),
+                  after=ORACLE["after"])
 
 
 def outcome(steps=None, sig=None, hung=False, escaped=None):
@@ -112,6 +144,24 @@ def test_classify(trial, cls):
     assert sweep_corruption.classify(trial, ORACLE)[0] == cls
 
 
+def doc_steps(**changes):
+    return good_steps(**dict(dict(similar=("ok", [[("a", 1.0)]]),
+                                  documents=("ok", [("a", 1, b"")])), **changes))
+
+
+@pytest.mark.parametrize("trial, cls", [
+    (outcome(doc_steps()), "harmless"),
+    (outcome(doc_steps(similar=("ok", [[]]))), "wrong"),
+    (outcome(doc_steps(documents=("ok", [("a", 1, b"x")]))), "wrong"),
+    (outcome(doc_steps(query=("ok", [[]]), keys=("ok", [()]), similar=("ok", [[]]),
+                       documents=("ok", []))), "rollback"),
+    (outcome(doc_steps(similar=("untyped", "KeyError: 'x'"))), "untyped"),
+    (outcome(doc_steps(similar=("typed", "CorruptionError"))), "typed"),
+])
+def test_classify_document_answers(trial, cls):
+    assert sweep_corruption.classify(trial, DOC_ORACLE)[0] == cls
+
+
 # -- bounded runs ---------------------------------------------------------------------------
 
 
@@ -128,6 +178,18 @@ def test_corruption_sweep_bounded(tmp_path):
         set(s["by_stratum"])
     for cls in ("crash", "hang", "untyped", "wrong", "rollback"):
         assert s["by_class"].get(cls, 0) == 0, (cls, s["by_class"])
+    assert s["by_class"].get("typed", 0) > 0 and s["by_class"].get("harmless", 0) > 0
+
+
+@pytest.mark.slow
+def test_corruption_sweep_bounded_on_a_document_index(tmp_path):
+    run = sweep_corruption.sweep(trials=120, jobs=2, seed=4, timeout=60, options={},
+                                 workdir=str(tmp_path), index="documents")
+    s = sweep_corruption.summarize(run)
+    assert s["trials"] == 120 and s["documents"] > 2000
+    assert set(s["by_stratum"]) == set(s["strata_pages"])
+    for cls in ("crash", "hang", "untyped", "wrong", "rollback"):
+        assert s["by_class"].get(cls, 0) == 0, (cls, s["by_class"], s["examples"])
     assert s["by_class"].get("typed", 0) > 0 and s["by_class"].get("harmless", 0) > 0
 
 

@@ -46,6 +46,9 @@ CHILD = textwrap.dedent("""
             for a in range(0, n, %(batch)d):
                 ix.add(fps[a:a + %(batch)d])
             ix.compact(full=True)
+    elif mode == "lib":
+        import ndindex
+        print(ndindex.__file__)
     elif mode == "warm":
         with open(path, "rb") as fh:
             while fh.read(1 << 24):
@@ -74,8 +77,11 @@ CHILD = textwrap.dedent("""
 
 
 def run(python: str, *args) -> str:
+    # `python -c` puts the working directory first on sys.path: run where the
+    # index file is, so that a checkout's ndindex/ never shadows the library
+    # the interpreter has installed (the format-1 peer would import format 2).
     out = subprocess.run([python, "-c", CHILD, *map(str, args)], capture_output=True, text=True,
-                         timeout=24 * 3600)
+                         timeout=24 * 3600, cwd=os.path.dirname(os.path.abspath(args[1])))
     if out.returncode != 0:
         raise SystemExit(f"bench_verify: {python} {args[0]} failed:\n{out.stderr[-2000:]}")
     return out.stdout
@@ -109,6 +115,7 @@ def main(argv=None) -> int:
         sizes = sorted(args.sizes)
         v2 = {n: os.path.join(work, f"v2-{n}.ndx") for n in sizes}
         lines = [header(argv)]
+        lines.append(f"# format 2 library: {run(sys.executable, 'lib', v2[sizes[0]], 0).strip()}")
         for n in sizes:
             seconds = build(sys.executable, v2[n], n)
             lines.append(f"# built format 2, N = {n:,}: {seconds:.1f} s, "
@@ -117,6 +124,7 @@ def main(argv=None) -> int:
         v1 = None
         if args.v1_python:
             v1 = os.path.join(work, f"v1-{big}.ndx")
+            lines.append(f"# format 1 library: {run(args.v1_python, 'lib', v1, 0).strip()}")
             seconds = build(args.v1_python, v1, big)
             lines.append(f"# built format 1, N = {big:,}: {seconds:.1f} s, "
                          f"{os.path.getsize(v1) / 1e6:.1f} MB")
