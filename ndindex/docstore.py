@@ -128,6 +128,8 @@ def check_batch(texts, keys, data) -> tuple[list, list, list | None]:
     """(texts, typed keys, data) of an add_documents call, checked."""
     if isinstance(texts, (str, bytes, bytearray, memoryview)):
         texts, keys = [texts], [keys]
+        if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data of one text is bytes or None, got {type(data).__name__}")
         data = None if data is None else [data]
     elif isinstance(keys, (str, bytes)) or not isinstance(texts, Sequence):
         raise TypeError("give one text and one key, or sequences of texts and keys")

@@ -219,3 +219,11 @@ def test_document_errors(tmp_path):
         # One text and one key also work, bytes keys too.
         assert ix.add_documents("one more text", b"raw") == 1
         assert ix.similar(key=b"raw") == []
+
+
+def test_data_of_one_text_is_bytes(tmp_path):
+    with Index.create(tmp_path / "d.ndx", fingerprinter=Fingerprinter()) as ix:
+        with pytest.raises(TypeError, match="data of one text is bytes"):
+            ix.add_documents("a text of several words to store", "k", data=[b"x"])
+        ix.add_documents("a text of several words to store", "k", data=b"x")
+        assert ix.document_data("k") == b"x"
