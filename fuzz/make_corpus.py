@@ -87,9 +87,36 @@ def round_trip_blocks_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def record_chunk_seeds() -> dict[str, bytes]:
+    """Return record chunks as the writer makes them: short and long keys,
+    compressible and random values, several sub-blocks, first and later chunks."""
+    import record_chunk
+    from ndindex import chunks
+    rng = np.random.default_rng(8)
+    seeds = {}
+    shapes = {
+        "keys": [(b"k%06d" % i, 0, b"") for i in range(300)],
+        "docs": [(int(rng.integers(0, 2**63)).to_bytes(8, "big") + b"\x01doc/%d" % i,
+                  i % 2, bytes(rng.integers(0, 256, int(rng.integers(0, 200)), dtype=np.uint8)))
+                 for i in range(120)],
+        "text": [(b"url/%05d" % i, 0, b"the same words again " * 8) for i in range(200)],
+    }
+    for name, records in shapes.items():
+        records.sort()
+        for first in (True, False):
+            fence = None if first else b"\x00"
+            pieces = chunks.pack_record_chunks(0xF3, 7, records, fence, is_last=True)
+            for j, (key, value) in enumerate(pieces[:2]):
+                group = records[len(records) // 2][0][:6]
+                seeds[f"{name}-{'first' if first else 'later'}-{j}"] = \
+                    record_chunk.make_input(key, value[:record_chunk.MAX_VALUE_BYTES], group)
+    return seeds
+
+
 def main() -> None:
     for target, make in (("decode_block", decode_block_seeds), ("decode_code", decode_code_seeds),
-                         ("round_trip_blocks", round_trip_blocks_seeds)):
+                         ("round_trip_blocks", round_trip_blocks_seeds),
+                         ("record_chunk", record_chunk_seeds)):
         out = os.path.join(FUZZ_DIR, "corpus", target)
         os.makedirs(out, exist_ok=True)
         for f in os.listdir(out):

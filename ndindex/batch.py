@@ -39,7 +39,8 @@ import numpy as np
 
 from ndindex import _core, fpfile, plan as plans
 from ndindex.arrays import sorted_unique
-from ndindex.index import Index, _as_fingerprints
+from ndindex.index import Index
+from ndindex.validate import fingerprints as _as_fingerprints
 
 __all__ = ["PAIR_DTYPE", "DEFAULT_CHUNK_SIZE", "QueryTables", "join", "self_join", "join_to_files"]
 
@@ -65,7 +66,7 @@ class QueryTables:
     the top b bits (b = min(p_i, ceil(log2 |Q|)), at most MAX_DIR_BITS), so a
     probe is one directory read and a scan of about |Q| / 2^p entries: no
     binary search.  Parameters: queries, any uint64 array (duplicates
-    collapse); k, 0..7; plan, a Plan with plan.k >= k (default
+    collapse); k, 0..plan.MAX_PLANNER_K (12); plan, a Plan with plan.k >= k (default
     ``plan.choose_plan(len(Q), k)``).  Pickles as Q, k and the plan; the
     tables are rebuilt where it is unpickled.  Memory: 12 bytes per query
     per table plus the directories.  Cost: t sorts of Q.
@@ -311,7 +312,7 @@ def join(queries, stored, k: int, *, plan: plans.Plan | None = None,
     Parameters: queries, the set Q (a uint64 array, an Index, or the path of
     an index or fingerprint file); stored, F: one source or a list of them
     (uint64 arrays, Index objects, paths of indexes or fingerprint files);
-    k, 0..7; plan, the table design over Q (default
+    k, 0..plan.MAX_PLANNER_K (12); plan, the table design over Q (default
     ``plan.choose_plan(len(Q), k)``); chunk_size, fingerprints of F per
     task (a fingerprint file keeps its own chunks); workers, local worker
     processes (default: one per core; 1 runs in this process); client, a

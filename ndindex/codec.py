@@ -120,7 +120,7 @@ class HuffmanCode:
         values = np.ascontiguousarray(values, dtype=np.uint64)
         hist = np.array(_core.delta_histogram(values, coding), dtype=np.float64)
         n = max(int(expected_n or 0), len(values), 2)
-        prior = _density_histogram(n, coding)
+        prior = _density_histogram(_quantized(n), coding)
         # The prior counts as _PRIOR_SAMPLE observations; real data dominates
         # once the table is larger than that.
         return cls.from_frequencies(hist + prior, coding)
@@ -128,7 +128,7 @@ class HuffmanCode:
     @classmethod
     def for_density(cls, n: int, coding: int = CODING_DELTA) -> "HuffmanCode":
         """Make the code expected for n uniformly random distinct fingerprints."""
-        return cls.from_frequencies(_density_histogram(max(int(n), 2), coding), coding)
+        return cls.from_frequencies(_density_histogram(_quantized(max(int(n), 2)), coding), coding)
 
     def to_bytes(self) -> bytes:
         """Serialise as in FORMAT.md "Huffman code record" (without checksum)."""
@@ -159,6 +159,12 @@ class HuffmanCode:
 
     def __hash__(self):
         return hash((self.coding, self.lengths))
+
+
+def _quantized(n: int) -> int:
+    """n rounded to a power of 2**(1/4): the prior barely moves within that step,
+    and the cache of priors stays small."""
+    return max(2, int(round(2 ** (round(math.log2(n) * 4) / 4))))
 
 
 @functools.lru_cache(maxsize=64)

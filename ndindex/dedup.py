@@ -1,96 +1,118 @@
 """The dedup job: exact and near-duplicate files in directory trees.
 
-``dedup(paths)`` walks the trees, fingerprints text-like files with the
-default near-duplicate pipeline of :class:`ndindex.fingerprint.Fingerprinter`
-(simhash candidates within k bits, kept when the bottom-k Jaccard of word
-3-shingles reaches the threshold), finds exact duplicates by a BLAKE2b
-content hash, and joins both kinds of links into clusters with union-find
+``dedup(paths)`` walks the trees, reads each text file's text
+(:mod:`ndindex.textfile`: compressed files through their decompressor, any
+character set), finds exact duplicates by a BLAKE2b hash of the bytes and
+near-duplicates with the index's document API (``Index.add_documents``,
+``Index.near_duplicate_pairs``: candidates from lookup keys, whatever their
+simhash distance, kept when the bottom-k Jaccard of word 3-shingles reaches
+the threshold), and joins both kinds of links into clusters with union-find
 (:mod:`ndindex.cluster`).
 
-Two files hold the job's memory, so that a re-run reads only what changed:
+What a file is.  A file is one inode, counted once, under its first real
+name in walk order (roots sorted, names sorted, depth first).  Its other
+names are links, not copies: hard links, and with ``follow_symlinks`` the
+symbolic links to it; the report lists them beside the file and counts them
+apart.  A symlink is followed only to what no real name reaches, so a file
+keeps its name, and its state, whether or not symlinks are followed.
 
-* the index (``--index FILE``, an ordinary ndindex file) maps simhash ->
-  document keys (the paths) and answers the k-bit candidate queries;
-* the state file ``<index>.files``, an SQLite database beside it, holds one
-  row per file (path, size, mtime_ns, content hash, simhash, sketch) and
-  the verified near-duplicate pairs.
+What a run reports and remembers.  A run reports clusters among the files it
+found under its paths.  The index remembers every file it has read, from
+this run or an earlier one over other paths; a file is forgotten only when
+it is gone from disk, so one ``--index`` can serve several sets of paths.
 
-Why SQLite for the state and not the index file: the state is a relational
-table keyed by path, updated and deleted by path, with a secondary lookup
-by content hash -- what SQLite is for -- while the index stores fingerprint
--> keys and must keep its own format (FORMAT.md) free of one application's
-bookkeeping.
+One file holds the job's memory: the index (``--index FILE``), created with
+the default fingerprinter, so that a re-run reads only what changed.  It
+holds three kinds of documents (FORMAT.md 7.9):
 
-Crash safety (Ctrl-C included).  Files are processed in batches; for each
-batch the job (1) records the batch's index keys in the state's ``pending``
-table and commits, (2) removes those keys from the index and adds the new
-fingerprints (each one LMDB transaction), (3) writes the file rows, drops
-the pending keys and commits.  An interruption anywhere leaves pending keys
-behind; the next run first removes them from the index and forgets their
-state rows, so those files are read again and index and state agree.
-Near-duplicate pairs are computed for rows flagged ``paired = 0`` and the
-flag is set in the same SQLite transaction as the pairs, so an interrupted
-pairing step resumes where it stopped.
+- a *text document* for each distinct text: key TEXT_PREFIX + the BLAKE2b
+  of the file's bytes + how the text was taken (plain or HTML).  Files with
+  the same bytes share it, so identical copies are fingerprinted once and
+  are linked by their hash, never expanded into pairs of sketches;
+- a *file record* for each file remembered, keyed by its path
+  (:func:`index_key`), whose application data holds its size, mtime_ns,
+  kind and content hash (:class:`_FileState`).  It is stored as a document
+  because documents are what the index keeps data with; its text is a token
+  unique to the key, so it is never anyone's near-duplicate;
+- a *marker* (MARKER_KEY) that names the file a dedup index.
+
+Only :class:`_DedupIndex` knows this layout; walking, reading, pairing and
+reporting go through its methods, and :func:`check_index` checks it.
+
+Crash safety (Ctrl-C and kill included).  Files are stored in batches, one
+at least every COMMIT_SECONDS, each batch one ``Index.transaction()``: its
+file records, its new text documents, and the removal of text documents no
+file uses any more commit together or not at all.  An interrupted run keeps
+every batch committed before it; the files of the batch in flight are read
+again by the next run.  (The earlier two-file layout needed a protocol of
+pending keys because an LMDB file and an SQLite file cannot commit
+together; one file does not.)  Pairs are not stored: each run computes them
+from the stored sketches (``near_duplicate_pairs``), so there is no pairing
+state to resume.
+
+An index of the earlier layout (an index plus its SQLite state file
+``<index>.files``) is replaced on first use, with a note: a text document's
+lookup keys need the whole text, which the state file never kept, so every
+file is read again as on a first run.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import contextlib
 import dataclasses
-import functools
 import hashlib
 import os
+import re
+import secrets
 import signal
-import sqlite3
 import stat
+import struct
 import time
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
-
+from ndindex import textfile
 from ndindex.cluster import clusters_from_pairs
-from ndindex.errors import NdindexError
-from ndindex.fingerprint import Fingerprinter, looks_binary
+from ndindex.errors import CorruptionError, NdindexError, ReadOnlyError
+from ndindex.fingerprint import Fingerprinter
+from ndindex.fingerprint.html import html_to_text
 from ndindex.index import Index
+from ndindex.plan import MAX_PLANNER_K
 
-#: Default size limits of the files considered, in bytes (inclusive).
+#: Default size limits of the files considered, in bytes (inclusive); a
+#: compressed file's limits apply to its size and to its decompressed size.
 DEFAULT_MIN_SIZE_BYTES = 1
 DEFAULT_MAX_SIZE_BYTES = 64 << 20
-#: Files per ingest batch: one index transaction and one state commit each.
+#: Most files per stored batch (one index transaction).
 BATCH_FILES = 2048
-#: Queries per near-duplicate pairing step (one state commit each).
-PAIR_BATCH_FILES = 4096
-#: Queries per index call while pairing (bounds the matches held at once).
-QUERY_BATCH_FILES = 256
-#: Candidates verified per file, nearest first (see _pair).
+#: Most text characters held for one batch (texts wait in memory until stored).
+BATCH_TEXT_CHARS = 64 << 20
+#: A batch is stored at least this often, so an interrupted run keeps its work.
+COMMIT_SECONDS = 1.0
+#: Files per task handed to a worker process.
+TASK_FILES = 16
+#: Near-duplicates linked per text, the most similar first (see _capped).
 DEFAULT_MAX_CANDIDATES = 64
-#: The verification prefilter: sketch prefix compared first, and how far
-#: below the threshold its estimate may fall before a pair is dropped.
-PREFILTER_VALUES = 32
-PREFILTER_MARGIN = 0.3
 #: Clusters up to this many files report every pairwise distance; larger
-#: ones report the links that joined them.
+#: ones report the links that joined them and each file's link to the
+#: representative.
 MAX_PAIRWISE_FILES = 16
-#: The index is planned for this many distinct fingerprints at first.
+#: A new index is planned for this many distinct fingerprints at first.
 DEFAULT_EXPECTED_FILES = 1_000_000
-#: Version of the state file's schema (meta "schema").
-STATE_SCHEMA_VERSION = 1
+#: The simhash distance a new index's tables answer (``ndindex query``).
+#: Near-duplicates do not depend on it, so it is the engine's small default:
+#: each table costs about 5 bytes a document.
+DEFAULT_INDEX_K = 3
 #: A file that keeps changing while it is read is skipped after this many tries.
 READ_ATTEMPTS = 2
-#: Document keys are at most 500 bytes (store.MAX_DOC_KEY_BYTES); longer
+#: Document keys are at most 500 bytes (records.MAX_DOC_KEY_BYTES); longer
 #: paths are keyed by a digest, prefixed by a NUL that no path contains.
 MAX_PATH_KEY_BYTES = 500
 
-#: Extensions read as text (after a binary sniff: a .txt full of NULs is binary).
-TEXT_EXTENSIONS = frozenset("""
-txt text md markdown rst adoc asciidoc org tex latex bib rtf csv tsv log nfo me
-html htm xhtml xml svg json jsonl yaml yml toml ini cfg conf properties env
-py pyi pyx c h cc cpp cxx hh hpp hxx m mm java kt kts scala groovy go rs rb pl pm
-php js mjs cjs ts tsx jsx vue css scss sass less sh bash zsh fish ps1 bat cmd
-lua r jl swift cs fs vb sql el clj cljs erl ex exs hs ml mli nim zig d dart
-f f90 pas cmake mk make in am ac diff patch po pot srt vtt man 1 2 3 4 5 6 7 8
-""".split())
-#: Extensions skipped without reading unless binaries are asked for.
+#: Extensions skipped without reading unless binaries are asked for.  The
+#: compressed ones (textfile.COMPRESSED_EXTENSIONS) are read as text unless
+#: decompression is off or the name inside says binary (x.tar.gz).
 BINARY_EXTENSIONS = frozenset("""
 png jpg jpeg gif bmp ico webp tif tiff psd heic avif pdf ps eps djvu
 zip gz tgz bz2 xz zst lz4 lzma 7z rar tar jar war ear whl egg apk deb rpm dmg iso img
@@ -101,32 +123,19 @@ doc docx xls xlsx ppt pptx odt ods odp
 """.split())
 HTML_EXTENSIONS = frozenset(("html", "htm", "xhtml"))
 
-# File kinds in the state (files.kind).
-KIND_TEXT = 0      # fingerprinted: in the index, near and exact duplicates
-KIND_PLAIN = 1     # text without shingles (too short): exact duplicates only
-KIND_BINARY = 2    # binary: exact duplicates only, and only with include_binary
+# File kinds (_FileState.kind).
+KIND_TEXT = 0         # text with words: has a text document; near and exact duplicates
+KIND_PLAIN = 1        # text without a word to fingerprint: exact duplicates only
+KIND_BINARY = 2       # binary: exact duplicates only, and only with include_binary
+KIND_UNDECODABLE = 3  # text-like, but no character set decodes it: as binary
+#: The skip reason of a file of each kind that is not compared.
+_KIND_SKIP = {KIND_BINARY: "binary", KIND_UNDECODABLE: "undecodable"}
+# How a text was taken from its file (part of its text document's key).
+TEXT_PLAIN = 0
+TEXT_HTML = 1
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value BLOB);
-CREATE TABLE IF NOT EXISTS files(
-    id INTEGER PRIMARY KEY,
-    path BLOB NOT NULL UNIQUE,      -- os.fsencode(path): names need not be UTF-8
-    size INTEGER NOT NULL,
-    mtime_ns INTEGER NOT NULL,
-    kind INTEGER NOT NULL,
-    content_hash BLOB NOT NULL,     -- BLAKE2b-128 of the bytes
-    simhash INTEGER,                -- signed 64-bit view of the fingerprint
-    sketch BLOB,                    -- bottom-k sketch, uint32 little-endian
-    prefix BLOB,                    -- its first PREFILTER_VALUES values (kept in memory)
-    paired INTEGER NOT NULL DEFAULT 0);
-CREATE INDEX IF NOT EXISTS files_hash ON files(content_hash);
-CREATE INDEX IF NOT EXISTS files_unpaired ON files(paired) WHERE paired = 0;
-CREATE TABLE IF NOT EXISTS pairs(
-    a INTEGER NOT NULL, b INTEGER NOT NULL, distance INTEGER NOT NULL,
-    similarity REAL NOT NULL, PRIMARY KEY (a, b)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS pairs_b ON pairs(b);
-CREATE TABLE IF NOT EXISTS pending(path BLOB PRIMARY KEY);
-"""
+# The clock that times commits (a test may replace it).
+_clock = time.monotonic
 
 
 # -- results ---------------------------------------------------------------
@@ -138,12 +147,15 @@ class DuplicateFile:
 
     ``path`` is a str (undecodable bytes as surrogate escapes, so it works
     with ``open()``); ``display_path`` is printable (bad bytes as ``\\xNN``).
+    ``links`` holds the file's other names found by the run, as (path, kind)
+    with kind "hard link" or "symlink": links, not copies.
     """
 
     path: str
     size: int
     content_hash: str
     simhash: int | None
+    links: tuple = ()
 
     @property
     def display_path(self) -> str:
@@ -154,9 +166,10 @@ class DuplicateFile:
 class Pair:
     """A link between files ``a`` and ``b`` (positions in the cluster's files).
 
-    ``distance`` is the Hamming distance of the simhashes (None for binary
-    files), ``similarity`` the Jaccard estimate of the sketches (1.0 for
-    identical bytes), ``exact`` whether the bytes are identical.
+    ``distance`` is the Hamming distance of the simhashes (None unless both
+    files are text with words), ``similarity`` the Jaccard estimate of the
+    sketches (1.0 for identical bytes), ``exact`` whether the bytes are
+    identical.
     """
 
     a: int
@@ -168,7 +181,13 @@ class Pair:
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """A group of duplicate files: identical bytes, or near-duplicates, or both."""
+    """A group of duplicate files: identical bytes, or near-duplicates, or both.
+
+    ``files[0]`` is the representative (the largest file; the first path
+    among equals), the file every other is compared with: ``pairs`` holds
+    (0, i) for every other file i, and every pair of a cluster of at most
+    MAX_PAIRWISE_FILES files.
+    """
 
     files: tuple
     pairs: tuple
@@ -177,6 +196,11 @@ class Cluster:
     def kind(self) -> str:
         """"exact" if all files are byte-identical, "near" otherwise."""
         return "exact" if len({f.content_hash for f in self.files}) == 1 else "near"
+
+    @property
+    def representative(self) -> DuplicateFile:
+        """The file the others are compared with: ``files[0]``."""
+        return self.files[0]
 
     @property
     def reclaimable_bytes(self) -> int:
@@ -191,7 +215,17 @@ class Cluster:
 class DedupResult:
     """What :func:`dedup` found: clusters, counts and the files it could not read.
 
-    Iterating over it yields the clusters.
+    Every entry the walk meets is counted once: ``files_scanned`` files were
+    checked for duplicates (``files_read`` read now, ``files_unchanged``
+    known from an earlier run); ``skipped`` counts the others by reason
+    ("symlink" not followed, "broken symlink", "special", "index", "too
+    small", "too large", "binary", "undecodable"); ``links`` counts other
+    names of files and directories already counted ("hard link",
+    "symlink"); ``errors`` lists (path, problem) of files that could not be
+    read.  ``files_removed`` counts remembered files forgotten because they
+    are gone from disk.  ``notes`` holds sentences about the index itself
+    (one replaced because it could not serve this run).  Iterating over it
+    yields the clusters.
     """
 
     clusters: list
@@ -202,7 +236,9 @@ class DedupResult:
     files_removed: int = 0
     bytes_read: int = 0
     skipped: dict = dataclasses.field(default_factory=dict)
+    links: dict = dataclasses.field(default_factory=dict)
     errors: list = dataclasses.field(default_factory=list)
+    notes: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
 
     def __iter__(self):
@@ -236,6 +272,10 @@ def default_index_path(paths: Sequence) -> str:
     return os.path.join(cache, "ndindex", f"dedup-{digest}.ndx")
 
 
+def _count(counts: dict, key: str, n: int = 1) -> None:
+    counts[key] = counts.get(key, 0) + n
+
+
 # -- walking -----------------------------------------------------------------
 
 
@@ -245,106 +285,147 @@ class _Options:
     min_size: int
     max_size: int
     include_binary: bool
-    fingerprinter: Fingerprinter
-    html_fingerprinter: Fingerprinter
+    decompress: bool
 
 
-def _extension(name: bytes) -> str:
-    base = name.rsplit(b"/", 1)[-1]
-    dot = base.rfind(b".")
-    return base[dot + 1:].decode("ascii", "replace").lower() if dot > 0 else ""
+def _extensions(name: bytes) -> tuple[str, str]:
+    """Return the lower-case extension of a file name and, for a compressed
+    file, the extension of the name inside ("x.html.gz" -> ("gz", "html"))."""
+    base = name.rsplit(b"/", 1)[-1].decode("ascii", "replace").lower()
+    parts = base.split(".")
+    outer = parts[-1] if len(parts) > 1 and parts[0] else ""
+    inner = parts[-2] if len(parts) > 2 and outer in textfile.COMPRESSED_EXTENSIONS else ""
+    return outer, inner
 
 
-def _walk(roots: Sequence[bytes], opts: _Options, exclude: set, skipped: dict, errors: list):
-    """Yield (path, size, mtime_ns) of the regular files under roots, sorted per directory.
+def _binary_by_name(path: bytes, opts: _Options) -> bool:
+    outer, inner = _extensions(path)
+    if opts.decompress and outer in textfile.COMPRESSED_EXTENSIONS:
+        return inner in BINARY_EXTENSIONS
+    return outer in BINARY_EXTENSIONS
 
-    Symlinks are skipped unless follow_symlinks; then directories and files
-    are remembered by (st_dev, st_ino), so a loop or a second link to a
-    visited tree is entered once.  Hard links to one file count once.
+
+@dataclasses.dataclass
+class _Found:
+    """A regular file the walk found: its name, size, mtime and other names."""
+
+    path: bytes
+    size: int
+    mtime_ns: int
+    links: list = dataclasses.field(default_factory=list)   # [(path, kind)]
+
+
+class _Walk:
+    """Walk roots: every regular file once, under its first real name.
+
+    Real entries (not symlinks) are walked first, depth first in sorted
+    order; with follow_symlinks the symlinks met are then followed, the
+    newest last, to what the real walk did not reach.  Files and directories
+    are known by (st_dev, st_ino): a second name of either is a link (a
+    loop is a symlink to a directory already walked).
     """
-    seen_dirs: set = set()
-    seen_files: set = set()
 
-    def skip(reason):
-        skipped[reason] = skipped.get(reason, 0) + 1
+    def __init__(self, opts: _Options, exclude: set, result: DedupResult, progress=None):
+        self.opts = opts
+        self.progress = progress
+        self.exclude = exclude
+        self.result = result
+        self.files: dict = {}       # (dev, ino) -> _Found, or None when skipped
+        self.found: list = []       # the _Found in walk order
+        self.dirs: set = set()
+        self.pending_dirs: list = []  # directories met, to walk next
+        self.symlinks: list = []    # symlinks met, to follow after the real walk
 
-    def visit_file(path: bytes, st) -> tuple | None:
-        if not stat.S_ISREG(st.st_mode):
-            skip("special")
-            return None
-        if (st.st_dev, st.st_ino) in seen_files:
-            skip("hard link")
-            return None
-        seen_files.add((st.st_dev, st.st_ino))
-        if path in exclude:
-            skip("index")
-            return None
-        if st.st_size < opts.min_size:
-            skip("too small")
-            return None
-        if st.st_size > opts.max_size:
-            skip("too large")
-            return None
-        if not opts.include_binary and _extension(path) in BINARY_EXTENSIONS:
-            skip("binary")
-            return None
-        return (path, st.st_size, st.st_mtime_ns)
-
-    stack = []
-    for root in roots:
-        try:
-            st = os.stat(root) if opts.follow_symlinks else os.lstat(root)
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, os.fsdecode(root)) from None
-        if stat.S_ISDIR(st.st_mode):
-            stack.append(root)
-            seen_dirs.add((st.st_dev, st.st_ino))
-        elif stat.S_ISLNK(st.st_mode):
-            skip("symlink")
-        else:
-            found = visit_file(root, st)
-            if found:
-                yield found
-    # depth first, names in sorted order, so output and batches are stable
-    stack.reverse()
-    while stack:
-        directory = stack.pop()
-        try:
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            errors.append((os.fsdecode(directory), exc.strerror or str(exc)))
-            continue
-        subdirs = []
-        for entry in entries:
+    def run(self, roots: Sequence[bytes]) -> list:
+        for root in sorted(set(roots)):
             try:
-                if entry.is_symlink():
-                    if not opts.follow_symlinks:
-                        skip("symlink")
-                        continue
-                    st = entry.stat(follow_symlinks=True)
-                else:
-                    st = entry.stat(follow_symlinks=False)
+                st = os.lstat(root)
             except OSError as exc:
-                if entry.is_symlink():
-                    skip("broken symlink")
-                else:
-                    errors.append((os.fsdecode(entry.path), exc.strerror or str(exc)))
+                raise OSError(exc.errno, exc.strerror, os.fsdecode(root)) from None
+            self._entry(root, st)
+        self._descend()
+        while self.symlinks:
+            path = self.symlinks.pop(0)
+            try:
+                st = os.stat(path)
+            except OSError:
+                _count(self.result.skipped, "broken symlink")
                 continue
-            if stat.S_ISDIR(st.st_mode):
-                if (st.st_dev, st.st_ino) in seen_dirs:
-                    skip("symlink loop")
-                    continue
-                seen_dirs.add((st.st_dev, st.st_ino))
-                subdirs.append(entry.path)
+            self._entry(path, st, via_symlink=True)
+            self._descend()
+        return self.found
+
+    def _entry(self, path: bytes, st, via_symlink: bool = False) -> None:
+        if stat.S_ISLNK(st.st_mode):
+            if self.opts.follow_symlinks:
+                self.symlinks.append(path)
             else:
-                found = visit_file(entry.path, st)
-                if found:
-                    yield found
-        stack.extend(reversed(subdirs))
+                _count(self.result.skipped, "symlink")
+        elif stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) in self.dirs:
+                _count(self.result.links, "symlink")
+            else:
+                self.dirs.add((st.st_dev, st.st_ino))
+                self.pending_dirs.append(path)
+        else:
+            self._file(path, st, via_symlink)
+
+    def _file(self, path: bytes, st, via_symlink: bool) -> None:
+        key = (st.st_dev, st.st_ino)
+        if key in self.files:
+            kind = "symlink" if via_symlink else "hard link"
+            _count(self.result.links, kind)
+            if self.files[key] is not None:
+                self.files[key].links.append((path, kind))
+            return
+        reason = self._skip_reason(path, st)
+        if reason is not None:
+            self.files[key] = None
+            _count(self.result.skipped, reason)
+            return
+        self.files[key] = found = _Found(path, st.st_size, st.st_mtime_ns)
+        self.found.append(found)
+        if self.progress is not None and len(self.found) % 1000 == 0:
+            self.progress("scan", len(self.found), 0)
+
+    def _skip_reason(self, path: bytes, st) -> str | None:
+        if not stat.S_ISREG(st.st_mode):
+            return "special"
+        if path in self.exclude:
+            return "index"
+        if st.st_size < self.opts.min_size:
+            return "too small"
+        if st.st_size > self.opts.max_size:
+            return "too large"
+        if not self.opts.include_binary and _binary_by_name(path, self.opts):
+            return "binary"
+        return None
+
+    def _descend(self) -> None:
+        """Walk the directories queued so far, depth first, names sorted."""
+        stack = list(reversed(self.pending_dirs))
+        self.pending_dirs = []
+        while stack:
+            directory = stack.pop()
+            try:
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                self.result.errors.append((os.fsdecode(directory), exc.strerror or str(exc)))
+                continue
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError as exc:
+                    self.result.errors.append((os.fsdecode(entry.path),
+                                               exc.strerror or str(exc)))
+                    continue
+                self._entry(entry.path, st)
+            stack.extend(reversed(self.pending_dirs))
+            self.pending_dirs = []
 
 
-# -- reading and fingerprinting ------------------------------------------------
+# -- reading -----------------------------------------------------------------------
 
 
 class _Changed(Exception):
@@ -393,19 +474,24 @@ class _Record:
     mtime_ns: int
     kind: int = KIND_TEXT
     content_hash: bytes = b""
-    simhash: int | None = None
-    sketch: bytes | None = None
+    text_mode: int = TEXT_PLAIN
+    text: str | None = None       # a KIND_TEXT file's text, until it is stored
     error: str | None = None      # unreadable: the reason
-    skip: str | None = None       # not considered: the reason
+    skip: str | None = None       # not compared: the reason
 
 
-def _examine(item: tuple, opts: _Options) -> _Record:
-    """Read one file and fingerprint it; never raises for the file's sake."""
-    path, size, mtime_ns = item
-    rec = _Record(path, size, mtime_ns)
+#: A word character, as the fingerprinter's tokenizer counts them (isalnum or
+#: "_"): a text without one has nothing to fingerprint.
+_WORD_CHAR = re.compile(r"\w")
+
+
+def _examine(item: _Found, opts: _Options) -> _Record:
+    """Read one file, hash it and take its text; never raises for the file's sake."""
+    rec = _Record(item.path, item.size, item.mtime_ns)
     for attempt in range(READ_ATTEMPTS):
         try:
-            data, rec.size, rec.mtime_ns = _read_file(path, opts.follow_symlinks, opts.max_size)
+            data, rec.size, rec.mtime_ns = _read_file(item.path, opts.follow_symlinks,
+                                                      opts.max_size)
             break
         except _Changed as exc:
             if attempt == READ_ATTEMPTS - 1:
@@ -415,19 +501,29 @@ def _examine(item: tuple, opts: _Options) -> _Record:
             rec.error = exc.strerror or str(exc)
             return rec
     rec.content_hash = hashlib.blake2b(data, digest_size=16).digest()
-    ext = _extension(path)
-    if looks_binary(data):    # also for text extensions: a .txt full of NULs is binary
-        rec.kind = KIND_BINARY
-        if not opts.include_binary:
-            rec.skip = "binary"
+    outer, inner = _extensions(item.path)
+    try:
+        if opts.decompress and outer in textfile.COMPRESSED_EXTENSIONS:
+            data = textfile.decompress(data, outer, opts.max_size)
+            outer = inner
+        text = textfile.decode(data)
+    except textfile.NotText as exc:
+        if exc.reason == "corrupt":
+            rec.error = str(exc)
+        elif exc.reason == "too large":
+            rec.skip = "too large"
+        else:
+            rec.kind = KIND_BINARY if exc.reason == "binary" else KIND_UNDECODABLE
+            if not opts.include_binary:
+                rec.skip = exc.reason
         return rec
-    fp = opts.html_fingerprinter if ext in HTML_EXTENSIONS else opts.fingerprinter
-    simhash, sketch = fp.fingerprint(data)
-    if len(sketch) == 0:
-        rec.kind = KIND_PLAIN      # no shingles to compare: exact duplicates only
+    if outer in HTML_EXTENSIONS:
+        text = html_to_text(text)
+        rec.text_mode = TEXT_HTML
+    if _WORD_CHAR.search(text) is None:
+        rec.kind = KIND_PLAIN      # no words to compare: exact duplicates only
         return rec
-    rec.simhash = int(simhash)
-    rec.sketch = np.asarray(sketch, dtype="<u4").tobytes()
+    rec.text = text
     return rec
 
 
@@ -441,19 +537,50 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-# -- the state file --------------------------------------------------------------
+def _examined(todo: list, opts: _Options, jobs):
+    """Yield the records of todo's files in order, read by `jobs` processes.
+
+    At most a few tasks per worker are in flight, so the caller stores
+    results as they come and an interruption loses only those in flight.
+    """
+    workers = (os.cpu_count() or 1) if jobs is None else max(1, int(jobs))
+    workers = min(workers, max(1, len(todo) // 64))
+    if workers == 1:
+        for item in todo:
+            yield _examine(item, opts)
+        return
+    pool = concurrent.futures.ProcessPoolExecutor(workers, initializer=_ignore_sigint)
+    try:
+        tasks = (todo[i:i + TASK_FILES] for i in range(0, len(todo), TASK_FILES))
+        flight = collections.deque()
+        for task in tasks:
+            flight.append(pool.submit(_examine_many, task, opts))
+            if len(flight) >= 4 * workers:
+                yield from flight.popleft().result()
+        while flight:
+            yield from flight.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
+# -- the index: file records, text documents, marker ---------------------------
 
-
-def _unsigned(v: int) -> int:
-    return v + (1 << 64) if v < 0 else v
+#: Key prefixes no path key has (paths are absolute: "/..."; long ones "\0...").
+TEXT_PREFIX = b"\x01"
+MARKER_KEY = b"\x02ndindex-dedup"
+#: The marker's data: the layout of this module, so a newer one is refused.
+LAYOUT_VERSION = 1
+_MARKER_DATA = b"ndindex-dedup/%d"
+#: A file record's data: layout version, kind, text mode, size, mtime_ns,
+#: BLAKE2b-128 of the bytes; then the path when the key is its digest.
+_FILE_DATA = struct.Struct("<BBBQq16s")
+_FILE_DATA_VERSION = 1
+#: Longest path a digest-keyed file record keeps (documents hold 1 KiB of data).
+_MAX_DATA_PATH_BYTES = 1024 - _FILE_DATA.size
 
 
 def index_key(path: bytes):
-    """Return the index's document key for a path: str if UTF-8, else bytes.
+    """Return the document key of a file record: the path as str if UTF-8, else bytes.
 
     Paths longer than MAX_PATH_KEY_BYTES are keyed by NUL + their BLAKE2b-256.
     """
@@ -465,57 +592,393 @@ def index_key(path: bytes):
         return path
 
 
-class _State:
-    """The state file: one SQLite database (see the module docstring)."""
+def text_key(content_hash: bytes, text_mode: int) -> bytes:
+    """Return the key of the text document of a file's bytes taken as text_mode."""
+    return TEXT_PREFIX + content_hash + bytes((text_mode,))
 
-    def __init__(self, path: str):
-        self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(_SCHEMA)
-        schema = self.get_meta("schema")
-        if schema is None:
-            self.set_meta("schema", STATE_SCHEMA_VERSION)
-        elif int(schema) > STATE_SCHEMA_VERSION:
-            raise NdindexError(f"{path}: state schema {int(schema)} > supported "
-                               f"{STATE_SCHEMA_VERSION}")
+
+def _token(key) -> str:
+    """A one-word text unique to a key: what a file record or the marker is
+    fingerprinted as (one shingle, shared with no other document)."""
+    raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    return "ndxfile" + hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _FileState:
+    """What the index remembers of a file (a file record's data)."""
+
+    path: bytes | None     # None: a path too long to keep, known only by its digest
+    size: int
+    mtime_ns: int
+    kind: int
+    text_mode: int
+    content_hash: bytes
+
+    @property
+    def text_key(self) -> bytes | None:
+        """The key of the file's text document (None unless KIND_TEXT)."""
+        return text_key(self.content_hash, self.text_mode) if self.kind == KIND_TEXT else None
+
+    def pack(self, key) -> bytes:
+        head = _FILE_DATA.pack(_FILE_DATA_VERSION, self.kind, self.text_mode, self.size,
+                               self.mtime_ns, self.content_hash)
+        digest_keyed = isinstance(key, bytes) and key[:1] == b"\0"
+        if digest_keyed and self.path is not None and len(self.path) <= _MAX_DATA_PATH_BYTES:
+            return head + self.path
+        return head
+
+    @classmethod
+    def unpack(cls, key, data: bytes) -> "_FileState":
+        if len(data) < _FILE_DATA.size:
+            raise CorruptionError(f"dedup file record of {len(data)} bytes", database="documents",
+                                  key=_raw(key))
+        version, kind, mode, size, mtime_ns, digest = _FILE_DATA.unpack_from(data)
+        if version != _FILE_DATA_VERSION or kind > KIND_UNDECODABLE or mode > TEXT_HTML:
+            raise CorruptionError(f"dedup file record version {version}, kind {kind}, text "
+                                  f"mode {mode}", database="documents", key=_raw(key))
+        if isinstance(key, str):
+            path = os.fsencode(key)
+        elif key[:1] == b"\0":
+            path = bytes(data[_FILE_DATA.size:]) or None
+        else:
+            path = bytes(key)
+        return cls(path, size, mtime_ns, kind, mode, digest)
+
+
+def _raw(key) -> bytes:
+    return key.encode("utf-8", "surrogateescape") if isinstance(key, str) else bytes(key)
+
+
+def _stored_documents(ix: Index, keys) -> dict:
+    """Return {key: (simhash, sketch)} of the given stored documents.
+
+    The document API has no call that returns a stored document's simhash
+    or sketch by key (``similar(key=...)`` reads both internally, and
+    ``near_duplicate_pairs`` reports only pairs at the threshold); until it
+    has one, read them the way ``Index.similar`` does.  Used only for the
+    files of reported clusters.
+    """
+    from ndindex import docstore, records
+    snap, pending = ix._view()
+    out = {}
+    for key in keys:
+        raw = records.encode_doc_key(key)
+        for fp in snap.fps_of_key(raw, pending):
+            doc = docstore.documents_of(snap, pending, fp).get(raw)
+            if doc is not None:
+                out[key] = (fp, doc.sketch)
+                break
+    return out
+
+
+class _DedupIndex:
+    """The job's memory: one index file of file records and text documents,
+    kept consistent (see the module docstring).
+
+    ``files`` maps each file record's key to its _FileState, ``texts`` each
+    text document's key to its simhash (None until looked up, for texts
+    stored by this run), ``refs`` each text to the number of file records
+    using it.  Every change goes through :meth:`store` and :meth:`forget`,
+    one transaction per batch.
+    """
+
+    def __init__(self, ix: Index):
+        self.ix = ix
+        self.fingerprinter = Fingerprinter.from_bytes(ix.fingerprinter)
+        self.files: dict = {}
+        self.texts: dict = {}
+        for key, fp, data in ix.documents():
+            if key == MARKER_KEY:
+                continue
+            if isinstance(key, bytes) and key[:1] == TEXT_PREFIX:
+                self.texts[key] = fp
+            else:
+                self.files[key] = _FileState.unpack(key, data)
+        self.refs = collections.Counter(s.text_key for s in self.files.values()
+                                        if s.kind == KIND_TEXT)
+
+    @classmethod
+    def open(cls, path: str, fingerprinter: Fingerprinter, k: int | None, threshold: float,
+             notes: list) -> "_DedupIndex":
+        """Open the dedup index at path, or create it; replace one that cannot serve.
+
+        An index of the earlier two-file layout, or one made with another
+        fingerprinting pipeline or for a higher threshold than asked, is
+        the job's own cache and is replaced (every file is read again), with
+        a note.  Raises NdindexError for a file that is not a dedup index,
+        ValueError for k above the index's.
+        """
+        why = _unwritable(path)
+        if why is not None:
+            raise ReadOnlyError(f"{path}: the dedup job cannot write its index here ({why}); "
+                                "use another --index")
+        _replace_two_file_layout(path, notes)
+        if os.path.exists(path):
+            ix = Index.open(path)
+            try:
+                reason = _unusable(ix, fingerprinter, threshold)
+                if reason is None and k is not None and k > ix.k:
+                    raise ValueError(f"k={k} is above the index's k={ix.k}; use another --index")
+            except BaseException:
+                ix.close()
+                raise
+            if reason is None:
+                return cls(ix)
+            ix.close()
+            _unlink(path, path + "-lock")
+            notes.append(f"{path}: {reason}: replaced by a new index; every file is read again")
+        return cls(_create(path, fingerprinter, k, threshold))
 
     def close(self) -> None:
-        self.db.close()
+        self.ix.close()
 
-    def get_meta(self, key: str):
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+    def forget(self, keys: list) -> None:
+        """Forget files (their records, and the texts no other file uses)."""
+        for start in range(0, len(keys), BATCH_FILES):
+            part = keys[start:start + BATCH_FILES]
+            self._commit({}, {}, part)
 
-    def set_meta(self, key: str, value) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+    def store(self, records: list) -> list:
+        """Store a batch of examined files in one transaction; return the records
+        as stored (a text without a word to fingerprint becomes KIND_PLAIN).
 
-    def reset(self) -> None:
-        with self.transaction():
-            self.db.execute("DELETE FROM files")
-            self.db.execute("DELETE FROM pairs")
-            self.db.execute("DELETE FROM pending")
+        A record with an error, or skipped and not binary, is forgotten (it
+        is read again next time); binary and undecodable files keep a record
+        so that they are not read again.
+        """
+        files, texts, gone = {}, {}, []
+        for r in records:
+            key = index_key(r.path)
+            if r.error is not None or (r.skip is not None and r.kind not in _KIND_SKIP):
+                if key in self.files:
+                    gone.append(key)
+                continue
+            state = _FileState(r.path, r.size, r.mtime_ns, r.kind, r.text_mode, r.content_hash)
+            if r.kind == KIND_TEXT and state.text_key not in self.texts:
+                texts.setdefault(state.text_key, r.text)
+            files[key] = state
+        wordless = self._commit(files, texts, gone)
+        for r in records:
+            if r.kind == KIND_TEXT and text_key(r.content_hash, r.text_mode) in wordless:
+                r.kind = KIND_PLAIN
+        return records
 
-    def transaction(self):
-        return _Transaction(self.db)
+    def _commit(self, files: dict, texts: dict, gone: list) -> set:
+        """Write file records, add new texts, remove the gone files and the
+        texts nobody uses any more: one transaction.  Returns the keys of the
+        texts that had no word to fingerprint (their files are stored as
+        KIND_PLAIN).  The in-memory maps change only once it committed."""
+        refs = collections.Counter(self.refs)
+        for key in list(files) + gone:
+            old = self.files.get(key)
+            if old is not None and old.kind == KIND_TEXT:
+                refs[old.text_key] -= 1
+        with self.ix.transaction():
+            wordless = self._add_texts(texts)
+            for key in list(files):
+                state = files[key]
+                if state.kind == KIND_TEXT and state.text_key in wordless:
+                    files[key] = state = dataclasses.replace(state, kind=KIND_PLAIN)
+                if state.kind == KIND_TEXT:
+                    refs[state.text_key] += 1
+            if files:
+                keys = list(files)
+                self.ix.add_documents([_token(key) for key in keys], keys,
+                                      data=[files[key].pack(key) for key in keys], workers=1)
+            unused = [key for key, n in refs.items() if n <= 0]
+            if gone or unused:
+                self.ix.remove(keys=gone + unused)
+        for key in gone:
+            del self.files[key]
+        self.files.update(files)
+        for key in unused:
+            del refs[key]
+            self.texts.pop(key, None)
+        self.texts.update((key, None) for key in texts if key not in wordless)
+        self.refs = refs
+        return wordless
 
-    def known(self) -> dict:
-        """path -> (id, size, mtime_ns) for every row."""
-        return {bytes(p): (i, s, m) for i, p, s, m in
-                self.db.execute("SELECT id, path, size, mtime_ns FROM files")}
+    def _add_texts(self, texts: dict) -> set:
+        """Add text documents; return the keys of those without a word to fingerprint."""
+        if not texts:
+            return set()
+        keys = list(texts)
+        try:
+            # workers=1: the job's reading processes already use the other
+            # cores, and a pool per batch would cost more than it saves.
+            self.ix.add_documents([texts[k] for k in keys], keys, workers=1)
+            return set()
+        except ValueError:
+            # A word character the tokenizer does not count as one (the
+            # check in _examine is only a necessary condition): find them.
+            wordless = {k for k in keys if len(self.fingerprinter.sketch(texts[k])) == 0}
+            if not wordless:
+                raise
+        rest = [k for k in keys if k not in wordless]
+        if rest:
+            self.ix.add_documents([texts[k] for k in rest], rest, workers=1)
+        return wordless
+
+    def text_pairs(self, threshold: float) -> list:
+        """Return (text a, text b, similarity) of every near-duplicate pair of texts."""
+        return [(a, b, s) for a, b, s in self.ix.near_duplicate_pairs(threshold)
+                if a in self.texts and b in self.texts]
+
+    def simhashes(self, keys) -> dict:
+        """Return {text key: simhash} (looked up for texts stored by this run)."""
+        missing = [k for k in keys if self.texts.get(k) is None]
+        if missing:
+            for key, (fp, _) in _stored_documents(self.ix, missing).items():
+                self.texts[key] = fp
+        return {k: self.texts[k] for k in keys}
+
+    def similarity(self, a: bytes, b: bytes) -> float:
+        """Return the bottom-k similarity of two stored texts."""
+        stored = _stored_documents(self.ix, [a, b])
+        return float(self.fingerprinter.similarity(stored[a][1], stored[b][1]))
 
 
-class _Transaction:
-    def __init__(self, db):
-        self.db = db
+def _unusable(ix: Index, fingerprinter: Fingerprinter, threshold: float) -> str | None:
+    """Why a dedup index cannot serve this run (None if it can).
 
-    def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
+    Raises NdindexError when the file is not a dedup index, or one of a
+    newer layout: neither is this job's to replace.
+    """
+    raw = ix.fingerprinter
+    marker = None
+    if raw is not None:
+        try:
+            marker = ix.document_data(MARKER_KEY)
+        except KeyError:
+            pass
+    if marker is None:
+        raise NdindexError(f"{ix.path}: not a dedup index (an ndindex file that `ndindex dedup` "
+                           "did not make); use another --index")
+    version = int(marker.rsplit(b"/", 1)[-1]) if marker.startswith(b"ndindex-dedup/") else -1
+    if version > LAYOUT_VERSION or version < 1:
+        raise NdindexError(f"{ix.path}: dedup index layout {version} > supported "
+                           f"{LAYOUT_VERSION} (made by a newer version); use another --index")
+    stored = Fingerprinter.from_bytes(raw)
+    if _comparable(raw) != _comparable(fingerprinter.to_bytes()):
+        return "made with another fingerprinting pipeline"
+    if stored.threshold > threshold:
+        return (f"its lookup keys find near-duplicates at thresholds >= {stored.threshold:g}, "
+                f"not {threshold:g}")
+    return None
 
-    def __exit__(self, kind, exc, tb):
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+def _comparable(raw: bytes) -> bytes:
+    # The unicode_version field is informative ([FP50]): a Python upgrade must
+    # not orphan an index.  The flip model only orders probes ([FP80]), so an
+    # index written before it existed stays usable.  The threshold is checked
+    # apart: an index serves every threshold at or above its own.  Every
+    # other field must match.
+    cfg = Fingerprinter.from_bytes(raw).to_dict()
+    for informative in ("unicode_version", "flip_model", "threshold"):
+        cfg.pop(informative, None)
+    return repr(sorted(cfg.items())).encode()
+
+
+def _create(path: str, fingerprinter: Fingerprinter, k: int | None, threshold: float) -> Index:
+    """Create a dedup index at path: built beside it, marker included, then
+    renamed into place, so a crash leaves no index or a whole one."""
+    fpr = dataclasses.replace(fingerprinter, threshold=min(fingerprinter.threshold, threshold))
+    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
+                       f".{os.path.basename(path)}.{secrets.token_hex(6)}.creating")
+    try:
+        with Index.create(tmp, k=DEFAULT_INDEX_K if k is None else k,
+                          expected_n=DEFAULT_EXPECTED_FILES, fingerprinter=fpr) as ix:
+            ix.add_documents(_token(MARKER_KEY), MARKER_KEY, data=_MARKER_DATA % LAYOUT_VERSION)
+        os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, tmp + "-lock"):     # never hiding the error that stopped it
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+    return Index.open(path)
+
+
+def _unwritable(path: str) -> str | None:
+    """Why the index at path (or a new one there) cannot be written; None if it can."""
+    target = path if os.path.exists(path) else os.path.dirname(os.path.abspath(path))
+    if os.access(target, os.W_OK):
+        return None
+    try:
+        if os.statvfs(target).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    except (OSError, AttributeError):
+        pass
+    return "no permission to write"
+
+
+def _replace_two_file_layout(path: str, notes: list) -> None:
+    """Delete an index of the earlier layout (index + SQLite ``<index>.files``).
+
+    The index goes first: if the run stops in between, the state file left
+    alone is recognised and deleted next time.
+    """
+    state = path + ".files"
+    try:
+        with open(state, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return
+    if head not in (b"", b"SQLite format 3\x00"):
+        return
+    _unlink(path, path + "-lock")
+    _unlink(state, state + "-wal", state + "-shm", state + "-journal")
+    notes.append(f"{path}: an index of an earlier version of the dedup job (with the state "
+                 f"file {state}): replaced by a one-file index; every file is read again")
+
+
+def _unlink(*paths: str) -> None:
+    for p in paths:
+        try:
+            os.unlink(p)
+        except FileNotFoundError:
+            pass
+
+
+def check_index(index) -> dict:
+    """Check a dedup index: the file (``Index.verify``) and the job's invariants.
+
+    index: an open Index or a path.  Every document is the marker, a file
+    record whose data parses, or a text document; every text file's text is
+    stored, and every text is some text file's.  Returns counts (files,
+    texts, and files per kind).  Raises CorruptionError naming the first
+    broken invariant.  Cost: a full read of the file.
+    """
+    ix = index if isinstance(index, Index) else Index.open(index, readonly=True)
+    try:
+        ix.verify()
+        files, texts, marker = {}, set(), None
+        for key, _, data in ix.documents():
+            if key == MARKER_KEY:
+                marker = data
+            elif isinstance(key, bytes) and key[:1] == TEXT_PREFIX:
+                if len(key) != 18 or data:
+                    raise CorruptionError(f"dedup text document {key.hex()} is malformed",
+                                          database="documents", key=key)
+                texts.add(key)
+            else:
+                files[key] = _FileState.unpack(key, data)
+        if marker != _MARKER_DATA % LAYOUT_VERSION:
+            raise CorruptionError(f"{ix.path}: dedup marker is {marker!r}", database="documents",
+                                  key=MARKER_KEY)
+        used = {s.text_key for s in files.values() if s.kind == KIND_TEXT}
+        for problem, keys in (("text files without their text", used - texts),
+                              ("texts no file uses", texts - used)):
+            if keys:
+                key = min(keys)
+                raise CorruptionError(f"{ix.path}: {len(keys)} {problem} (first: {key.hex()})",
+                                      database="documents", key=key)
+        kinds = collections.Counter(s.kind for s in files.values())
+        return dict(files=len(files), texts=len(texts), text_files=kinds[KIND_TEXT],
+                    plain_files=kinds[KIND_PLAIN], binary_files=kinds[KIND_BINARY],
+                    undecodable_files=kinds[KIND_UNDECODABLE])
+    finally:
+        if ix is not index:
+            ix.close()
 
 
 # -- the job ---------------------------------------------------------------------
@@ -524,31 +987,44 @@ class _Transaction:
 def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float | None = None,
           follow_symlinks: bool = False, min_size: int = DEFAULT_MIN_SIZE_BYTES,
           max_size: int = DEFAULT_MAX_SIZE_BYTES, include_binary: bool = False,
-          max_candidates: int = DEFAULT_MAX_CANDIDATES, jobs: int | None = 1, progress: Callable[[str, int, int], None] | None = None,
+          decompress: bool = True, max_candidates: int = DEFAULT_MAX_CANDIDATES,
+          jobs: int | None = 1, progress: Callable[[str, int, int], None] | None = None,
           ) -> DedupResult:
-    """Find exact and near-duplicate files under paths; return the clusters.
+    """Find exact and near-duplicate files under paths; return a DedupResult.
 
     Parameters:
         paths: files and directories (str, bytes or os.PathLike).
         index: the index file to keep between runs (default
-            :func:`default_index_path`); its state lives in ``<index>.files``.
-        k: simhash candidates within k bits (default the fingerprinter's
-            query_k, 10); at most the index's k.
-        threshold: Jaccard similarity of word 3-shingles a candidate must
-            reach (default the fingerprinter's, 0.8).
-        follow_symlinks: follow symbolic links (loops are detected).
-        min_size, max_size: only files of this many bytes (inclusive).
-        include_binary: also report byte-identical binary files.
-        max_candidates: index candidates verified per file, nearest first.
-        jobs: processes reading and fingerprinting (None: one per CPU).
+            :func:`default_index_path`); it holds all the job remembers.
+            One index may serve different paths: files outside this run's
+            paths are remembered, not reported, and forgotten once gone.
+        k: the simhash distance a new index's tables answer (``ndindex
+            query``; default DEFAULT_INDEX_K), 0..plan.MAX_PLANNER_K and at
+            most an existing index's k.  Near-duplicates do not depend on it.
+        threshold: Jaccard similarity of word 3-shingles a near-duplicate
+            must reach, in (0, 1] (default the fingerprinter's, 0.8).  An
+            index made for a higher threshold is replaced (every file is
+            read again).
+        follow_symlinks: follow symbolic links to what no real name reaches
+            (a symlink to a file found anyway is listed as its link).
+        min_size, max_size: only files of this many bytes (inclusive); a
+            compressed file must also decompress to at most max_size.
+        include_binary: also report byte-identical binary (and undecodable) files.
+        decompress: read .gz, .bz2, .xz, .lzma and .zst files as the text
+            inside (otherwise they are binary).
+        max_candidates: near-duplicates linked per text, the most similar first.
+        jobs: processes reading files (None: one per CPU); texts are
+            fingerprinted in this process.
         progress: called as progress(phase, done, total) now and then.
 
-    Returns a :class:`DedupResult` (iterate it for the clusters).  Files that
-    cannot be read are listed in ``result.errors``, not raised.  Raises
-    OSError when a path does not exist, NdindexError when the index or its
-    state file is unusable, ValueError for bad parameters.  Cost: one read
-    of every new or changed file and one index query per such file; a
-    re-run over an unchanged tree reads no file.
+    Returns a :class:`DedupResult`: its ``clusters`` (iterate it for them),
+    each file counted once by category, and the files it could not read
+    (``errors``, not raised).  Raises OSError when a path does not exist,
+    NdindexError when the index is unusable (ReadOnlyError when it cannot be
+    written), ValueError for bad parameters.  Cost: one read of every new or
+    changed file and one fingerprinting of each new text; a pass over every
+    stored document for the pairs (O(files) time and memory, plus the
+    pairs found); a re-run over an unchanged tree reads no file.
     """
     t0 = time.perf_counter()
     roots = [os.fsencode(os.path.abspath(os.fsdecode(p))) for p in paths]
@@ -558,415 +1034,189 @@ def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float
         raise ValueError(f"size limits must satisfy 0 <= min_size <= max_size, got "
                          f"{min_size} and {max_size}")
     base = Fingerprinter()
-    k = base.query_k if k is None else int(k)
     threshold = base.threshold if threshold is None else float(threshold)
-    if not 0 <= k <= 64 or not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"k must be in 0..64 and threshold in [0, 1], got {k} and {threshold}")
-    opts = _Options(follow_symlinks, int(min_size), int(max_size), bool(include_binary), base,
-                    dataclasses.replace(base, html=True))
+    if k is not None and not 0 <= k <= MAX_PLANNER_K:
+        raise ValueError(f"k must be in 0..{MAX_PLANNER_K}, got {k}")
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if max_candidates < 1:
+        raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
+    opts = _Options(follow_symlinks, int(min_size), int(max_size), bool(include_binary),
+                    bool(decompress))
     index_path = os.fspath(index) if index is not None else default_index_path(roots)
     os.makedirs(os.path.dirname(os.path.abspath(index_path)) or ".", exist_ok=True)
-    state_path = index_path + ".files"
-    ix, state = _open_files(index_path, state_path, base, k)
     result = DedupResult(clusters=[], index_path=index_path)
+    db = _DedupIndex.open(index_path, base, k, threshold, result.notes)
     try:
-        _recover(ix, state)
-        _check_options(state, k, threshold, max_candidates)
-        exclude = {os.fsencode(os.path.abspath(p)) for p in
-                   (index_path, state_path, index_path + "-lock", state_path + "-wal",
-                    state_path + "-shm", state_path + "-journal")}
-        walked = []
-        for item in _walk(roots, opts, exclude, result.skipped, result.errors):
-            walked.append(item)
-            if progress is not None and len(walked) % 1000 == 0:
-                progress("scan", len(walked), 0)
-        result.files_scanned = len(walked)
-        known = state.known()
-        todo = [item for item in walked
-                if known.get(item[0], (None, None, None))[1:] != (item[1], item[2])]
-        result.files_unchanged = len(walked) - len(todo)
-        present = {item[0] for item in walked}
-        vanished = [p for p in known if p not in present]
-        result.files_removed = len(vanished)
-        _drop_files(ix, state, vanished)
-        _ingest(ix, state, todo, opts, jobs, result, progress)
-        _pair(ix, state, base, k, threshold, max_candidates, progress)
-        result.clusters = _clusters(state, include_binary, base)
+        exclude = {os.fsencode(os.path.abspath(p)) for p in (index_path, index_path + "-lock")}
+        found = _Walk(opts, exclude, result, progress).run(roots)
+        todo = []
+        for item in found:
+            known = db.files.get(index_key(item.path))
+            if known is None or (known.size, known.mtime_ns) != (item.size, item.mtime_ns):
+                todo.append(item)
+            elif known.kind in _KIND_SKIP and not include_binary:
+                _count(result.skipped, _KIND_SKIP[known.kind])
+            else:
+                result.files_unchanged += 1
+        walked = {index_key(item.path) for item in found}
+        # A path too long to keep (known by its digest only) cannot be looked
+        # for: it is forgotten when a run does not find it.
+        gone = [key for key, s in db.files.items() if key not in walked
+                and (s.path is None or not os.path.lexists(s.path))]
+        result.files_removed = len(gone)
+        db.forget(gone)
+        _ingest(db, todo, opts, jobs, result, progress)
+        result.files_scanned = result.files_read + result.files_unchanged
+        if progress is not None:
+            progress("compare", 0, 1)
+        pairs = _capped(db.text_pairs(threshold), max_candidates)
+        if progress is not None:
+            progress("compare", 1, 1)
+        result.clusters = _clusters(db, found, include_binary, pairs)
     finally:
-        state.close()
-        ix.close()
+        db.close()
     result.seconds = time.perf_counter() - t0
     return result
 
 
-def _open_files(index_path: str, state_path: str, fp: Fingerprinter, k: int):
-    """Open (or create) the state file, then the index; reset a state orphaned
-    by a deleted index.  The state is created first, so an index never exists
-    without one unless it was not made by dedup."""
-    index_exists = os.path.exists(index_path)
-    if index_exists and not os.path.exists(state_path):
-        raise NdindexError(f"{index_path}: an index without a dedup state file ({state_path}); "
-                           "use another --index, or delete it")
-    try:
-        state = _State(state_path)
-    except sqlite3.DatabaseError as exc:
-        raise NdindexError(f"{state_path}: unusable dedup state file ({exc})") from exc
-    try:
-        if index_exists:
-            ix = Index.open(index_path)
-            if ix.fingerprinter is None:
-                ix.close()
-                raise NdindexError(f"{index_path}: not a dedup index (no fingerprinter); "
-                                   "use another --index")
-            if _comparable(ix.fingerprinter) != _comparable(fp.to_bytes()):
-                # Made by dedup (it has our state file) with another pipeline,
-                # e.g. by an older version: its fingerprints cannot be compared
-                # with new ones, so both files start again (a full re-read).
-                ix.close()
-                for extra in ("", "-lock"):
-                    if os.path.exists(index_path + extra):
-                        os.unlink(index_path + extra)
-                index_exists = False
-        if not index_exists:
-            state.reset()
-            ix = Index.create(index_path, k=max(k, fp.query_k), expected_n=DEFAULT_EXPECTED_FILES,
-                              fingerprinter=fp.to_bytes())
-        if k > ix.k:
-            ix.close()
-            raise ValueError(f"k={k} is above the index's k={ix.k}; use another --index")
-        # Queries at k = 10 scan hundreds of entries per table; decoded
-        # tables (8 bytes per file per table) make that a popcount scan.
-        ix.preload()
-    except BaseException:
-        state.close()
-        raise
-    return ix, state
-
-
-def _comparable(raw: bytes) -> bytes:
-    # The unicode_version field is informative ([FP50]): a Python upgrade must
-    # not orphan an index; every other field must match.
-    cfg = Fingerprinter.from_bytes(raw).to_dict()
-    cfg.pop("unicode_version", None)
-    return repr(sorted(cfg.items())).encode()
-
-
-def _recover(ix: Index, state: _State) -> None:
-    """Undo an interrupted batch: its keys leave the index and its rows the state."""
-    paths = [bytes(r[0]) for r in state.db.execute("SELECT path FROM pending")]
-    if not paths:
-        return
-    ix.remove(keys=[index_key(p) for p in paths])
-    with state.transaction() as db:
-        for p in paths:
-            row = db.execute("SELECT id FROM files WHERE path = ?", (p,)).fetchone()
-            if row is not None:
-                _delete_rows(db, [row[0]])
-        db.execute("DELETE FROM pending")
-
-
-def _check_options(state: _State, k: int, threshold: float, max_candidates: int) -> None:
-    """Pairs verified under another k or threshold are computed again (no re-read)."""
-    current = f"k={k} threshold={threshold!r} max_candidates={max_candidates}"
-    if state.get_meta("pairing") != current:
-        with state.transaction() as db:
-            db.execute("DELETE FROM pairs")
-            db.execute("UPDATE files SET paired = 0")
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('pairing', ?)", (current,))
-
-
-def _delete_rows(db, ids: list) -> None:
-    """Delete file rows and their pairs."""
-    for i in ids:
-        db.execute("DELETE FROM pairs WHERE a = ? OR b = ?", (i, i))
-        db.execute("DELETE FROM files WHERE id = ?", (i,))
-
-
-def _drop_files(ix: Index, state: _State, paths: list) -> None:
-    """Forget files that disappeared (or no longer qualify): index first, then state."""
-    for start in range(0, len(paths), BATCH_FILES):
-        part = paths[start:start + BATCH_FILES]
-        with state.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO pending VALUES (?)", [(p,) for p in part])
-        ix.remove(keys=[index_key(p) for p in part])
-        with state.transaction() as db:
-            ids = [r[0] for p in part
-                   for r in db.execute("SELECT id FROM files WHERE path = ?", (p,))]
-            _delete_rows(db, ids)
-            db.execute("DELETE FROM pending")
-
-
-def _batches(items: list, size: int):
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
-def _ingest(ix: Index, state: _State, todo: list, opts: _Options, jobs, result: DedupResult,
+def _ingest(db: _DedupIndex, todo: list, opts: _Options, jobs, result: DedupResult,
             progress) -> None:
-    """Read, fingerprint and store the new and changed files, batch by batch."""
-    if not todo:
-        return
-    workers = (os.cpu_count() or 1) if jobs is None else max(1, int(jobs))
-    workers = min(workers, max(1, len(todo) // 64))
-    pool = None
-    if workers > 1:
-        pool = concurrent.futures.ProcessPoolExecutor(workers, initializer=_ignore_sigint)
+    """Read the new and changed files and store them.
+
+    A batch is stored when it holds BATCH_FILES files or BATCH_TEXT_CHARS
+    characters of text, or COMMIT_SECONDS have passed since the last store,
+    so an interrupted run keeps what it read up to the last second or so.
+    """
+    batch: list = []
+    chars = 0
+    last = _clock()
     done = 0
-    try:
-        for batch in _batches(todo, BATCH_FILES):
-            if pool is None:
-                records = _examine_many(batch, opts)
-            else:
-                step = max(1, len(batch) // (4 * workers))
-                work = functools.partial(_examine_many, opts=opts)
-                records = [r for part in pool.map(work, _batches(batch, step)) for r in part]
-            _store_batch(ix, state, records, result)
-            done += len(batch)
+    for record in _examined(todo, opts, jobs):
+        batch.append(record)
+        chars += len(record.text or "")
+        done += 1
+        if len(batch) >= BATCH_FILES or chars >= BATCH_TEXT_CHARS \
+                or _clock() - last >= COMMIT_SECONDS:
+            _store(db, batch, result)
+            batch, chars = [], 0
+            last = _clock()
             if progress is not None:
                 progress("read", done, len(todo))
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+    _store(db, batch, result)
+    if progress is not None and todo:
+        progress("read", done, len(todo))
 
 
-def _store_batch(ix: Index, state: _State, records: list, result: DedupResult) -> None:
-    """Write one batch: pending keys, index remove + add, then the rows (see module doc)."""
-    keys = [index_key(r.path) for r in records]
-    with state.transaction() as db:
-        db.executemany("INSERT OR IGNORE INTO pending VALUES (?)", [(r.path,) for r in records])
-    ix.remove(keys=keys)     # a changed file's old fingerprint, or a crashed run's leftovers
-    indexed = [(r.simhash, key) for r, key in zip(records, keys)
-               if r.error is None and r.skip is None and r.kind == KIND_TEXT]
-    if indexed:
-        ix.add([fp for fp, _ in indexed], keys=[key for _, key in indexed])
-    with state.transaction() as db:
-        for r in records:
-            old = db.execute("SELECT id, content_hash FROM files WHERE path = ?",
-                             (r.path,)).fetchone()
-            if r.error is not None or (r.skip is not None and r.kind != KIND_BINARY):
-                if old is not None:
-                    _delete_rows(db, [old[0]])
-                if r.error is not None:
-                    result.errors.append((os.fsdecode(r.path), r.error))
-                continue
-            result.files_read += 1
-            result.bytes_read += r.size
-            if r.skip is not None:
-                result.skipped[r.skip] = result.skipped.get(r.skip, 0) + 1
-            row = (r.size, r.mtime_ns, r.kind, r.content_hash,
-                   None if r.simhash is None else _signed(r.simhash), r.sketch,
-                   None if r.sketch is None else r.sketch[:4 * PREFILTER_VALUES])
-            if old is None:
-                db.execute("INSERT INTO files(path, size, mtime_ns, kind, content_hash, simhash, "
-                           "sketch, prefix, paired) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)", (r.path, *row))
-            else:
-                db.execute("DELETE FROM pairs WHERE a = ? OR b = ?", (old[0], old[0]))
-                db.execute("UPDATE files SET size = ?, mtime_ns = ?, kind = ?, content_hash = ?, "
-                           "simhash = ?, sketch = ?, prefix = ?, paired = 0 WHERE id = ?",
-                           (*row, old[0]))
-        db.execute("DELETE FROM pending")
-
-
-def _pair(ix: Index, state: _State, fp: Fingerprinter, k: int, threshold: float,
-          max_candidates: int, progress) -> None:
-    """Find the verified near-duplicate pairs of every unpaired text file.
-
-    Candidates come from the index (stored simhashes within k bits, nearest
-    first, at most max_candidates distinct fingerprints per file), are
-    mapped to files through the state, and are kept when their sketches
-    reach the threshold.  The cap bounds the work where many unrelated
-    files share most of their word frequencies (simhashes of text in one
-    language concentrate: a few percent of unrelated documents can lie
-    within 10 bits); true near-duplicates are nearly always the nearest.
-    Byte-identical candidates are skipped: the exact groups link them.
-    Each step commits its pairs with the paired flags.
-    """
-    rows = state.db.execute("SELECT id, simhash, content_hash, prefix, paired FROM files "
-                            "WHERE kind = ?", (KIND_TEXT,)).fetchall()
-    todo = np.array([n for n, r in enumerate(rows) if not r[4]], dtype=np.int64)
-    if not len(todo):
+def _store(db: _DedupIndex, records: list, result: DedupResult) -> None:
+    """Store a batch, then count each file in one category."""
+    if not records:
         return
-    # Dense arrays over every text file (row n): ids, simhashes, content
-    # groups and sketch prefixes stay in memory; full sketches are read only
-    # for the pairs that pass the prefilter.
-    ids = np.array([r[0] for r in rows], dtype=np.int64)
-    simhashes = np.array([_unsigned(r[1]) for r in rows], dtype=np.uint64)
-    groups: dict = {}
-    group = np.array([groups.setdefault(bytes(r[2]), len(groups)) for r in rows], dtype=np.int64)
-    prefixes = sketch_matrix([np.frombuffer(r[3], dtype="<u4") for r in rows])
-    del rows
-    order = np.argsort(simhashes, kind="stable")
-    sorted_simhashes = simhashes[order]
-    done = 0
-    for batch in _batches(todo, PAIR_BATCH_FILES):
-        found = [_candidates(ix, batch[i:i + QUERY_BATCH_FILES], simhashes, sorted_simhashes,
-                             order, group, k, max_candidates)
-                 for i in range(0, len(batch), QUERY_BATCH_FILES)]
-        a = np.concatenate([f[0] for f in found])
-        b = np.concatenate([f[1] for f in found])
-        dist = np.concatenate([f[2] for f in found])
-        _, first = np.unique(a * len(ids) + b, return_index=True)   # both ends may ask
-        a, b, dist = a[first], b[first], dist[first]
-        # The PREFILTER_VALUES smallest values of two sketches are the
-        # bottom-32 sketches of the same sets: a Jaccard estimate with
-        # standard error <= 0.09.  PREFILTER_MARGIN is over 3 of those, so a
-        # true pair is lost with probability below 1e-3 at the threshold,
-        # and the bulk of candidates, which share almost nothing, never
-        # load their full sketches.
-        rough = jaccard_many(prefixes, a, b, PREFILTER_VALUES) if len(a) else np.empty(0)
-        keep = rough >= threshold - PREFILTER_MARGIN
-        a, b, dist = a[keep], b[keep], dist[keep]
-        pairs = []
-        if len(a):
-            need = np.unique(np.concatenate([a, b]))
-            sketches = _sketches(state, ids[need].tolist())
-            matrix = sketch_matrix([sketches[i] for i in ids[need].tolist()])
-            sims = jaccard_many(matrix, np.searchsorted(need, a), np.searchsorted(need, b),
-                                fp.bottom_k)
-            ok = sims >= threshold
-            pairs = list(zip(ids[a[ok]].tolist(), ids[b[ok]].tolist(), dist[ok].tolist(),
-                             sims[ok].tolist()))
-        with state.transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO pairs VALUES (?, ?, ?, ?)", pairs)
-            db.executemany("UPDATE files SET paired = 1 WHERE id = ?",
-                           [(i,) for i in ids[batch].tolist()])
-        done += len(batch)
-        if progress is not None:
-            progress("compare", done, len(todo))
+    db.store(records)
+    for r in records:
+        result.bytes_read += r.size
+        if r.error is not None:
+            result.errors.append((os.fsdecode(r.path), r.error))
+        elif r.skip is not None:
+            _count(result.skipped, r.skip)
+        else:
+            result.files_read += 1
 
 
-def _candidates(ix: Index, rows, simhashes, sorted_simhashes, order, group, k: int,
-                max_candidates: int):
-    """Return (a, b, distance) arrays: row pairs a < b of index candidates.
+def _capped(pairs: list, limit: int) -> list:
+    """Keep each text's `limit` most similar pairs: a pair stays when it is
+    among the `limit` best of either of its texts.
 
-    Each query keeps its max_candidates + 1 nearest fingerprints (its own is
-    one of them); each fingerprint stands for every file that has it; pairs
-    of byte-identical files are left to the exact groups.
+    This bounds the links of a text that has very many near-duplicates (a
+    license copied with thousands of different copyright lines); the
+    clusters stay connected through the pairs kept.
     """
-    matches = ix.query_many(simhashes[rows], k=k)
-    q = matches["query"]
-    keep = (np.arange(len(q)) - np.searchsorted(q, q, side="left")) <= max_candidates
-    qrow = rows[q[keep]]
-    fps = matches["fingerprint"][keep]
-    dist = matches["distance"][keep].astype(np.int64)
-    lo = np.searchsorted(sorted_simhashes, fps, side="left")
-    count = np.searchsorted(sorted_simhashes, fps, side="right") - lo
-    which = np.repeat(np.arange(len(fps)), count)
-    offset = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
-    crow = order[lo[which] + offset]
-    qrow, dist = qrow[which], dist[which]
-    ok = group[crow] != group[qrow]
-    return np.minimum(qrow, crow)[ok], np.maximum(qrow, crow)[ok], dist[ok]
-
-
-_SENTINEL = np.int64(1 << 32)
-
-
-def sketch_matrix(sketches: list) -> np.ndarray:
-    """Stack bottom-k sketches into rows padded with a sentinel above every value."""
-    width = max((len(v) for v in sketches), default=1) or 1
-    out = np.full((len(sketches), width), _SENTINEL, dtype=np.int64)
-    for i, v in enumerate(sketches):
-        out[i, :len(v)] = v
+    seen: collections.Counter = collections.Counter()
+    out = []
+    for a, b, s in sorted(pairs, key=lambda p: (-p[2], p[0], p[1])):
+        if seen[a] < limit or seen[b] < limit:
+            out.append((a, b, s))
+        seen[a] += 1
+        seen[b] += 1
     return out
 
 
-def jaccard_many(matrix: np.ndarray, left, right, k: int) -> np.ndarray:
-    """Return ``bottom_k_jaccard(rows[left[i]], rows[right[i]], k)`` for every i.
+def _clusters(db: _DedupIndex, found: list, include_binary: bool, pairs: list) -> list:
+    """Join exact groups and near-duplicate texts among this run's files into clusters.
 
-    matrix comes from :func:`sketch_matrix`.  Each pair's two rows are
-    merged by a stable sort (timsort merges two sorted runs in one pass);
-    the k smallest distinct values of the union are those whose run rank is
-    <= k, and a value present in both sketches is a run of two.  Equal to
-    Fingerprinter.similarity (the tests check it).
+    Remembered files outside this run's paths take no part: a pair of texts
+    links files only when both texts belong to files of this run.  Returns
+    the clusters, largest first, each with its representative first.
     """
-    out = np.empty(len(left))
-    for start in range(0, len(left), 8192):     # bounded memory
-        a = np.asarray(left[start:start + 8192])
-        b = np.asarray(right[start:start + 8192])
-        m = np.concatenate([matrix[a], matrix[b]], axis=1)
-        m.sort(axis=1)
-        same = m[:, 1:] == m[:, :-1]
-        same &= m[:, 1:] < _SENTINEL
-        distinct = np.ones(m.shape, dtype=bool)
-        distinct[:, 1:] = ~same
-        distinct &= m < _SENTINEL
-        rank = np.cumsum(distinct, axis=1, dtype=np.int32)
-        union = np.count_nonzero(distinct & (rank <= k), axis=1)
-        both = np.count_nonzero(same & (rank[:, 1:] <= k), axis=1)
-        out[start:start + len(a)] = np.where(union > 0, both / np.maximum(union, 1), 1.0)
-    return out
-
-
-def _sketches(state: _State, ids) -> dict:
-    out = {}
-    ids = sorted(ids)
-    for start in range(0, len(ids), 500):
-        part = ids[start:start + 500]
-        marks = ",".join("?" * len(part))
-        for i, blob in state.db.execute(f"SELECT id, sketch FROM files WHERE id IN ({marks})", part):
-            out[i] = np.frombuffer(blob, dtype="<u4").astype(np.uint32)
-    return out
-
-
-def _clusters(state: _State, include_binary: bool, fp: Fingerprinter) -> list:
-    """Join exact groups and verified pairs into clusters, largest first."""
-    kinds = (KIND_TEXT, KIND_PLAIN, KIND_BINARY) if include_binary else (KIND_TEXT, KIND_PLAIN)
-    marks = ",".join("?" * len(kinds))
-    rows = state.db.execute(f"SELECT id, path, size, content_hash, simhash FROM files "
-                            f"WHERE kind IN ({marks}) ORDER BY path", kinds).fetchall()
-    pos = {row[0]: n for n, row in enumerate(rows)}
+    kinds = (KIND_TEXT, KIND_PLAIN) + ((KIND_BINARY, KIND_UNDECODABLE) if include_binary else ())
+    rows = []                                   # (path, state, links), by path
+    for item in found:
+        state = db.files.get(index_key(item.path))
+        if state is not None and state.kind in kinds:
+            rows.append((item.path, state, tuple((os.fsdecode(p), kind) for p, kind in item.links)))
+    rows.sort(key=lambda row: row[0])
     left, right = [], []
-    first_of: dict = {}
-    for n, row in enumerate(rows):
-        h = bytes(row[3])
-        if h in first_of:
-            left.append(first_of[h])
+    first_of_hash: dict = {}
+    first_of_text: dict = {}
+    for n, (_, state, _) in enumerate(rows):
+        if state.content_hash in first_of_hash:
+            left.append(first_of_hash[state.content_hash])
             right.append(n)
         else:
-            first_of[h] = n
-    links = {}
-    for a, b, dist, sim in state.db.execute("SELECT a, b, distance, similarity FROM pairs"):
-        if a in pos and b in pos:
-            left.append(pos[a])
-            right.append(pos[b])
-            links[(min(pos[a], pos[b]), max(pos[a], pos[b]))] = (dist, sim)
+            first_of_hash[state.content_hash] = n
+        if state.kind == KIND_TEXT:
+            first_of_text.setdefault(state.text_key, n)
+    verified = {}
+    for a, b, sim in pairs:
+        if a in first_of_text and b in first_of_text:
+            left.append(first_of_text[a])
+            right.append(first_of_text[b])
+            verified[(min(a, b), max(a, b))] = sim
     out = []
     for members in clusters_from_pairs(len(rows), left, right):
-        members = members.tolist()
-        files = tuple(DuplicateFile(os.fsdecode(bytes(rows[m][1])), rows[m][2],
-                                    bytes(rows[m][3]).hex(),
-                                    None if rows[m][4] is None else _unsigned(rows[m][4]))
-                      for m in members)
-        out.append(Cluster(files, tuple(_cluster_pairs(state, members, rows, files, links, fp))))
+        # representative first: the largest file, the first path among equals
+        members = sorted(members.tolist(), key=lambda m: (-rows[m][1].size, m))
+        members = members[:1] + sorted(members[1:])
+        states = [rows[m][1] for m in members]
+        simhashes = db.simhashes([s.text_key for s in states if s.kind == KIND_TEXT])
+        files = tuple(DuplicateFile(os.fsdecode(rows[m][0]), s.size, s.content_hash.hex(),
+                                    simhashes.get(s.text_key), rows[m][2])
+                      for m, s in zip(members, states))
+        out.append(Cluster(files, tuple(_cluster_pairs(db, states, files, verified))))
     out.sort(key=lambda c: (-len(c.files), c.files[0].path))
     return out
 
 
-def _cluster_pairs(state, members, rows, files, links, fp) -> list:
-    if len(members) <= MAX_PAIRWISE_FILES:
-        wanted = [(x, y) for x in range(len(members)) for y in range(x + 1, len(members))]
-    else:   # the links that joined the cluster: exact chains and verified pairs
-        where = {m: n for n, m in enumerate(members)}
-        wanted = sorted({(where[a], where[b]) for a, b in links if a in where and b in where}
-                        | {(x, y) for x in range(len(files)) for y in [x + 1]
-                           if y < len(files) and files[x].content_hash == files[y].content_hash})
-    need = {rows[members[x]][0] for pair in wanted for x in pair
-            if files[x].simhash is not None}
-    sketches = _sketches(state, need)
+def _cluster_pairs(db: _DedupIndex, states: list, files: tuple, verified: dict) -> list:
+    """Return the Pairs of a cluster: the representative with every other file,
+    and all pairs of a small cluster or the verified links of a large one."""
+    text_of = [s.text_key for s in states]
+    wanted = {(0, y) for y in range(1, len(files))}
+    if len(files) <= MAX_PAIRWISE_FILES:
+        wanted |= {(x, y) for x in range(len(files)) for y in range(x + 1, len(files))}
+    else:
+        first = {}
+        for n, t in enumerate(text_of):
+            if t is not None:
+                first.setdefault(t, n)
+        wanted |= {tuple(sorted((first[a], first[b]))) for a, b in verified
+                   if a in first and b in first}
     out = []
-    for x, y in wanted:
+    for x, y in sorted(wanted):
         fa, fb = files[x], files[y]
         exact = fa.content_hash == fb.content_hash
         dist = None if fa.simhash is None or fb.simhash is None \
             else (fa.simhash ^ fb.simhash).bit_count()
+        ta, tb = text_of[x], text_of[y]
         if exact:
             sim = 1.0
-        elif (members[x], members[y]) in links:
-            sim = links[(members[x], members[y])][1]
-        elif fa.simhash is not None and fb.simhash is not None:
-            sim = fp.similarity(sketches[rows[members[x]][0]], sketches[rows[members[y]][0]])
-        else:
+        elif ta is None or tb is None:
             sim = 0.0
+        elif ta == tb:
+            sim = 1.0
+        else:
+            sim = verified.get((min(ta, tb), max(ta, tb)))
+            if sim is None:                      # linked through other files
+                sim = db.similarity(ta, tb)
         out.append(Pair(x, y, dist, float(sim), exact))
     return out

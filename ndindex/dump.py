@@ -26,7 +26,7 @@ from ndindex import _core
 from ndindex.errors import CorruptionError, FormatError
 from ndindex.index import Index
 from ndindex.plan import Plan
-from ndindex.store import decode_doc_key, encode_doc_key
+from ndindex.records import decode_doc_key, encode_doc_key
 
 MAGIC = b"NDXDUMP\0"
 DUMP_VERSION = 1

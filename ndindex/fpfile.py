@@ -31,6 +31,7 @@ import numpy as np
 import zstandard
 
 from ndindex import _core
+from ndindex.chunks import zstd_exact
 from ndindex.errors import CorruptionError, FormatError
 
 MAGIC = b"\x89NDFP\r\n\x1a"
@@ -338,11 +339,9 @@ class FingerprintReader:
             raise self._error(f"chunk {i}: header claims {count} entries in {stored_bytes} bytes, "
                               f"{len(data) - CHUNK_HEAD.size} bytes present", start)
         try:
-            raw = self._zstd.decompress(data[CHUNK_HEAD.size:], max_output_size=raw_bytes)
-        except zstandard.ZstdError as exc:
-            raise self._error(f"chunk {i}: zstd frame does not decode: {exc}", start) from exc
-        if len(raw) != raw_bytes:
-            raise self._error(f"chunk {i}: payload is {len(raw)} bytes, header says {raw_bytes}", start)
+            raw = zstd_exact(data[CHUNK_HEAD.size:], raw_bytes, self._zstd)
+        except ValueError as exc:
+            raise self._error(f"chunk {i}: {exc}", start) from None
         return self._columns(memoryview(raw), count, i, start)
 
     def _columns(self, raw: memoryview, count: int, i: int, start: int):

@@ -1,52 +1,53 @@
 """Index: the single-file near-duplicate index (add, query, remove, compact).
 
-An index file holds t permuted, sorted, compressed tables of distinct 64-bit
-fingerprints (ndindex.tables), an append log of fingerprints added since the
-last compaction, tombstones of removed fingerprints, and the document keys
-of each fingerprint (ndindex.store).  A query probes every table's blocks in
-place in the memory map and every table's sorted copy of the log, in one C
-call (ndindex._core.query), so its cost does not involve Python per table
-or per block.
+An index file (format v2, FORMAT.md) holds, for each of t permuted tables,
+a few sorted runs of 1 KB Huffman-delta blocks; an append log of the
+operations since the last flush; tombstones of removed fingerprints; and
+the document keys of each fingerprint as sorted record runs.  This class is
+the public face; the work is done by:
 
-Concurrency follows LMDB: any number of reader threads and processes, one
-writer at a time.  Each call works on a *snapshot*: a read transaction plus
-the directory arrays built from it.  A snapshot is refreshed when the file
-has changed (a new LMDB transaction id), reusing the parts whose generation
-counters did not move, so a reader pays about a microsecond per call to
-notice that nothing changed.
+- :mod:`ndindex.reader` — snapshots and queries (the C kernel probes every
+  table's runs in place in the mapped file);
+- :mod:`ndindex.writer` — add/remove, transactions, durability, the journal;
+- :mod:`ndindex.compaction` — flushes and merges, in a background thread;
+- :mod:`ndindex.index_documents` — the document methods (a mixin);
+- :mod:`ndindex.checker` — verify();
+- :mod:`ndindex.store` — the LMDB file, read through our own page reader.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import dataclasses
+import contextlib
 import os
 import struct
 import threading
-import time
+import weakref
 from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import _core, codec, plan as plans, store as st, tables
-from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, merge_sorted, sorted_unique
-from ndindex.codec import CODING_DELTA, HuffmanCode
+from ndindex import codec, compaction, docstore, plan as plans, records as rec, removal, \
+    store as st, validate
+from ndindex.arrays import EMPTY_U64, sorted_unique
+from ndindex.index_documents import DocumentMethods
+from ndindex.codec import CODING_DELTA
 from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
+from ndindex.overlay import RecordOps
+from ndindex.reader import WARM_QUERIES, DirectoryCache, Snapshot
+from ndindex.records import Header, LogRecord, Manifest, State
+from ndindex.writer import Writer, replay_journals
 
-#: Default size of the append log, in fingerprints, before add() compacts.
-DEFAULT_LOG_LIMIT = 1 << 18
-#: A compaction that would touch more than this fraction of blocks rebuilds
-#: the whole table instead (and recomputes its code).  Measured at 10M
-#: fingerprints: a rebuild costs ~10 us per block, an incremental pass ~0.5 s
-#: plus ~67 us per touched block (decode, merge and encode run per block
-#: from Python), so they break even near 11% of the blocks.
-FULL_REBUILD_FRACTION = 0.1
-#: A table's code is rebuilt once its size drifts this far from the size the
-#: code was made for: each doubling shifts the gap distribution by one bit.
-CODE_DRIFT_FACTOR = 2.0
 #: query_many splits batches of at least this many queries across threads.
 PARALLEL_QUERY_MIN = 4096
-LOG_HEAD = struct.Struct("<I")
+
+#: The flip probability of every bit in a PSM query given none: any value
+#: below 1/2 orders flip sets by size, fewest flipped bits first.
+UNIFORM_FLIP_PROBABILITY = 0.25
+
+#: Most flip sets one PSM query may probe: the kernel holds them in one
+#: buffer (128 MiB), and at about a microsecond a probe more would take
+#: minutes per query.
+MAX_PROBES = 1 << 24
 
 
 class Match(NamedTuple):
@@ -60,208 +61,186 @@ class Match(NamedTuple):
 MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
 
 
-@dataclasses.dataclass
-class State:
-    """The counters in meta/state (FORMAT.md 7.3)."""
-
-    tables_generation: int = 0
-    log_next_seq: int = 0
-    removed_generation: int = 0
-    table_entries: int = 0
-    code_n: int = 0
-    log_entries: int = 0
-
-    def pack(self) -> bytes:
-        return st.STATE.pack(self.tables_generation, self.log_next_seq, self.removed_generation,
-                             self.table_entries, self.code_n, self.log_entries)
-
-    @classmethod
-    def unpack(cls, payload: bytes) -> "State":
-        if len(payload) != st.STATE.size:
-            raise CorruptionError(f"state record is {len(payload)} bytes", database="meta", key=st.META_STATE)
-        return cls(*st.STATE.unpack(payload))
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """What queries read: a read transaction and the arrays derived from it."""
-
-    txn: object
-    txn_id: int
-    state: State
-    views: list           # tables.TableView per table
-    log_values: np.ndarray  # distinct unpermuted log fingerprints, sorted
-    log_tables: list      # per table: sorted permuted log
-    removed: np.ndarray   # sorted unpermuted tombstones
-    kernel: object        # _core snapshot capsule
-    codes: list           # the Huffman code of each table, as of this snapshot
-    #: Serialises cursors on ``txn``: threads share a snapshot, and an LMDB
-    #: transaction is used by one thread at a time (py-lmdb sets MDB_NOTLS).
-    txn_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-
-
-def _as_fingerprints(fps) -> np.ndarray:
-    """Return fingerprints as a contiguous uint64 array; TypeError/ValueError otherwise."""
-    if isinstance(fps, (int, np.integer)):
-        fps = [fps]
-    if isinstance(fps, np.ndarray):
-        if fps.dtype == np.uint64:
-            return np.ascontiguousarray(fps).reshape(-1)
-        if fps.dtype.kind in "iu":
-            if fps.size and fps.dtype.kind == "i" and fps.min() < 0:
-                raise ValueError("fingerprints must be in 0..2^64-1, got a negative value")
-            return np.ascontiguousarray(fps, dtype=np.uint64).reshape(-1)
-        raise TypeError(f"fingerprints must be unsigned 64-bit integers, got dtype {fps.dtype}")
-    if isinstance(fps, (str, bytes, float)):
-        raise TypeError(f"fingerprints must be integers, got {type(fps).__name__}")
-    out = []
-    for v in fps:
-        if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-            raise TypeError(f"fingerprints must be integers, got {type(v).__name__}")
-        if not 0 <= int(v) < 1 << 64:
-            raise ValueError(f"fingerprint {v} is outside 0..2^64-1")
-        out.append(int(v))
-    return np.array(out, dtype=np.uint64)
-
-
-def _check_fingerprint(fp) -> int:
-    if type(fp) is int and 0 <= fp < 1 << 64:  # the common case, checked cheaply
-        return fp
-    if not isinstance(fp, (int, np.integer)) or isinstance(fp, bool):
-        raise TypeError(f"a fingerprint must be an int, got {type(fp).__name__}")
-    fp = int(fp)
-    if not 0 <= fp < 1 << 64:
-        raise ValueError(f"fingerprint {fp} is outside 0..2^64-1")
-    return fp
-
-
-class Index:
+class Index(DocumentMethods):
     """A near-duplicate index in one file.  Open with :meth:`create` or :meth:`open`.
 
-    Use it as a context manager, or call :meth:`close`.
+    Use it as a context manager, or call :meth:`close`.  Any number of
+    threads may share one Index; any number of processes may open the same
+    file (LMDB opens a file once per process: share the Index object within
+    one).
     """
 
-    def __init__(self, store: st.Store, header: dict, plan: plans.Plan, codes: list,
-                 log_limit: int, preload: bool = False):
+    def __init__(self, store: st.Store, header: Header, plan: plans.Plan, *,
+                 durability: str, background_compaction: bool, log_limit: int):
         self._store = store
         self._header = header
         self.plan = plan
-        self._codes = codes
-        self.log_limit = log_limit
-        self._preload = bool(preload)
         self._snap: Snapshot | None = None
         self._snap_lock = threading.Lock()
-        self._check_lock = threading.Lock()
+        self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
+        self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
+        self._fpr = None  # the stored Fingerprinter, parsed on first use (query_text)
         self._pool = None
-        self._runs = [(t.runs(), _inverse_runs(t)) for t in plan.tables]
-        store.before_remap = self._drop_snapshot
+        self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
+        self._psize = store.filemap.psize
+        # Write locks need a descriptor open for writing.
+        self._lock_fd = os.open(store.path, (os.O_RDONLY if store.readonly else os.O_RDWR)
+                                | getattr(os, "O_CLOEXEC", 0))
+        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, __import__("fcntl").F_RDLCK)
+        self.log_limit = log_limit
+        self._writer = None
+        self._compactor = None
+        if not store.readonly:
+            replay_journals(self)
+            self._writer = Writer(self, durability)
+            self._compactor = compaction.Compactor(self, background_compaction)
+        self._finalizer = weakref.finalize(self, _close_quietly, self._writer, self._compactor)
 
     # -- opening and closing ----------------------------------------------
 
     @classmethod
-    def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000, plan: plans.Plan | None = None,
-               coding: int = CODING_DELTA, log_limit: int = DEFAULT_LOG_LIMIT,
-               fingerprinter: bytes | None = None) -> "Index":
-        """Create a new index file at path.
+    def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000,
+               plan: plans.Plan | str | None = None,
+               coding: int = CODING_DELTA, fingerprinter=None,
+               exist_ok: bool = False, durability: str = "full",
+               background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
+        """Create a new index file at path and open it for writing.
 
-        Parameters: k, the largest Hamming distance queries may ask for;
-        expected_n, the expected number of distinct fingerprints (the planner
-        and the initial Huffman codes use it); plan, a table design (else
-        ``plan.choose_plan(expected_n, k)``); coding, the block coding;
-        log_limit, the append-log size that triggers compaction;
-        fingerprinter, serialised fingerprinting configuration kept in the
-        header.  Raises FileExistsError if path exists, ValueError for bad
-        parameters.
+        Parameters: k, the largest Hamming distance queries may ask for
+        (0..12); expected_n, the number of distinct fingerprints you expect
+        to store: the planner picks the table design for it (more tables
+        and longer prefixes for larger n) and the first Huffman codes assume
+        its density, but the index holds any number; plan, a table design
+        (else ``plan.choose_plan(expected_n, k)``), or "psm" for one table
+        queried by probabilistic simhash matching (``plan.psm_plan``: p =
+        ``plan.psm_header_bits(expected_n)`` prefix bits; see :meth:`query`);
+        coding, the block coding;
+        fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
+        ``to_bytes()``): the index then stores documents too
+        (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
+        with lookup keys designed for its ``threshold``; exist_ok, open the file instead if it already exists (its own
+        k and plan are kept); durability, background_compaction and
+        log_limit as in :meth:`open`.
+
+        The file appears atomically: a crash leaves no file or a whole one.
+        Raises FileExistsError (unless exist_ok), ValueError/TypeError for
+        bad parameters, ReadOnlyError if the directory cannot be written,
+        CapacityError if the disk is full.
         """
         path = os.fspath(path)
-        if os.path.exists(path):
-            raise FileExistsError(f"{path}: already exists")
-        k = _check_k_value(k)
-        if not isinstance(expected_n, (int, np.integer)) or expected_n < 1:
-            raise ValueError(f"expected_n must be a positive int, got {expected_n!r}")
+        if exist_ok and os.path.exists(path):
+            return cls.open(path, durability=durability,
+                            background_compaction=background_compaction, log_limit=log_limit)
+        k = validate.planner_k(k)
+        expected_n = validate.positive_int(expected_n, "expected_n")
+        _check_durability(durability)
+        log_limit = validate.positive_int(log_limit, "log_limit")
         if plan is None:
-            plan = plans.choose_plan(int(expected_n), k)
+            plan = plans.choose_plan(expected_n, k)
+        elif plan == "psm":
+            plan = plans.psm_plan(expected_n, k)
+        elif isinstance(plan, str):
+            raise ValueError(f'plan must be a Plan, "psm" or None, got {plan!r}')
         elif not isinstance(plan, plans.Plan):
             raise TypeError(f"plan must be an ndindex.plan.Plan, got {type(plan).__name__}")
         if plan.k < k:
             raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
         if coding not in codec.CODING_NAMES:
             raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
-        _check_log_limit(log_limit)
-        codes = [HuffmanCode.for_density(int(expected_n), coding) for _ in plan.tables]
-        store = st.Store.open(path, create=True)
+        header = Header(k, len(plan.tables), expected_n, os.urandom(16), coding)
+        initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
+                   rec.KEY_MANIFEST: Manifest().pack()}
+        if fingerprinter is not None:
+            fingerprinter = docstore.as_fingerprinter(fingerprinter)
+            initial[rec.KEY_FINGERPRINTER] = fingerprinter.to_bytes()
+            initial[rec.KEY_KEY_DESIGN] = docstore.key_design_for(fingerprinter).to_bytes()
         try:
-            def init(txn):
-                store.put_framed(txn, st.DB_META, st.META_HEADER,
-                                 st.pack_header(k, len(plan.tables), int(expected_n)))
-                store.put_framed(txn, st.DB_META, st.META_PLAN, plan.to_bytes())
-                for i, code in enumerate(codes):
-                    store.put_framed(txn, st.DB_META, st.code_key(i), code.to_bytes())
-                store.put_framed(txn, st.DB_META, st.META_STATE, State(code_n=int(expected_n)).pack())
-                if fingerprinter is not None:
-                    store.put_framed(txn, st.DB_META, st.META_FINGERPRINTER, bytes(fingerprinter))
-            store.write(init)
-        except BaseException:
-            store.close()
+            store = st.Store.create(path, initial, durability=durability)
+        except FileExistsError:
+            if exist_ok:
+                return cls.open(path, durability=durability,
+                                background_compaction=background_compaction, log_limit=log_limit)
             raise
-        header = st.unpack_header(st.pack_header(k, len(plan.tables), int(expected_n)), path)
-        return cls(store, header, plan, codes, log_limit)
+        return cls._from_store(store, durability, background_compaction, log_limit)
 
     @classmethod
-    def open(cls, path, *, readonly: bool = False, log_limit: int = DEFAULT_LOG_LIMIT,
-             preload: bool = False) -> "Index":
-        """Open an existing index file with its stored plan and codes.
+    def open(cls, path, *, readonly: bool = False, durability: str = "full",
+             background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
+        """Open an existing index file.
 
-        preload=True decodes the tables into memory (8 bytes per fingerprint
-        per table) when a snapshot is first built after each compaction;
-        queries then search plain arrays instead of decoding blocks, several
-        times faster for large batches.  The file stays the only storage.
+        Parameters:
+        - readonly: open for queries only (many processes may, beside one writer).
+        - durability: "full" (default) — every add/remove/transaction is on
+          disk when it returns; "normal" — it is in this writer's journal
+          (one write(), no fsync) when it returns: a crash of the process
+          loses nothing, a crash of the OS or a power cut may lose the last
+          ~0.1 s of operations; the file is never corrupted either way;
+          other processes see the operations once checkpointed (within ~0.1 s).
+        - background_compaction: merge the log into the runs in a thread of
+          this process (default); False leaves it to :meth:`compact`.
+        - log_limit: log operations that trigger a flush into the runs.
 
-        Raises FileNotFoundError, FormatError (not an index, or a newer
-        format), CorruptionError (damaged records or a truncated file).  A
-        file whose write version is newer than this library opens only with
-        readonly=True.
+        Cost: O(1) in the number of fingerprints (nothing is read in
+        proportion to N).  Raises FileNotFoundError, IsADirectoryError,
+        FormatError (not an index, a newer format, or a format-v1 file:
+        upgrade it with ``ndindex upgrade``), CorruptionError (damaged meta
+        pages, records, or a commit that a damaged meta page would hide),
+        ReadOnlyError, CapacityError.
         """
-        _check_log_limit(log_limit)
-        store = st.Store.open(path, readonly=readonly)
+        _check_durability(durability)
+        log_limit = validate.positive_int(log_limit, "log_limit")
+        store = st.Store.open(path, readonly=readonly, durability=durability)
+        return cls._from_store(store, durability, background_compaction, log_limit)
+
+    @classmethod
+    def _from_store(cls, store, durability, background_compaction, log_limit) -> "Index":
         try:
-            txn = store.begin_read()
+            check_commit_records(store)
+            txn, view = store.snapshot()
             try:
-                raw = store.get_framed(txn, st.DB_META, st.META_HEADER)
+                raw = view.get(rec.DB_META, rec.KEY_HEADER)
                 if raw is None:
-                    raise FormatError(f"{path}: not an ndindex file (no header record)")
-                header = st.unpack_header(raw, store.path)
-                if header["write_version"] > st.FORMAT_VERSION and not readonly:
-                    raise FormatError(f"{path}: header write version {header['write_version']} > "
-                                      f"supported {st.FORMAT_VERSION}; open it with readonly=True")
-                plan = plans.Plan.from_bytes(_required(store, txn, st.META_PLAN))
-                if len(plan.tables) != header["tables"]:
-                    raise CorruptionError(f"header names {header['tables']} tables, plan has "
-                                          f"{len(plan.tables)}", database="meta", key=st.META_PLAN)
-                codes = [HuffmanCode.from_bytes(_required(store, txn, st.code_key(i)))
-                         for i in range(len(plan.tables))]
-                State.unpack(_required(store, txn, st.META_STATE))
+                    raise FormatError(f"{store.path}: not an ndindex file (no header record)")
+                header = Header.unpack(rec.unframe(raw, rec.DB_META, rec.KEY_HEADER), store.path)
+                if header.write_version > rec.FORMAT_VERSION and not store.readonly:
+                    raise FormatError(f"{store.path}: header write version {header.write_version} > "
+                                      f"supported {rec.FORMAT_VERSION}; open it with readonly=True")
+                raw_plan = view.get(rec.DB_META, rec.KEY_PLAN)
+                if raw_plan is None:
+                    raise CorruptionError("plan record is missing", database=rec.DB_META,
+                                          key=rec.KEY_PLAN)
+                plan = plans.Plan.from_bytes(rec.unframe(raw_plan, rec.DB_META, rec.KEY_PLAN))
+                if len(plan.tables) != header.tables:
+                    raise CorruptionError(f"header names {header.tables} tables, plan has "
+                                          f"{len(plan.tables)}", database=rec.DB_META, key=rec.KEY_PLAN)
             finally:
                 txn.abort()
+            return cls(store, header, plan, durability=durability,
+                       background_compaction=background_compaction, log_limit=log_limit)
         except BaseException:
             store.close()
             raise
-        return cls(store, header, plan, codes, log_limit, preload)
-
-    def preload(self, enable: bool = True) -> None:
-        """Keep decoded copies of the tables in memory (see :meth:`open`), or stop."""
-        with self._snap_lock:
-            self._preload = bool(enable)
-            self._snap = None
 
     def close(self) -> None:
-        """Close the index.  Idempotent; later calls raise ClosedError."""
-        with self._snap_lock:
-            self._snap = None
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        self._store.close()
+        """Close the index: stop compaction, checkpoint the journal.  Idempotent."""
+        if self._store._env is None:
+            return
+        try:
+            if self._compactor is not None:
+                self._compactor.close()
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._finalizer.detach()
+            with self._snap_lock:
+                snap, self._snap = self._snap, None
+            if snap is not None:
+                snap.close()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            os.close(self._lock_fd)
+            self._store.close()
 
     def __enter__(self):
         return self
@@ -269,10 +248,12 @@ class Index:
     def __exit__(self, *exc):
         self.close()
 
+    # -- properties -----------------------------------------------------------
+
     @property
     def k(self) -> int:
         """The largest distance this index answers."""
-        return self._header["k"]
+        return self._header.k
 
     @property
     def path(self) -> str:
@@ -281,12 +262,17 @@ class Index:
     @property
     def expected_n(self) -> int:
         """The expected fingerprint count given at creation (header field)."""
-        return self._header["expected_n"]
+        return self._header.expected_n
+
+    @property
+    def file_id(self) -> bytes:
+        """The 16 random bytes that name this index file (header field)."""
+        return self._header.file_id
 
     @property
     def coding(self) -> int:
         """The block coding of the tables (codec.CODING_XOR or CODING_DELTA)."""
-        return self._codes[0].coding
+        return self._header.coding
 
     @property
     def readonly(self) -> bool:
@@ -295,664 +281,599 @@ class Index:
     @property
     def fingerprinter(self) -> bytes | None:
         """The serialised fingerprinting configuration stored at creation, if any."""
-        txn = self._store.begin_read()
-        try:
-            return self._store.get_framed(txn, st.DB_META, st.META_FINGERPRINTER)
-        finally:
-            txn.abort()
+        raw = self._snapshot().view.get(rec.DB_META, rec.KEY_FINGERPRINTER)
+        return None if raw is None else rec.unframe(raw, rec.DB_META, rec.KEY_FINGERPRINTER)
 
     # -- snapshots ----------------------------------------------------------
 
+    def _latest_txnid(self) -> int:
+        m = self._meta
+        return max(struct.unpack_from("<Q", m, 144)[0],
+                   struct.unpack_from("<Q", m, self._psize + 144)[0])
+
     def _snapshot(self) -> Snapshot:
-        """Return a snapshot of the newest committed state, refreshed if the file changed."""
-        txn = self._store.begin_read()
-        old = self._snap
-        if old is not None and txn.id() == old.txn_id:
-            txn.abort()
-            return old
+        """The snapshot of the newest commit (refreshed when the file changed)."""
+        cur = self._snap
+        if cur is not None and self._latest_txnid() == cur.txnid:
+            return cur
         with self._snap_lock:
-            snap = self._build_snapshot(txn, self._snap)
+            self._store.env  # raises ClosedError after close()
+            cur = self._snap
+            txn, view = self._store.snapshot()
+            if cur is not None and view.txnid == cur.txnid:
+                txn.abort()
+                return cur
+            try:
+                snap = Snapshot(self._store, self.plan, txn, view, prev=cur,
+                                directories=self._directories)
+            except BaseException:
+                txn.abort()
+                raise
+            # The old snapshot's read transaction ends when the last thread
+            # using it lets go (Snapshot.__del__), not here: a query may be
+            # reading its pages right now.
             self._snap = snap
             return snap
 
-    def _build_snapshot(self, txn, old: Snapshot | None) -> Snapshot:
-        state = State.unpack(_required(self._store, txn, st.META_STATE))
-        same_tables = old is not None and old.state.tables_generation == state.tables_generation
-        if same_tables:
-            # The segments sub-database was not written since `old`, so its
-            # pages are the same pages in this newer snapshot: the block
-            # addresses stay valid for as long as `txn` lives.
-            views = old.views
-        else:
-            views = [tables.read_table(self._store, txn, i) for i in range(len(self.plan.tables))]
-            self._reload_codes(txn)
-        if same_tables and old.state.log_next_seq == state.log_next_seq:
-            log_values, log_tables = old.log_values, old.log_tables
-        elif same_tables:
-            # Only records after the last one seen are new: merge them into
-            # the sorted arrays (O(L) memmove) instead of re-sorting the log.
-            fresh = self._read_log(txn, old.state.log_next_seq)
-            fresh = fresh[~isin_sorted(fresh, old.log_values)]
-            log_values = insert_sorted(old.log_values, fresh)
-            log_tables = [insert_sorted(lt, np.sort(t.apply(fresh)))
-                          for lt, t in zip(old.log_tables, self.plan.tables)]
-        else:
-            log_values = self._read_log(txn, 0)
-            log_tables = [np.sort(t.apply(log_values)) for t in self.plan.tables]
-        if old is not None and old.state.removed_generation == state.removed_generation \
-                and same_tables:
-            removed = old.removed
-        else:
-            removed = self._read_removed(txn)
-        if self._preload:
-            for view, code in zip(views, self._codes):
-                view.preload(code)
-        kernel = _core.make_snapshot(
-            [(t.prefix_bits, fwd, inv, self._codes[i].compiled, views[i].keys, views[i].addresses,
-              log_tables[i], *((views[i].decoded, views[i].offsets) if self._preload else (None, None)))
-             for i, (t, (fwd, inv)) in enumerate(zip(self.plan.tables, self._runs))],
-            removed)
-        return Snapshot(txn, txn.id(), state, views, log_values, log_tables, removed, kernel,
-                        list(self._codes))
+    def _wrote(self, state: State) -> None:
+        if self._compactor is not None:
+            self._compactor.notify(state)
+            self._compactor.throttle(state, self.log_limit)
 
-    def _reload_codes(self, txn) -> None:
-        self._codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
-                       for i in range(len(self.plan.tables))]
-
-    def _read_log(self, txn, start_seq: int) -> np.ndarray:
-        parts = []
-        cur = txn.cursor(db=self._store.dbs[st.DB_LOG])
-        try:
-            if cur.set_range(st.u64_key(start_seq)):
-                for key, value in cur:
-                    payload = st.unframe(value, st.DB_LOG, bytes(key))
-                    (count,) = LOG_HEAD.unpack_from(payload)
-                    if len(payload) != LOG_HEAD.size + 8 * count:
-                        raise CorruptionError(f"log record holds {len(payload)} bytes for {count} "
-                                              "fingerprints", database="log", key=bytes(key))
-                    parts.append(np.frombuffer(payload, dtype="<u8", offset=LOG_HEAD.size))
-        finally:
-            cur.close()
-        return sorted_unique(np.concatenate(parts)) if parts else EMPTY_U64
-
-    def _read_removed(self, txn) -> np.ndarray:
-        # A tombstone's key is the removed fingerprint itself, so its
-        # checksum is checked before the key is used ([C3]): a flipped key
-        # bit would otherwise hide one fingerprint and revive another.
-        cur = txn.cursor(db=self._store.dbs[st.DB_REMOVED])
-        keys = []
-        try:
-            for key, value in cur:
-                key = bytes(key)
-                if bytes(value) != st.CRC.pack(_core.crc32c(key)):
-                    raise CorruptionError("tombstone checksum mismatch", database="removed", key=key)
-                keys.append(key)
-        finally:
-            cur.close()
-        if not keys:
-            return EMPTY_U64
-        return np.frombuffer(b"".join(keys), dtype=">u8").astype(np.uint64)
-
-    def _drop_snapshot(self) -> None:
-        """Forget the cached snapshot (LMDB needs no live read txn to resize the map)."""
-        with self._snap_lock:
-            self._snap = None
+    def _compacted(self) -> None:
+        pass
 
     # -- queries ------------------------------------------------------------
 
-    def _check_k(self, k) -> int:
-        if k is None:
-            return self._header["k"]
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
-            raise TypeError(f"k must be an int, got {type(k).__name__}")
-        if not 0 <= k <= self.k:
-            raise ValueError(f"k={k} is outside 0..{self.k}, the largest distance this index answers")
-        return int(k)
-
-    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True) -> list[Match]:
+    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True,
+              probabilities=None, margins=None, max_probes: int | None = None) -> list[Match]:
         """Return every stored fingerprint within Hamming distance k, nearest first.
 
         Parameters: fingerprint, a 64-bit int; k, at most the index's k
         (default: the index's k); keys, whether to fetch document keys.
+        Probabilistic simhash matching (PSM; ``docs/psm.md``): probabilities,
+        the 64 flip probabilities of the query's bits (p_j of bit j), or
+        margins, its simhash weight vector V (turned into probabilities by
+        the stored fingerprinter's flip model); max_probes, how many flip
+        sets to probe (default ``plan.psm_max_probes(k)``: 64 at k = 3, 256
+        at k = 10).  With either, or on an index created with plan="psm",
+        only table 0 is probed: at the prefixes of the query XOR each flip
+        set of at most k prefix bits, most probable first (without
+        probabilities: by size), up to max_probes of them; a fingerprint is
+        found when it is within k and its prefix is probed.  max_probes >=
+        ``plan.flip_set_count(p, k)`` probes every set and finds all.
         Returns a list of Match(fingerprint, distance, keys), ordered by
-        (distance, fingerprint).  Raises TypeError/ValueError for bad
-        arguments, CorruptionError if a block read fails its checks.
-        Cost: one probe per table, each decoding about one block.
+        (distance, fingerprint).  Uncommitted operations of this index's
+        open transaction (or normal-durability journal) are included.
+        Raises TypeError/ValueError for bad arguments, CorruptionError if a
+        page, chunk or block read fails its checks.  Cost: one probe per
+        run of each table (PSM: of table 0, per flip set probed), each
+        decoding about one block.
         """
-        q = _check_fingerprint(fingerprint)
-        k = self._check_k(k)
-        snap = self._snapshot()
-        found = _core.query(snap.kernel, q, k)
-        if not found:
-            return []
-        if not keys:
-            return [Match(f, d, ()) for f, d in found]
-        return [Match(f, d, ks) for (f, d), ks in zip(found, self._keys_of([f for f, _ in found], snap))]
+        q = validate.fingerprint(fingerprint)
+        k = validate.query_k(k, self._header.k)
+        probs = self._flip_probabilities(probabilities, margins, None, max_probes)
+        snap, pend = self._view()
+        if probs is None:
+            found = snap.query(q, k, pend)
+        else:
+            found = snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
+        return _matches(snap, pend, found, keys)
 
-    def query_many(self, fingerprints, k: int | None = None) -> np.ndarray:
+    def query_many(self, fingerprints, k: int | None = None, *, probabilities=None,
+                   margins=None, max_probes: int | None = None) -> np.ndarray:
         """Answer query() for a batch; return one structured array of all matches.
 
         The result has fields ``query`` (index into the batch),
         ``fingerprint`` and ``distance``, grouped by query and ordered by
-        (distance, fingerprint) within each.  Large batches are split across
-        threads (the kernel releases the GIL).  Use :meth:`keys` for document
-        keys.
+        (distance, fingerprint) within each.  probabilities or margins, an
+        (n, 64) array (one row per query), and max_probes: as in
+        :meth:`query`.  Large batches are split across threads (the kernel
+        releases the GIL).  Use :meth:`keys` for document keys.  Raises
+        ValueError for input that is not 1-D.
         """
-        qs = _as_fingerprints(fingerprints)
-        k = self._check_k(k)
-        snap = self._snapshot()
+        qs = validate.fingerprints(fingerprints)
+        k = validate.query_k(k, self._header.k)
+        probs = self._flip_probabilities(probabilities, margins, len(qs), max_probes)
+        snap, pend = self._view()
+        if probs is None:
+            def run(a, b):
+                return snap.query_many(qs[a:b], k, pend)
+        else:
+            budget = self._probe_budget(k, max_probes)
+
+            def run(a, b):
+                return snap.query_psm_many(qs[a:b], k, probs[a:b], budget, pend)
         workers = min(os.cpu_count() or 1, 8)
         if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
-            return _to_matches(*_core.query_many(snap.kernel, qs, k), offset=0)
+            return _to_matches(*run(0, len(qs)), offset=0)
         if self._pool is None:
+            import concurrent.futures  # here: a reader that never batches does not pay for it
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
         bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
-        futures = [self._pool.submit(_core.query_many, snap.kernel, qs[a:b], k)
-                   for a, b in zip(bounds[:-1], bounds[1:])]
-        parts = [_to_matches(*f.result(), offset=int(a)) for f, a in zip(futures, bounds[:-1])]
-        return np.concatenate(parts)
+        futures = [self._pool.submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return np.concatenate([_to_matches(*f.result(), offset=int(a))
+                               for f, a in zip(futures, bounds[:-1])])
+
+    def query_text(self, text, k: int | None = None, *, keys: bool = True,
+                   max_probes: int | None = None) -> list[Match]:
+        """Return the stored fingerprints within k of a text's simhash, nearest first.
+
+        The text (str or bytes) is fingerprinted by the index's stored
+        fingerprinter.  On a plan="psm" index, or when max_probes is given,
+        the query is probabilistic with the text's own flip probabilities
+        (its margins through the fingerprinter's flip model); otherwise it
+        is :meth:`query` of the simhash.  Raises ValueError if the index
+        stores no fingerprinter; otherwise as :meth:`query`.
+        """
+        fpr = self._fingerprinter()
+        simhash, margins = fpr.simhash_with_weights(text)
+        if not self.plan.probabilistic and max_probes is None:
+            return self.query(simhash, k, keys=keys)
+        return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)
+
+    def _fingerprinter(self, required: bool = True):
+        """The stored Fingerprinter (parsed once); if there is none, ValueError
+        when required, else None."""
+        if self._fpr is None:
+            from ndindex.fingerprint import Fingerprinter
+            raw = self.fingerprinter
+            if raw is None:
+                if not required:
+                    return None
+                raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
+                                 "fingerprints, or pass probabilities")
+            self._fpr = Fingerprinter.from_bytes(raw)
+        return self._fpr
+
+    def _flip_probabilities(self, probabilities, margins, rows: int | None, max_probes):
+        """The flip probabilities a PSM query uses, or None for the tables' exact query.
+
+        rows: None for one query ((64,) arrays), else the batch size ((rows, 64)).
+        """
+        if probabilities is not None and margins is not None:
+            raise TypeError("give probabilities or margins, not both")
+        shape = (64,) if rows is None else (rows, 64)
+        if margins is not None:
+            from ndindex.fingerprint import DEFAULT_FLIP_MODEL
+            fpr = self._fingerprinter(required=False)
+            model = (fpr.flip_model if fpr is not None else None) or DEFAULT_FLIP_MODEL
+            probabilities = model.probabilities(_float_array(margins, shape, "margins"))
+        elif probabilities is None:
+            if self.plan.probabilistic:
+                # Every bit alike: flip sets come out by size, fewest bits first.
+                return np.full(shape, UNIFORM_FLIP_PROBABILITY)
+            if max_probes is not None:
+                raise ValueError("max_probes needs probabilities or margins on an index of "
+                                 "permuted tables (its plain queries are exact)")
+            return None
+        return _float_array(probabilities, shape, "probabilities")
+
+    def _probe_budget(self, k: int, max_probes) -> int:
+        """max_probes checked (default plan.psm_max_probes(k)), at most every flip set."""
+        if max_probes is None:
+            return plans.psm_max_probes(k)
+        if isinstance(max_probes, bool) or not isinstance(max_probes, (int, np.integer)):
+            raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
+        if max_probes < 1:
+            raise ValueError(f"max_probes must be >= 1, got {max_probes}")
+        budget = int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
+        if budget > MAX_PROBES:
+            raise ValueError(f"max_probes {budget:,} is more than {MAX_PROBES:,} flip sets: "
+                             "probe fewer")
+        return budget
 
     def keys(self, fingerprint: int) -> tuple:
         """Return the document keys stored with a fingerprint (empty if none)."""
-        fp = _check_fingerprint(fingerprint)
-        return self._keys_of([fp])[0]
-
-    def _keys_of(self, fps, snap: Snapshot | None = None) -> list[tuple]:
-        # With a snapshot, its own transaction, so that the keys belong to
-        # the same committed state as the fingerprints found in it (a fresh
-        # transaction could see a later remove or add); other threads may
-        # share the snapshot, so its lock is held while the cursor lives.
-        if snap is not None:
-            with snap.txn_lock:
-                return self._keys_in(snap.txn, fps)
-        txn = self._store.begin_read()
-        try:
-            return self._keys_in(txn, fps)
-        finally:
-            txn.abort()
-
-    def _keys_in(self, txn, fps) -> list[tuple]:
-        out = []
-        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
-        try:
-            for fp in fps:
-                kb = st.u64_key(fp)
-                found = []
-                if cur.set_key(kb):
-                    for value in cur.iternext_dup():
-                        found.append(_unpack_doc_value(bytes(value), kb))
-                out.append(tuple(sorted(found, key=lambda v: (isinstance(v, str), v))))
-        finally:
-            cur.close()
-        return out
+        fp = validate.fingerprint(fingerprint)
+        snap, pend = self._view()
+        return snap.keys_of([fp], pend)[0]
 
     def __contains__(self, fingerprint) -> bool:
-        fp = _check_fingerprint(fingerprint)
-        return bool(_core.query(self._snapshot().kernel, fp, 0))
+        return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
 
     def __len__(self) -> int:
-        """Number of distinct live fingerprints.  Cost: O(log + tombstones) exact probes."""
-        snap = self._snapshot()
-        # live = (tables | log) - removed
-        log_new = ~self._in_tables(snap, snap.log_values)
-        hidden = self._in_tables(snap, snap.removed) | isin_sorted(snap.removed, snap.log_values)
-        return snap.state.table_entries + int(log_new.sum()) - int(hidden.sum())
+        """Number of distinct live fingerprints, as this Index's queries see them.
 
-    def _in_tables(self, snap: Snapshot, values: np.ndarray) -> np.ndarray:
-        """Boolean mask: which values are stored in the tables (ignoring log and tombstones)."""
-        if not len(values) or not snap.views[0].n_blocks:
-            return np.zeros(len(values), dtype=bool)
-        fwd, inv = self._runs[0]
-        table_only = _core.make_snapshot(
-            [(64, fwd, inv, snap.codes[0].compiled, snap.views[0].keys, snap.views[0].addresses,
-              EMPTY_U64, None, None)], EMPTY_U64)
-        qidx, _, _ = _core.query_many(table_only, values, 0)
-        mask = np.zeros(len(values), dtype=bool)
-        mask[np.frombuffer(qidx, dtype=np.int64)] = True
-        return mask
+        Cost: O(N) after a change (a pass over table 0's runs), cached until
+        the next commit; operations of an open transaction or not yet
+        checkpointed (durability "normal") are counted by k=0 probes.
+        """
+        snap, new, gone = self._pending_view()
+        return snap.count() + len(new) - len(gone)
+
+    def _view(self):
+        """The newest snapshot and this writer's pending operations, consistent.
+
+        Pending operations are read first: a checkpoint or a transaction's
+        commit puts them into the file and only then replaces the pending
+        set, so whatever happens in between, the snapshot taken next holds
+        every pending operation the first read missed.  An operation seen in
+        both is harmless (adds and removes are idempotent).
+        """
+        pend = self._writer.visible_pending() if self._writer is not None else None
+        snap = self._snapshot()
+        if not self._directories.warm:
+            self._queries += 1
+            if self._queries >= WARM_QUERIES:
+                # Queries keep coming: list the larger runs now (the next
+                # use of the snapshot's kernel builds it again with them).
+                self._directories.warm = True
+                snap.__dict__.pop("kernel", None)
+        return snap, pend
+
+    def _pending_view(self):
+        """The snapshot, and what this writer's pending operations change in it.
+
+        Returns (snapshot, fingerprints pending adds bring in, stored
+        fingerprints pending removes take out); both sorted.  Readers and
+        writers without pending operations get empty arrays.
+        """
+        snap, pend = self._view()
+        if pend is None:
+            return snap, EMPTY_U64, EMPTY_U64
+        with self._writer.lock:
+            adds = np.unique(pend.adds())
+            removes = pend.removes().copy()
+        probe = np.concatenate([adds, removes])
+        found = np.zeros(len(probe), dtype=bool)
+        found[np.frombuffer(snap.query_many(probe, 0, None)[0], dtype=np.int64)] = True
+        return snap, adds[~found[:len(adds)]], removes[found[len(adds):]]
 
     # -- writes -------------------------------------------------------------
 
-    def add(self, fingerprints, keys=None) -> int:
-        """Add fingerprints (with optional document keys); durable when it returns.
+    def _check_writable(self) -> None:
+        if self._writer is None:
+            raise ReadOnlyError(f"{self.path}: opened read-only")
 
-        Parameters: fingerprints, a uint64 array or an iterable of ints;
-        keys, None or one str/bytes key per fingerprint.  Equal fingerprints
-        share one table entry and keep all their keys.  Returns the number
-        of fingerprints given.  The batch goes to the append log in one
-        transaction; if the log then reaches ``log_limit`` the same
-        transaction merges it into the tables, so nothing is written twice.
-        Raises TypeError/ValueError for bad input (nothing is written),
+    def add(self, fingerprints, keys=None) -> int:
+        """Add fingerprints (with optional document keys).
+
+        Parameters: fingerprints, a 1-D uint64 array or an iterable of ints
+        (or one int); keys, None or one str/bytes key per fingerprint (None
+        entries allowed).  Equal fingerprints share one entry and keep all
+        their keys; adding a removed fingerprint brings it back.  Returns
+        the number of fingerprints given.  Durable when it returns with
+        durability="full" outside a transaction; see :meth:`open` and
+        :meth:`transaction` otherwise.  Never compacts: the work of merging
+        is done in the background or by :meth:`compact`.  Raises
+        TypeError/ValueError for bad input (nothing is written),
         CapacityError if the disk is full (nothing is lost).
         """
         self._check_writable()
-        fps = _as_fingerprints(fingerprints)
-        doc_items = _doc_items(fps, keys)
+        fps = validate.fingerprints(fingerprints)
+        pairs = validate.doc_pairs(fps, keys)
         if not len(fps):
             return 0
-        distinct = sorted_unique(fps)
-
-        def body(txn):
-            state = State.unpack(_required(self._store, txn, st.META_STATE))
-            self._put_doc_items(txn, doc_items)
-            # Adding a removed fingerprint revives it: drop its tombstone.
-            removed = self._read_removed(txn)
-            revived = distinct[isin_sorted(distinct, removed)]
-            for fp in revived:
-                txn.delete(st.u64_key(int(fp)), db=self._store.dbs[st.DB_REMOVED])
-            if len(revived):
-                state.removed_generation += 1
-            if state.log_entries + len(distinct) >= self.log_limit:
-                self._compact_txn(txn, state, extra=distinct, full=False)
-            else:
-                payload = LOG_HEAD.pack(len(distinct)) + distinct.astype("<u8").tobytes()
-                self._store.put_framed(txn, st.DB_LOG, st.u64_key(state.log_next_seq), payload)
-                state.log_next_seq += 1
-                state.log_entries += len(distinct)
-            self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
-
-        # A compaction writes every table again beside the old one (copy on write).
-        t = len(self.plan.tables)
-        self._store.write(body, before_grow=self._drop_snapshot,
-                          expect_bytes=8 * len(distinct) * (t + 2)
-                          + (8 * t * self._table_entries_hint() if len(distinct) >= self.log_limit else 0))
+        self._writer.apply(LogRecord(sorted_unique(fps), EMPTY_U64, sorted(set(pairs)), []))
         return len(fps)
-
-    def _table_entries_hint(self) -> int:
-        snap = self._snap
-        return snap.state.table_entries if snap is not None else 0
 
     def check_and_add(self, fingerprint: int, key=None, k: int | None = None) -> list[Match]:
         """Return the near-duplicates of fingerprint; add it only if there are none.
 
-        The crawler's call: one query, then an add when the result is empty.
-        With several writers in one process the pair is atomic (one writer
-        lock); across processes another writer may add in between.
+        The crawler's call: one query within k (default: the index's k),
+        then, only when it found nothing, an add of fingerprint (with key).
+        Returns the matches found (empty means it was added).  Atomic among
+        the threads of this process; another process may add in between.
+        Inside :meth:`transaction`, thousands of these per second commit as one.
         """
-        fp = _check_fingerprint(fingerprint)
-        k = self._check_k(k)
-        with self._check_lock:
-            found = self.query(fp, k)
+        fp = validate.fingerprint(fingerprint)
+        k = validate.query_k(k, self._header.k)
+        self._check_writable()
+        pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
+        # query() and add() without their batch-shaped validation: this is
+        # the per-item call, thousands a second inside a transaction.
+        with self._writer.lock:
+            snap, pend = self._view()
+            if self.plan.probabilistic:
+                found = snap.query_psm(fp, k, self._flip_probabilities(None, None, None, None),
+                                       self._probe_budget(k, None), pend)
+            else:
+                found = snap.query(fp, k, pend)
             if not found:
-                self.add([fp], None if key is None else [key])
-        return found
+                self._writer.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
+                return []
+        return _matches(snap, pend, found, True)
 
     def remove(self, fingerprints=None, keys=None) -> int:
         """Remove fingerprints, or document keys; removed entries never return in results.
 
         By fingerprint: the fingerprint and all its keys go.  By key: the key
         goes, and a fingerprint whose last key went is removed too, even if
-        it was also added once without a key.  Space
-        is reclaimed by the next compaction.  Returns the number of
-        fingerprints that became removed.  Unknown fingerprints or keys are
+        it was also added once without a key.  Space is reclaimed as
+        compaction merges the runs.  Returns the number of fingerprints that
+        were live and are now removed.  Unknown fingerprints or keys are
         ignored.
         """
         self._check_writable()
         if fingerprints is None and keys is None:
             raise TypeError("remove() needs fingerprints= or keys=")
-        fps = _as_fingerprints(fingerprints) if fingerprints is not None else EMPTY_U64
+        fps = validate.fingerprints(fingerprints) if fingerprints is not None else EMPTY_U64
         key_list = [] if keys is None else ([keys] if isinstance(keys, (str, bytes)) else list(keys))
-        raw_keys = [st.encode_doc_key(key) for key in key_list]
+        raw_keys = [rec.encode_doc_key(key) for key in key_list]
+        with self._writer.lock:
+            snap = self._snapshot()
+            pend = self._writer.visible_pending()
+            deletes, gone = removal.key_deletions(snap, pend, fps.tolist(), raw_keys)
+            live = removal.live(snap, pend, gone)
+            ops = RecordOps()
+            for space, key, flag, value in docstore.removal_records(snap, pend, deletes):
+                ops.set(space, key, flag, value)
+            for fp, raws in deletes.items():
+                for raw in raws:
+                    ops.set_key(fp, raw, False)
+            _, key_deletes, records = ops.to_record_parts()
+            self._writer.apply(LogRecord(EMPTY_U64, live, [], key_deletes, records))
+        return len(live)
 
-        def body(txn):
-            state = State.unpack(_required(self._store, txn, st.META_STATE))
-            gone = set(int(v) for v in fps)
-            for fp in gone:
-                self._delete_docs_of(txn, fp)
-            for raw in raw_keys:
-                for fp in self._fps_of_key(txn, raw):
-                    self._delete_doc(txn, fp, raw)
-                    if not txn.get(st.u64_key(fp), db=self._store.dbs[st.DB_DOCS]):
-                        gone.add(fp)
-            added = 0
-            db = self._store.dbs[st.DB_REMOVED]
-            for fp in gone:
-                kb = st.u64_key(fp)
-                if txn.put(kb, st.CRC.pack(_core.crc32c(kb)), db=db, overwrite=False):
-                    added += 1
-            if added:
-                state.removed_generation += 1
-                self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
-            return added
+    @contextlib.contextmanager
+    def transaction(self):
+        """Group every add/remove/check_and_add inside the block into one commit.
 
-        return self._store.write(body, before_grow=self._drop_snapshot)
-
-    def compact(self, full: bool = False) -> dict:
-        """Merge the append log and removals into the tables, in one transaction.
-
-        Rewrites only the blocks whose key range receives or loses entries,
-        unless most blocks would change, the table size drifted far from
-        what its Huffman code was built for, or full=True: then each table
-        is rebuilt and its code recomputed.  Readers see either the old or
-        the new tables, never a mix.  Returns a summary dict (entries,
-        blocks rewritten, seconds).
+        Queries of this index see the block's operations at once; other
+        processes see them when the block ends (with durability="full",
+        durably).  An exception in the block discards them all.  Blocks
+        nest (the outermost one commits).  Writes of other threads of this
+        index wait for the block to end.
         """
         self._check_writable()
-        t0 = time.perf_counter()
-        report = {}
+        with self._writer.transaction():
+            yield self
 
-        def body(txn):
-            state = State.unpack(_required(self._store, txn, st.META_STATE))
-            report.update(self._compact_txn(txn, state, extra=EMPTY_U64, full=full))
-            self._store.put_framed(txn, st.DB_META, st.META_STATE, state.pack())
+    def sync(self) -> None:
+        """Make every acknowledged operation durable (checkpoint the journal, flush)."""
+        self._check_writable()
+        self._writer.sync()
 
-        t = len(self.plan.tables)
-        snap = self._snap  # the last snapshot's counts suffice for an estimate
-        log_entries = snap.state.log_entries if snap is not None else 0
-        self._store.write(body, before_grow=self._drop_snapshot,
-                          expect_bytes=8 * t * (self._table_entries_hint() + log_entries))
-        report["seconds"] = time.perf_counter() - t0
-        return report
+    # -- compaction ---------------------------------------------------------
 
-    def _compact_txn(self, txn, state: State, extra: np.ndarray, full: bool) -> dict:
-        """Merge log + extra - removed into every table inside txn; update state."""
-        new = merge_sorted(self._read_log(txn, 0), extra, EMPTY_U64)
-        removed = self._read_removed(txn)
-        if len(removed):
-            new = new[~isin_sorted(new, removed)]
-        entries = state.table_entries
-        drift = entries and (entries + len(new)) / max(state.code_n, 1)
-        rebuild_codes = full or entries == 0 or (drift and not
-                                                 1 / CODE_DRIFT_FACTOR <= drift <= CODE_DRIFT_FACTOR)
-        rewritten = 0
-        full_tables = 0
-        new_entries = None
-        # The codes come from this transaction, not from self._codes: a
-        # retried or aborted transaction must not leave a code in memory
-        # that the file does not hold, and another process may have
-        # rebuilt the codes since this one last read them.  Snapshots
-        # reload the codes once the committed tables_generation moves.
-        codes = [HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
-                 for i in range(len(self.plan.tables))]
-        for i, design in enumerate(self.plan.tables):
-            view = tables.read_table(self._store, txn, i)
-            new_p = np.sort(design.apply(new)) if len(new) else EMPTY_U64
-            gone_p = np.sort(design.apply(removed)) if len(removed) else EMPTY_U64
-            if not len(new_p) and not len(gone_p) and not rebuild_codes:
-                new_entries = entries if new_entries is None else new_entries
-                continue
-            touched = _touched_blocks(view, new_p, gone_p)
-            if rebuild_codes or not view.n_blocks or touched > FULL_REBUILD_FRACTION * view.n_blocks:
-                existing = tables.decode_table(view, codes[i]) if view.n_blocks else EMPTY_U64
-                merged = merge_sorted(existing, new_p, gone_p)
-                if rebuild_codes:
-                    codes[i] = HuffmanCode.from_values(merged, codes[i].coding,
-                                                       expected_n=self._header["expected_n"]
-                                                       if not len(merged) else None)
-                    self._store.put_framed(txn, st.DB_META, st.code_key(i), codes[i].to_bytes())
-                enc = codec.encode(merged, codes[i])
-                tables.delete_table(txn, self._store, i)
-                tables.write_blocks(txn, self._store, i, enc.keys, enc.blocks)
-                rewritten += enc.n_blocks
-                full_tables += 1
-                count = len(merged)
-            else:
-                n, delta = tables.rewrite_incremental(txn, self._store, i, view, codes[i],
-                                                      new_p, gone_p)
-                rewritten += n
-                count = entries + delta
-            if new_entries is None:
-                new_entries = count
-            elif new_entries != count:
-                raise CorruptionError(f"table {i} holds {count} entries after compaction, "
-                                      f"table 0 holds {new_entries}", database="segments")
-        # The log and the tombstones are now in the tables.
-        txn.drop(self._store.dbs[st.DB_LOG], delete=False)
-        txn.drop(self._store.dbs[st.DB_REMOVED], delete=False)
-        state.tables_generation += 1
-        state.removed_generation += 1
-        state.log_entries = 0
-        state.table_entries = int(new_entries if new_entries is not None else entries)
-        if rebuild_codes:
-            state.code_n = max(state.table_entries, 1)
-        return dict(entries=state.table_entries, blocks_rewritten=rewritten,
-                    tables_rebuilt=full_tables, codes_rebuilt=bool(rebuild_codes))
+    def compact(self, full: bool = False) -> dict:
+        """Flush the log into the runs and do every merge that is due, now.
 
-    def _put_doc_items(self, txn, items) -> None:
-        if not items:
-            return
-        docs = txn.cursor(db=self._store.dbs[st.DB_DOCS])
-        keys = txn.cursor(db=self._store.dbs[st.DB_KEYS])
-        try:
-            docs.putmulti([(st.u64_key(fp), _pack_doc_value(st.u64_key(fp), raw)) for fp, raw in items],
-                          dupdata=True)
-            keys.putmulti([(raw, _pack_key_value(raw, fp)) for fp, raw in items], dupdata=True)
-        finally:
-            docs.close()
-            keys.close()
-
-    def _fps_of_key(self, txn, raw: bytes) -> list[int]:
-        cur = txn.cursor(db=self._store.dbs[st.DB_KEYS])
-        out = []
-        try:
-            if cur.set_key(raw):
-                for value in cur.iternext_dup():
-                    out.append(_unpack_key_value(bytes(value), raw))
-        finally:
-            cur.close()
-        return out
-
-    def _delete_doc(self, txn, fp: int, raw: bytes) -> None:
-        kb = st.u64_key(fp)
-        txn.delete(kb, _pack_doc_value(kb, raw), db=self._store.dbs[st.DB_DOCS])
-        txn.delete(raw, _pack_key_value(raw, fp), db=self._store.dbs[st.DB_KEYS])
-
-    def _delete_docs_of(self, txn, fp: int) -> None:
-        kb = st.u64_key(fp)
-        cur = txn.cursor(db=self._store.dbs[st.DB_DOCS])
-        raws = []
-        try:
-            if cur.set_key(kb):
-                raws = [_unpack_doc_raw(bytes(v), kb) for v in cur.iternext_dup()]
-        finally:
-            cur.close()
-        for raw in raws:
-            self._delete_doc(txn, fp, raw)
-
-    def _check_writable(self) -> None:
-        if self._store.readonly:
-            raise ReadOnlyError(f"{self.path}: opened read-only")
-
-    # -- inspection ---------------------------------------------------------
-
-    def stats(self) -> dict:
-        """Return counts, sizes and bits per fingerprint per table, log size and the plan."""
-        snap = self._snapshot()
-        n = snap.state.table_entries
-        per_table = []
-        for i, (design, view) in enumerate(zip(self.plan.tables, snap.views)):
-            value_bytes = sum(tables.SEGMENT_HEADER_BYTES + c * codec.BLOCK_BYTES
-                              for _, _, c in view.segments)
-            per_table.append(dict(
-                table=i, prefix_bits=design.prefix_bits, entries=n, blocks=view.n_blocks,
-                segments=len(view.segments), bytes=value_bytes,
-                bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
-                coding=codec.CODING_NAMES[snap.codes[i].coding]))
-        file_bytes = self._store.file_bytes()
-        return dict(
-            path=self.path, k=self.k, fingerprints=len(self), table_entries=n,
-            log_entries=len(snap.log_values), removed_pending=len(snap.removed),
-            tables=per_table, file_bytes=file_bytes, used_bytes=self._store.used_bytes(),
-            file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
-            entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
-            plan=self.plan.describe())
-
-    def verify(self) -> dict:
-        """Check every checksum, ordering and directory entry; raise on the first problem.
-
-        Decodes every block of every table, checks that blocks and segments
-        are in order and that block keys match the directory, that all
-        tables hold the same fingerprints, and that the log, tombstones and
-        document records pass their checksums.  Raises CorruptionError
-        naming the first problem; returns a summary otherwise.  Cost: a full
-        read of the file.
+        full=True merges each table (and each key space) into one run and
+        drops every tombstone; then, if no other process has the file open,
+        gives the free space back to the disk (:meth:`vacuum`).  Returns a
+        summary: steps done, seconds, runs per table, file bytes.
+        Compaction also runs by itself in the background unless the index
+        was opened with background_compaction=False.
         """
-        txn = self._store.begin_read()
+        self._check_writable()
+        import time
+        t0 = time.perf_counter()
+        if self._writer.durability == "normal":
+            self._writer.checkpoint()
+        steps = self._compactor.run(force_flush=True, full=False, wait=True)
+        if full:
+            steps += self._compactor.run(force_flush=True, full=True, wait=True)
+        if self._compactor.error is not None:
+            err, self._compactor.error = self._compactor.error, None
+            raise err
+        vacuumed = False
+        if full:
+            vacuumed = self._vacuum_if_alone()
+        snap = self._snapshot()
+        return dict(steps=steps, seconds=time.perf_counter() - t0, vacuumed=vacuumed,
+                    runs=[len(r) for r in snap.table_runs], file_bytes=self._store.file_bytes())
+
+    def _vacuum_if_alone(self) -> bool:
+        import fcntl
+        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
+            return False
         try:
-            state = State.unpack(_required(self._store, txn, st.META_STATE))
-            st.unpack_header(_required(self._store, txn, st.META_HEADER), self.path)
-            plans.Plan.from_bytes(_required(self._store, txn, st.META_PLAN))
-            reference = None
-            blocks = 0
-            for i, design in enumerate(self.plan.tables):
-                code = HuffmanCode.from_bytes(_required(self._store, txn, st.code_key(i)))
-                view = tables.read_table(self._store, txn, i)
-                values = tables.decode_table(view, code)
-                if len(values) > 1 and not np.all(values[1:] > values[:-1]):
-                    raise CorruptionError(f"table {i}: values out of order across blocks",
-                                          database="segments")
-                counts = codec.block_counts(np.concatenate(
-                    [np.frombuffer(view.segment_blocks(s), np.uint8)
-                     for s in range(len(view.segments))]) if view.segments else np.empty(0, np.uint8))
-                ends = np.cumsum(counts.astype(np.int64)) - 1
-                if len(ends) and not np.array_equal(values[ends], view.keys):
-                    raise CorruptionError(f"table {i}: a directory key differs from its block's "
-                                          "last value", database="segments")
-                if len(values) != state.table_entries:
-                    raise CorruptionError(f"table {i} holds {len(values)} entries, state says "
-                                          f"{state.table_entries}", database="segments")
-                original = np.sort(design.invert(values))
-                if reference is None:
-                    reference = original
-                elif not np.array_equal(reference, original):
-                    raise CorruptionError(f"table {i} holds different fingerprints from table 0",
-                                          database="segments")
-                blocks += view.n_blocks
-            log_values = self._read_log(txn, 0)
-            removed = self._read_removed(txn)
-            self._verify_small_records(txn)
-            return dict(tables=len(self.plan.tables), blocks=blocks, table_entries=state.table_entries,
-                        log_entries=len(log_values), removed_pending=len(removed))
+            self.vacuum()
+            return True
         finally:
-            txn.abort()
+            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
 
-    def _verify_small_records(self, txn) -> None:
-        """Check the checksum of every tombstone and document-key record."""
-        def tombstone(key, value):
-            if value != st.CRC.pack(_core.crc32c(key)):
-                raise CorruptionError("tombstone checksum mismatch", database="removed", key=key)
+    def vacuum(self) -> int:
+        """Rewrite the file with only its live pages, giving free space back to the disk.
 
-        for db, check in ((st.DB_REMOVED, tombstone), (st.DB_DOCS, lambda k, v: _unpack_doc_value(v, k)),
-                          (st.DB_KEYS, lambda k, v: _unpack_key_value(v, k))):
-            cur = txn.cursor(db=self._store.dbs[db])
-            try:
-                for key, value in cur:
-                    check(bytes(key), bytes(value))
-            finally:
-                cur.close()
+        LMDB never shrinks a file: compaction reuses freed pages, but a file
+        that once held more keeps its size.  This writes a compact copy
+        beside the file and renames it over the original, so no other
+        process may have the index open: raises ReadOnlyError naming that
+        otherwise (use :meth:`vacuum_into` then).  Returns the new size.
+        """
+        import fcntl
+        self._check_writable()
+        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
+            raise ReadOnlyError(f"{self.path}: another process has the index open; close it "
+                                "first, or use vacuum_into() and replace the file yourself")
+        try:
+            with self._writer.lock, self._compactor._lock:
+                self._writer.checkpoint()
+                tmp = f"{self.path}.{os.urandom(6).hex()}.vacuum"
+                size = self.vacuum_into(tmp)
+                with self._snap_lock:
+                    snap, self._snap = self._snap, None
+                    self._directories.clear()  # they point into the old file
+                if snap is not None:
+                    snap.close()
+                path = self.path
+                self._store.close()
+                os.replace(tmp, path)
+                st._fsync_path(os.path.dirname(os.path.abspath(path)))
+                fresh = st.Store.open(path, durability=self._store.durability)
+                self._store.__dict__.update(fresh.__dict__)
+                self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
+                os.close(self._lock_fd)
+                self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+                compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)
+            return size
+        finally:
+            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.
 
-        LMDB never shrinks a file: pages freed by compaction (the old copy of
-        rewritten blocks, the emptied log) are kept for reuse, so after heavy
-        churn a file can hold up to one table set of free pages.  This writes
-        only the live pages, like SQLite's VACUUM INTO; replace the original
-        with it while no other process has the index open.  Raises
-        FileExistsError if dest exists.
+        Only live pages are copied, like SQLite's VACUUM INTO; the copy is a
+        complete index (it appears atomically).  Replace the original with it
+        while no process has the index open.  Raises FileExistsError if dest
+        exists.
         """
         dest = os.fspath(dest)
-        if os.path.exists(dest):
+        if os.path.lexists(dest):
             raise FileExistsError(f"{dest}: already exists")
+        tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
+                           f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
         try:
-            self._store.env.copy(dest, compact=True)
-        except Exception as exc:
-            if os.path.exists(dest):
-                os.unlink(dest)
-            raise st.translate_error(exc, dest) from exc
+            self._store.copy_to(tmp)
+            st.restamp_commits(tmp)
+            st.publish(tmp, dest)
+        finally:
+            for leftover in (tmp, tmp + "-lock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
         return os.path.getsize(dest)
 
-    def items(self, chunk: int = 65536):
-        """Yield (fingerprints, keys) chunks of every live fingerprint, in order.
+    # -- inspection ---------------------------------------------------------
 
-        fingerprints is a sorted uint64 array of at most chunk values and keys
-        the matching list of key tuples (as :meth:`keys`).  All chunks come
-        from one snapshot, so a concurrent writer never shows half a change.
-        """
+    def stats(self) -> dict:
+        """Return counts, sizes and bits per fingerprint per table, runs, log size and the plan."""
         snap = self._snapshot()
-        values = self._fingerprints_in(snap)
-        for start in range(0, len(values), chunk):
-            part = values[start:start + chunk]
-            yield part, self._keys_of(part.tolist(), snap)
+        n = snap.count()
+        per_table = []
+        for i, (design, runs) in enumerate(zip(self.plan.tables, snap.table_runs)):
+            value_bytes = sum(r.value_bytes for r in runs)
+            per_table.append(dict(
+                table=i, prefix_bits=design.prefix_bits, entries=n, runs=len(runs),
+                run_entries=[r.entries for r in runs], bytes=value_bytes,
+                bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
+                coding=codec.CODING_NAMES[self.coding]))
+        key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
+        file_bytes = self._store.file_bytes()
+        return dict(
+            path=self.path, k=self.k, fingerprints=n, log_entries=snap.state.log_ops,
+            log_records=snap.state.log_next_seq - snap.state.log_first_seq,
+            removed_pending=len(snap.tombstones), tables=per_table,
+            key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
+            file_bytes=file_bytes,
+            file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
+            entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
+            compaction_steps=self._compactor.steps if self._compactor else 0,
+            plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
+
+    def verify(self) -> dict:
+        """Check every LMDB page, checksum, ordering and run; raise on the first problem.
+
+        Raises CorruptionError naming the first problem; returns a summary
+        otherwise.  Cost: a full read of the file.
+        """
+        from ndindex import checker
+        return checker.verify(self)
 
     def fingerprints(self) -> np.ndarray:
-        """Return every live fingerprint, sorted (decodes table 0)."""
-        return self._fingerprints_in(self._snapshot())
+        """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""
+        snap, new, gone = self._pending_view()
+        design = self.plan.tables[0]
+        parts = [design.invert(v) for v in snap.table_values(0)] + [new]
+        values = np.sort(np.concatenate(parts))
+        return values[~np.isin(values, gone)] if len(gone) else values
 
-    def _fingerprints_in(self, snap: Snapshot) -> np.ndarray:
-        values = tables.decode_table(snap.views[0], snap.codes[0]) if snap.views[0].n_blocks \
-            else EMPTY_U64
-        values = merge_sorted(np.sort(self.plan.tables[0].invert(values)), snap.log_values, snap.removed)
-        return values
+    def items(self, chunk: int = 65536):
+        """Yield (fingerprints, keys) chunks of every live fingerprint, in order."""
+        values = self.fingerprints()
+        for start in range(0, len(values), chunk):
+            part = values[start:start + chunk]
+            snap, pend = self._view()
+            yield part, snap.keys_of(part.tolist(), pend)
 
     def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
 
-        The same set as fingerprints(), with bounded memory: table 0 is
-        decoded a run of segments at a time (each array is sorted, arrays
-        are not ordered among themselves), tombstoned values dropped; the
-        append log's values not in the tables come last.  One snapshot
-        serves the whole iteration.  part/parts yield only share `part` of
-        `parts` (contiguous runs of segments; the log goes with the last
-        part), so processes can split one index between them.
-        Memory: O(chunk_size + log).  Raises CorruptionError for a bad block.
+        Each array is sorted and the arrays together hold every live
+        fingerprint exactly once (not ordered among themselves).  part/parts
+        yield only share `part` of `parts`, so processes can split one index.
+        One snapshot serves the whole iteration.
         """
         if not 0 <= part < parts:
             raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
-        snap = self._snapshot()
-        view, code, design = snap.views[0], snap.codes[0], self.plan.tables[0]
-        n_seg = len(view.segments)
-        lo, hi = part * n_seg // parts, (part + 1) * n_seg // parts
-        pending, size = [], 0
-        for s in range(lo, hi):
-            pending.append(codec.decode(view.segment_blocks(s), code))
-            size += len(pending[-1])
-            if size >= chunk_size or s == hi - 1:
-                values = np.sort(design.invert(np.concatenate(pending)))
-                pending, size = [], 0
-                if len(snap.removed):
-                    values = values[~isin_sorted(values, snap.removed)]
-                if len(values):
-                    yield values
-        if part == parts - 1 and len(snap.log_values):
-            log = snap.log_values[~self._in_tables(snap, snap.log_values)]
-            log = log[~isin_sorted(log, snap.removed)]
-            for a in range(0, len(log), chunk_size):
-                yield log[a:a + chunk_size]
+        snap, new, gone = self._pending_view()
+        design = self.plan.tables[0]
+        for i, values in enumerate(snap.table_values(0, chunk_size)):
+            if i % parts == part:
+                values = np.sort(design.invert(values))
+                yield values[~np.isin(values, gone)] if len(gone) else values
+        if part == parts - 1 and len(new):
+            yield new
 
 
-# -- helpers -------------------------------------------------------------------
+def check_commit_records(store: st.Store) -> None:
+    """Both meta pages must name transactions that wrote our state record ([F9]).
+
+    Every commit rewrites the state record with its own transaction id.  A
+    damaged transaction id in a meta page would make LMDB open the other,
+    older commit, silently undoing the last one; a damaged root would make
+    it read garbage.  Checked in O(1): one lookup per meta page.
+    """
+    metas = store.filemap.metas()
+    slot, picked = st.pick_meta(metas, store.path)
+    size = store.filemap.file_bytes()
+    buf = store.filemap.buffer(size)
+    from ndindex import pages
+    found = {}
+    for s, meta in enumerate(metas):
+        if meta["txnid"] == 0 and meta["main"]["root"] == (1 << 64) - 1:
+            continue  # the empty initial meta page of a new environment
+        npages = min(size // meta["psize"], meta["last_pg"] + 1)
+        try:
+            main = pages.Tree.from_record(meta["main"])
+            trees = pages.named_trees(buf, meta["psize"], npages, main, [rec.DB_META])
+            view = pages.PageView(buf, meta["psize"], npages, meta["txnid"], trees)
+            raw = view.get(rec.DB_META, rec.KEY_STATE)
+            state = State.unpack(rec.unframe(raw, rec.DB_META, rec.KEY_STATE)) if raw is not None \
+                else None
+        except CorruptionError as exc:
+            if s == slot:
+                raise
+            raise CorruptionError(f"{store.path}: meta page {s} (transaction {meta['txnid']}) "
+                                  f"leads to damaged pages: {exc}", database="lmdb") from exc
+        if state is None:
+            raise CorruptionError(f"{store.path}: meta page {s} (transaction {meta['txnid']}) has "
+                                  "no state record", database="lmdb")
+        if state.txnid != meta["txnid"]:
+            other = metas[1 - s]["txnid"]
+            raise CorruptionError(
+                f"{store.path}: meta page {s} names transaction {meta['txnid']}, but its state "
+                f"record was written by transaction {state.txnid}: the meta page is damaged; "
+                f"LMDB would open transaction {max(meta['txnid'], other)} "
+                f"({'this page' if meta['txnid'] > other else 'the other page, an older state'})",
+                database="lmdb")
+        found[s] = state.txnid
+    if len(found) == 2 and abs(found[0] - found[1]) != 1:
+        raise CorruptionError(f"{store.path}: the meta pages name transactions {found[0]} and "
+                              f"{found[1]}, not consecutive ones", database="lmdb")
 
 
-def _required(store: st.Store, txn, key: bytes) -> bytes:
-    payload = store.get_framed(txn, st.DB_META, key)
-    if payload is None:
-        raise CorruptionError(f"required record {key.decode()!r} is missing", database="meta", key=key)
-    return payload
+def _check_durability(durability) -> None:
+    if durability not in (st.DURABILITY_FULL, st.DURABILITY_NORMAL):
+        raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
 
 
-def _check_k_value(k) -> int:
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 0 <= k <= plans.MAX_PLANNER_K:
-        raise ValueError(f"k must be in 0..{plans.MAX_PLANNER_K}, got {k}")
-    return int(k)
+def _close_quietly(writer, compactor) -> None:
+    with contextlib.suppress(Exception):
+        if compactor is not None:
+            compactor.close()
 
 
-def _check_log_limit(limit) -> None:
-    if not isinstance(limit, (int, np.integer)) or limit < 1:
-        raise ValueError(f"log_limit must be a positive int, got {limit!r}")
+def _float_array(values, shape: tuple, name: str) -> np.ndarray:
+    """values as a C-contiguous float64 array of the given shape, else ValueError."""
+    try:
+        out = np.ascontiguousarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers of shape {shape}: {exc}") from None
+    if out.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
+    return out
 
 
-def _inverse_runs(design: plans.TableDesign):
-    return tuple((dst, src, n) for src, dst, n in design.runs())
-
-
-def _touched_blocks(view: tables.TableView, new_p: np.ndarray, gone_p: np.ndarray) -> int:
-    if not view.n_blocks:
-        return 0
-    at = np.minimum(np.searchsorted(view.keys, np.concatenate([new_p, gone_p])), view.n_blocks - 1)
-    return len(np.unique(at))
+def _matches(snap, pend, found: list, keys: bool) -> list:
+    """Match objects for found (fingerprint, distance) pairs, with keys if asked."""
+    if not found:
+        return []
+    if not keys:
+        return [Match(f, d, ()) for f, d in found]
+    return [Match(f, d, ks) for (f, d), ks in zip(found, snap.keys_of([f for f, _ in found], pend))]
 
 
 def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarray:
@@ -961,46 +882,6 @@ def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarra
     out["fingerprint"] = np.frombuffer(fps, dtype=np.uint64)
     out["distance"] = np.frombuffer(dists, dtype=np.uint8)
     return out
-
-
-def _doc_items(fps: np.ndarray, keys) -> list:
-    """Validate keys against fps; return [(fp, typed key bytes)] (no I/O)."""
-    if keys is None:
-        return []
-    if isinstance(keys, (str, bytes)):
-        raise TypeError("keys must be a sequence with one key per fingerprint, not a single str/bytes")
-    keys = list(keys)
-    if len(keys) != len(fps):
-        raise ValueError(f"got {len(keys)} keys for {len(fps)} fingerprints")
-    return [(int(fp), st.encode_doc_key(key)) for fp, key in zip(fps, keys) if key is not None]
-
-
-def _pack_doc_value(fp_key: bytes, raw: bytes) -> bytes:
-    """docs value: CRC-32C of (fingerprint key + typed key), then the typed key (FORMAT.md 7.6)."""
-    return st.CRC.pack(_core.crc32c(fp_key + raw)) + raw
-
-
-def _unpack_doc_raw(value: bytes, fp_key: bytes) -> bytes:
-    raw = value[4:]
-    if len(value) < 6 or st.CRC.unpack(value[:4])[0] != _core.crc32c(fp_key + raw):
-        raise CorruptionError("document key record checksum mismatch", database="docs", key=fp_key)
-    return raw
-
-
-def _unpack_doc_value(value: bytes, fp_key: bytes):
-    return st.decode_doc_key(_unpack_doc_raw(value, fp_key))
-
-
-def _pack_key_value(raw: bytes, fp: int) -> bytes:
-    """keys value: the fingerprint (u64 BE), then CRC-32C of (typed key + fingerprint)."""
-    kb = st.u64_key(fp)
-    return kb + st.CRC.pack(_core.crc32c(raw + kb))
-
-
-def _unpack_key_value(value: bytes, raw: bytes) -> int:
-    if len(value) != 12 or st.CRC.unpack(value[8:])[0] != _core.crc32c(raw + value[:8]):
-        raise CorruptionError("key record checksum mismatch", database="keys", key=raw)
-    return st.U64_BE.unpack(value[:8])[0]
 
 
 def open(path, *, readonly: bool = False, **kwargs) -> Index:  # noqa: A001 - mirrors sqlite3/lmdb

@@ -32,6 +32,12 @@ Conventions used throughout (they are a contract with the file format):
 ``permutation[:p]`` are the prefix bits, most significant first.  Permuting
 is done with a handful of shift-and-mask "runs" (maximal stretches of
 consecutive bits that move together), vectorised over numpy arrays.
+
+A *probabilistic* plan (:func:`psm_plan`; Sood and Loguinov's probabilistic
+simhash matching, ``ndindex.psm``) is one table whose prefix need not avoid
+the differing bits: a query probes the prefix of pi(Q) XOR each flip set of
+at most k prefix bits, the most probable first, and may stop early.  The
+plan record says so in its flags byte (FORMAT.md section 6, [P5], [P13]).
 """
 
 from __future__ import annotations
@@ -50,8 +56,10 @@ from ndindex.errors import FormatError
 
 __all__ = [
     "F_BITS", "BLOCK_ENTRIES", "PROBE_OVERHEAD_BLOCKS", "MAX_TABLES", "MAX_PLANNER_K",
-    "MAX_PLANNED_PREFIX_BITS", "TableDesign", "Plan", "block_design", "example_3_1",
-    "x_tables", "candidate_designs", "choose_plan",
+    "MAX_PLANNED_PREFIX_BITS", "PLAN_FLAG_PROBABILISTIC", "MAX_PSM_HEADER_BITS",
+    "PSM_ENTRIES_PER_HEADER", "TableDesign", "Plan", "block_design", "example_3_1", "x_tables",
+    "candidate_designs", "choose_plan", "flip_set_count", "psm_header_bits", "psm_plan",
+    "psm_max_probes",
 ]
 
 F_BITS = 64
@@ -75,6 +83,19 @@ a plan record may still name any k < 64."""
 MAX_PLANNED_PREFIX_BITS = 48
 """Designs whose shortest prefix exceeds this are not considered: such a prefix
 only pays off past 2^48 (2.8e14) fingerprints, far beyond an embedded index."""
+
+PLAN_FLAG_PROBABILISTIC = 0x01
+"""Bit 0 of the plan record's flags byte ([P5], [P13]): table 0 is probed by flip
+sets (probabilistic simhash matching); the plan need not meet [P10]."""
+
+_KNOWN_PLAN_FLAGS = PLAN_FLAG_PROBABILISTIC
+
+MAX_PSM_HEADER_BITS = 40
+"""Most prefix bits psm_plan gives its table: 2^40 headers is far past any embedded index."""
+
+PSM_ENTRIES_PER_HEADER = 64
+"""Stored fingerprints psm_plan expects under one prefix value (see psm_header_bits)."""
+
 
 _PLAN_HEADER_BYTES = 4
 _TABLE_ENTRY_BYTES = 1 + F_BITS
@@ -200,14 +221,17 @@ class Plan:
 
     ``scheme`` is a human-readable note on how the design was made (for
     describe() and the CLI); it is not serialised and not compared.
+    ``probabilistic`` marks a PSM plan (see :func:`psm_plan`): one table,
+    queried by flip sets of its prefix bits rather than by [P10] coverage.
     Construction raises ValueError unless f == 64, 0 <= k < 64 and
-    1 <= len(tables) <= 255.
+    1 <= len(tables) <= 255 (exactly 1 when probabilistic).
     """
 
     k: int
     tables: tuple[TableDesign, ...]
     f: int = F_BITS
     scheme: str = field(default="", compare=False)
+    probabilistic: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "tables", tuple(self.tables))
@@ -219,6 +243,8 @@ class Plan:
             raise ValueError(f"a plan needs 1..{MAX_TABLES} tables, found {len(self.tables)}")
         if not all(isinstance(t, TableDesign) for t in self.tables):
             raise TypeError("tables must be TableDesign instances")
+        if self.probabilistic and len(self.tables) != 1:
+            raise ValueError(f"a probabilistic plan has one table, found {len(self.tables)}")
 
     def expected_probe_entries(self, n: float) -> float:
         """Return the largest expected number of entries one probe sees, for n stored.
@@ -245,7 +271,8 @@ class Plan:
         """
         ps = [t.prefix_bits for t in self.tables]
         lines = [f"plan: f={self.f} k={self.k} t={len(self.tables)} "
-                 f"p={min(ps)}..{max(ps)}" + (f" ({self.scheme})" if self.scheme else "")]
+                 f"p={min(ps)}..{max(ps)}" + (" probabilistic" if self.probabilistic else "")
+                 + (f" ({self.scheme})" if self.scheme else "")]
         for i, table in enumerate(self.tables):
             moves = ", ".join(f"in[{s + n - 1}:{s}]->out[{d + n - 1}:{d}]"
                               for s, d, n in table.runs())
@@ -253,11 +280,13 @@ class Plan:
         return "\n".join(lines)
 
     def to_bytes(self) -> bytes:
-        """Serialise to the plan record: u8 f, u8 k, u8 t, u8 0, then t x (u8 p, 64 x u8).
+        """Serialise to the plan record: u8 f, u8 k, u8 t, u8 flags, then t x (u8 p, 64 x u8).
 
+        flags is PLAN_FLAG_PROBABILISTIC for a probabilistic plan, else 0.
         See format-spec/FORMAT.md section 6.  Cost: O(64 t).
         """
-        out = bytearray((self.f, self.k, len(self.tables), 0))
+        flags = PLAN_FLAG_PROBABILISTIC if self.probabilistic else 0
+        out = bytearray((self.f, self.k, len(self.tables), flags))
         for table in self.tables:
             out.append(table.prefix_bits)
             out += bytes(table.permutation)
@@ -270,23 +299,28 @@ class Plan:
         Parameters: data, any bytes-like object.
         Returns: the Plan (with an empty scheme).
         Raises: FormatError naming the field, the value expected and the value
-        found, for a wrong length, f != 64, k >= 64, a nonzero reserved byte,
-        t == 0, p > 64 or a permutation that is not one.  Readers do not check
-        coverage (that would cost C(64, k) work); writers must ensure it.
+        found, for a wrong length, f != 64, k >= 64, a reserved flags bit set,
+        a probabilistic plan with t != 1, t == 0, p > 64 or a permutation that
+        is not one.  Readers do not check coverage (that would cost C(64, k)
+        work); writers must ensure it.
         """
         data = bytes(data)
         if len(data) < _PLAN_HEADER_BYTES:
             raise FormatError(f"plan record is {len(data)} bytes, expected at least "
                               f"{_PLAN_HEADER_BYTES}")
-        f, k, t, reserved = data[:_PLAN_HEADER_BYTES]
+        f, k, t, flags = data[:_PLAN_HEADER_BYTES]
         if f != F_BITS:
             raise FormatError(f"plan f is {f}, expected {F_BITS}")
         if k >= F_BITS:
             raise FormatError(f"plan k is {k}, expected 0..{F_BITS - 1}")
-        if reserved != 0:
-            raise FormatError(f"plan reserved byte 3 is {reserved}, expected 0")
+        if flags & ~_KNOWN_PLAN_FLAGS:
+            raise FormatError(f"plan flags byte 3 is {flags:#04x}: reserved bits "
+                              f"{flags & ~_KNOWN_PLAN_FLAGS:#04x} are set, expected 0")
         if t == 0:
             raise FormatError("plan table count t is 0, expected 1..255")
+        probabilistic = bool(flags & PLAN_FLAG_PROBABILISTIC)
+        if probabilistic and t != 1:
+            raise FormatError(f"plan is probabilistic (flags bit 0) with t={t}, expected t=1")
         expected = _PLAN_HEADER_BYTES + t * _TABLE_ENTRY_BYTES
         if len(data) != expected:
             raise FormatError(f"plan record is {len(data)} bytes, expected {expected} "
@@ -305,7 +339,7 @@ class Plan:
                     raise FormatError(f"table {i}: permutation repeats bit {bit}")
                 seen.add(bit)
             tables.append(TableDesign(tuple(entry[1:]), entry[0]))
-        return cls(k=k, tables=tuple(tables), f=f)
+        return cls(k=k, tables=tuple(tables), f=f, probabilistic=probabilistic)
 
     def covers(self, flipped_bits: Iterable[int]) -> bool:
         """Return True if some table's prefix bits avoid every flipped position.
@@ -589,3 +623,61 @@ def choose_plan(expected_n: int, k: int, *, max_tables: int | None = None,
     if max_probe_entries is not None:
         return min(plans, key=lambda p: (len(p.tables),) + cost(p))
     return min(plans, key=cost)
+
+
+# --- probabilistic simhash matching --------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def flip_set_count(prefix_bits: int, k: int) -> int:
+    """Return the number of flip sets of at most k of prefix_bits bits: the probes of
+    an exhaustive (exact) probabilistic query."""
+    return sum(math.comb(prefix_bits, h) for h in range(min(k, prefix_bits) + 1))
+
+
+def psm_header_bits(expected_n: int) -> int:
+    """Return the prefix length of psm_plan's table for about expected_n fingerprints.
+
+    round(log2(expected_n / PSM_ENTRIES_PER_HEADER)), clamped to
+    1..MAX_PSM_HEADER_BITS: about PSM_ENTRIES_PER_HEADER stored fingerprints
+    under each prefix value.  Raises ValueError for expected_n < 1.
+    """
+    if not expected_n >= 1:
+        raise ValueError(f"expected_n must be >= 1, found {expected_n}")
+    bits = round(math.log2(max(expected_n / PSM_ENTRIES_PER_HEADER, 2)))
+    return max(1, min(MAX_PSM_HEADER_BITS, bits))
+
+
+def psm_max_probes(k: int) -> int:
+    """Return how many flip sets a probabilistic query within k probes by default.
+
+    2^round(6 + 2 (k - 3) / 7): 64 at k = 3, 128 at k = 6, 256 at k = 10.
+    Measured on real text at psm_header_bits' prefixes
+    (tools/bench/results/psm_index.txt): at k = 3, 64 probes find 99.4% or
+    more of the pairs within 3 bits; at k = 10, 256 probes give the document
+    pipeline the 66 tables' precision and recall; k = 6 lies between.  Raises
+    ValueError for k outside 0..63.
+    """
+    k = operator.index(k)
+    if not 0 <= k < F_BITS:
+        raise ValueError(f"k must be 0..63, found {k}")
+    return 2 ** round(6 + 2 * (k - 3) / 7)
+
+
+def psm_plan(expected_n: int, k: int, *, header_bits: int | None = None) -> Plan:
+    """Return the probabilistic plan: one table, identity permutation, p header bits.
+
+    Queries probe the prefix of Q XOR each flip set of at most k of the p
+    prefix bits in VOSH order of Q's flip probabilities (``ndindex.psm``),
+    up to a budget; probing every set finds every fingerprint within k.
+
+    Parameters: expected_n >= 1; k in 0..MAX_PLANNER_K; header_bits, p
+    (default psm_header_bits(expected_n)), 1..MAX_PSM_HEADER_BITS.
+    Returns: the Plan, probabilistic=True.
+    Raises: ValueError for a bad expected_n, k or header_bits.
+    """
+    k = _check_k(k)
+    p = psm_header_bits(expected_n) if header_bits is None else operator.index(header_bits)
+    if not 1 <= p <= MAX_PSM_HEADER_BITS:
+        raise ValueError(f"header_bits must be 1..{MAX_PSM_HEADER_BITS}, found {p}")
+    return Plan(k=k, tables=(TableDesign(_IDENTITY, p),), probabilistic=True,
+                scheme=f"flip sets of the top {p} bits, most probable first")

@@ -1,19 +1,33 @@
-"""The index file: one LMDB environment, its sub-databases, records and keys.
+"""The index file: one LMDB environment, opened, created, read and written safely.
 
-Everything LMDB-specific lives here.  Callers above see ``Store`` methods,
-framed (checksummed) records and ndindex exceptions; LMDB's own exceptions
-are translated at this boundary and chained with ``from``.
+Everything LMDB-specific lives here and in :mod:`ndindex.pages`.  Callers
+above see ``Store`` methods, framed records and ndindex exceptions; LMDB's
+own exceptions are translated at this boundary and chained with ``from``.
 
-The layout is normative in format-spec/FORMAT.md section 7; names here are
-the spec's.  Why LMDB: a single memory-mapped file with copy-on-write
-B-trees gives readers consistent snapshots that never block the writer, and
-committed transactions survive a crash without a recovery step (SQLite's
-WAL would need a journal beside the file and a page cache we would have to
-copy out of; the kernels want the mapped bytes themselves).
+Why LMDB: a single memory-mapped file with copy-on-write B-trees gives
+readers consistent snapshots that never block the writer, multi-process
+locking, and committed transactions that survive a crash with no recovery
+step.  What LMDB does not give, the store adds:
+
+- **Reads never go through LMDB's tree code.**  A read transaction pins a
+  snapshot; the records are then read from our own read-only mapping by the
+  bounds-checked page reader, so a damaged page gives CorruptionError, not an
+  assertion or a fault.
+- **Writes check the pages LMDB will walk first**: the main and free trees
+  whole, and the path to every key written (``WriteTxn``).
+- **Opening checks both meta pages against the commit record** the index
+  writes in every transaction (``state.txnid``), so LMDB cannot silently
+  open an older commit because a meta page was damaged (FORMAT.md [F9]).
+- **Create is atomic** (build beside, sync, link into place) and the lock
+  file is allocated before LMDB maps it, so a full disk is an error, not
+  SIGBUS.
+
+The layout is normative in format-spec/FORMAT.md section 7.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import struct
@@ -22,122 +36,68 @@ import threading
 
 import lmdb
 
-from ndindex import _core
+from ndindex import _core, pages, records as rec
 from ndindex.errors import (CapacityError, ClosedError, CorruptionError, FormatError,
                             NdindexError, ReadOnlyError)
 
-FORMAT_VERSION = 1
-MAGIC = b"ndindex\0"
-#: Sub-database names (FORMAT.md 7.1).
-DB_META = b"meta"
-DB_SEGMENTS = b"segments"
-DB_LOG = b"log"
-DB_DOCS = b"docs"
-DB_KEYS = b"keys"
-DB_REMOVED = b"removed"
-ALL_DBS = (DB_META, DB_SEGMENTS, DB_LOG, DB_DOCS, DB_KEYS, DB_REMOVED)
-DUPSORT_DBS = (DB_DOCS, DB_KEYS)
-#: Keys in the meta database.
-META_HEADER = b"header"
-META_PLAN = b"plan"
-META_STATE = b"state"
-META_FINGERPRINTER = b"fingerprinter"
-META_CODE_PREFIX = b"code:"
-
-HEADER = struct.Struct("<8sHHBBBBQ")  # magic, read_v, write_v, f, k, t, reserved, expected_n
-STATE = struct.Struct("<QQQQQQ")  # tables_gen, log_next_seq, removed_gen, table_entries, code_n, log_entries
-CRC = struct.Struct("<I")
-U64_BE = struct.Struct(">Q")
-
 #: The map is address space, not memory or disk: LMDB extends the file only
-#: as pages are written.  Starting at 1 TiB on 64-bit systems means the map
-#: practically never has to grow, and growing is the one moment a query in
-#: another thread of the same process could see its mapping move.
+#: as pages are written.  1 TiB on 64-bit systems means it never has to grow.
 INITIAL_MAP_SIZE_BYTES = (1 << 40) if sys.maxsize > 2**32 else (256 << 20)
-#: Grow the map before a large write (tests turn it off to reach the retry path).
-PREGROW_MAP = True
-#: LMDB keys are at most 511 bytes; a document key also carries a type byte
-#: and, in the docs database, a checksum.
-MAX_DOC_KEY_BYTES = 500
+#: LMDB's reader table: one 64-byte slot per reader.
+MAX_READERS = 256
+#: Bytes of the lock file written before LMDB maps it (LMDB needs about
+#: 64 x MAX_READERS + 192; a larger file is used as is).
+LOCK_FILE_BYTES = 64 * 1024
+#: Snapshot attempts before giving up when writers keep overwriting the
+#: meta page a new read transaction refers to.
+SNAPSHOT_RETRIES = 100
+#: A failed write with this little room left, or this close to the process's
+#: file size limit, is taken for a full disk.
+FULL_DISK_SLACK_BYTES = 1 << 20
+
+DURABILITY_FULL = "full"
+DURABILITY_NORMAL = "normal"
 
 
-def frame(payload: bytes) -> bytes:
-    """Return payload followed by its CRC-32C (FORMAT.md [F2])."""
-    return payload + CRC.pack(_core.crc32c(payload))
+def translate_error(exc: Exception, path: str, database: str = "lmdb",
+                    key: bytes | None = None) -> Exception:
+    """Map an LMDB (or OS) error to the ndindex exception a caller can act on.
 
-
-def unframe(value, database: bytes, key: bytes) -> bytes:
-    """Return the payload of a framed record; CorruptionError if the checksum fails."""
-    value = bytes(value)
-    if len(value) < 4:
-        raise CorruptionError(f"record of {len(value)} bytes is too short for its checksum",
-                              database=database.decode(), key=key)
-    payload, (stored,) = value[:-4], CRC.unpack(value[-4:])
-    if _core.crc32c(payload) != stored:
-        raise CorruptionError("record checksum mismatch", database=database.decode(), key=key)
-    return payload
-
-
-def code_key(table: int) -> bytes:
-    return META_CODE_PREFIX + bytes([table])
-
-
-def segment_key(table: int, last: int) -> bytes:
-    """Key of a segment: u8 table, u64 big-endian last fingerprint (FORMAT.md [F6])."""
-    return bytes([table]) + U64_BE.pack(last)
-
-
-def u64_key(value: int) -> bytes:
-    return U64_BE.pack(value)
-
-
-def encode_doc_key(key) -> bytes:
-    """Typed bytes of a document key: 0x00 + bytes, or 0x01 + UTF-8 of a str."""
-    if isinstance(key, str):
-        raw = b"\x01" + key.encode("utf-8")
-    elif isinstance(key, (bytes, bytearray, memoryview)):
-        raw = b"\x00" + bytes(key)
-    else:
-        raise TypeError(f"document keys must be str or bytes, got {type(key).__name__}")
-    if len(raw) - 1 > MAX_DOC_KEY_BYTES:
-        raise ValueError(f"document key is {len(raw) - 1} bytes, at most {MAX_DOC_KEY_BYTES} allowed")
-    if len(raw) == 1:
-        raise ValueError("document keys must not be empty")
-    return raw
-
-
-def decode_doc_key(raw: bytes):
-    """Inverse of encode_doc_key."""
-    if raw[:1] == b"\x01":
-        return raw[1:].decode("utf-8")
-    if raw[:1] == b"\x00":
-        return raw[1:]
-    raise CorruptionError(f"document key type byte {raw[:1].hex()} unknown", database="docs")
-
-
-def translate_error(exc: Exception, path: str) -> Exception:
-    """Map an LMDB error to the ndindex exception a caller can act on."""
+    database and key name where a corruption was met, when the caller knows.
+    """
+    if isinstance(exc, NdindexError):
+        return exc
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
-    if isinstance(exc, (lmdb.DiskError,)) or getattr(exc, "errno", None) == errno.ENOSPC \
-            or "No space left" in str(exc) or os.strerror(errno.EFBIG) in str(exc) \
-            or (os.strerror(errno.EIO) in str(exc) and _out_of_space(path)):
+    text = str(exc)
+    code = getattr(exc, "errno", None)
+    if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) \
+            or "No space left" in text or os.strerror(errno.EFBIG) in text \
+            or (os.strerror(errno.EIO) in text and _out_of_space(path)):
         return CapacityError(f"{path}: disk full ({exc}); the last committed state is intact")
     if isinstance(exc, (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.IncompatibleError)):
         return FormatError(f"{path}: not an ndindex file ({exc})")
     if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadTxnError,
-                        lmdb.PanicError)):
-        return CorruptionError(f"{path}: LMDB reports corruption ({exc})", database="lmdb")
-    if isinstance(exc, lmdb.ReadonlyError):
-        return ReadOnlyError(f"{path}: opened read-only")
-    if not isinstance(exc, lmdb.Error):
-        return exc
-    return NdindexError(f"{path}: {exc}")
+                        lmdb.PanicError, lmdb.BadValsizeError, lmdb.BadRslotError)):
+        return CorruptionError(f"{path}: LMDB reports corruption ({exc})", database=database,
+                               key=key)
+    if isinstance(exc, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) \
+            or "Read-only file system" in text or "Permission denied" in text:
+        return ReadOnlyError(f"{path}: cannot write ({_reason(exc)})")
+    if isinstance(exc, (lmdb.Error, OSError)):
+        return NdindexError(f"{path}: {_reason(exc)}")
+    return exc
 
 
-#: A failed write with this little room left on the file system, or this
-#: close to the process's file size limit, is taken for a full disk.
-FULL_DISK_SLACK_BYTES = 1 << 20
+def _reason(exc: Exception) -> str:
+    """An OS or LMDB error's reason without the file name it carries: the
+    caller names the index, and the file the error names may be a temporary
+    one (Store.create builds the index under another name)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    text = str(exc)
+    head, sep, rest = text.partition(": ")
+    return rest if sep and os.sep in head else text
 
 
 def _out_of_space(path: str) -> bool:
@@ -157,72 +117,251 @@ def _out_of_space(path: str) -> bool:
         return False
 
 
-class Store:
-    """An open index file: the LMDB environment and its sub-databases.
+# -- before LMDB touches a file ------------------------------------------------
 
-    Use :meth:`create` or :meth:`open`.  Writers go through :meth:`write`,
-    which retries once with a larger map when LMDB reports the map full;
-    readers use :meth:`begin_read`.
+
+def _read_only_fs(path: str) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False
+
+
+def check_path_for_open(path: str) -> None:
+    """Refuse what is not a regular file, with the error a user can act on."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not an index file", path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, "no such index", path)
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give the finished file tmp its name path, never replacing an existing path.
+
+    A hard link fails if path appeared meanwhile, so nothing is clobbered;
+    where the file system has no hard links, a rename checked just before
+    (a race with another creator remains, as with any rename).  Raises
+    FileExistsError if path exists.
+    """
+    try:
+        os.link(tmp, path)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise FileExistsError(errno.EEXIST, "already exists", path) from None
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "already exists", path) from None
+        os.rename(tmp, path)
+
+
+def prepare_lock_file(path: str, readonly: bool) -> bool:
+    """Make sure LMDB's lock file exists with its pages allocated; return whether to lock.
+
+    LMDB creates ``<path>-lock``, sizes it with ftruncate and maps it; on a
+    full disk the first store into that sparse mapping kills the process
+    with SIGBUS.  Writing the bytes first turns that into ENOSPC here.
+    Existing bytes are never overwritten: another process may be using them.
+    A read-only opener that cannot create the file opens without a lock
+    (nothing can write where it cannot create a file).
+    """
+    lock = path + "-lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        if readonly and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return os.path.exists(lock) and os.access(lock, os.R_OK | os.W_OK)
+        raise translate_error(exc, path) from exc
+    try:
+        size = os.fstat(fd).st_size
+        if size < LOCK_FILE_BYTES:
+            try:
+                os.pwrite(fd, bytes(LOCK_FILE_BYTES - size), size)
+                os.fsync(fd)
+            except OSError as exc:
+                raise translate_error(exc, path) from exc
+    finally:
+        os.close(fd)
+    return True
+
+
+def pick_meta(metas: list, path: str) -> tuple[int, dict]:
+    """The meta page LMDB will open (slot, meta); CorruptionError if either is damaged.
+
+    Both must parse: LMDB itself refuses a meta page with a bad magic or
+    version, and one with a damaged root or size would mislead it.
+    """
+    for slot, meta in enumerate(metas):
+        if isinstance(meta, CorruptionError):
+            why = str(meta).removesuffix(" (database=lmdb)")
+            raise CorruptionError(f"{path}: meta page {slot} is damaged: {why}", database="lmdb")
+    slot = 1 if metas[0]["txnid"] < metas[1]["txnid"] else 0
+    return slot, metas[slot]
+
+
+def _looks_like_lmdb(path: str) -> bool:
+    """Whether either meta page carries LMDB's magic.
+
+    Page 1 counts too: a file whose meta page 0 alone is damaged is a
+    damaged index (CorruptionError from pick_meta), not a foreign file.
+    """
+    magic = struct.pack("<I", 0xBEEFC0DE)
+    with open(path, "rb") as fh:
+        head = fh.read(2 * pages.MAX_PAGE_BYTES + 24)
+    return head[16:20] == magic or any(
+        head[psize + 16:psize + 20] == magic and head[psize:psize + 8] == struct.pack("<Q", 1)
+        for psize in (512 << i for i in range(8)))
+
+
+# -- the store -----------------------------------------------------------------
+
+
+class Store:
+    """An open index file: the LMDB environment, our mapping of it, write transactions.
+
+    Use :meth:`create` or :meth:`open`.
     """
 
-    def __init__(self, path: str, env: lmdb.Environment, readonly: bool, create: bool = False):
+    def __init__(self, path: str, env: lmdb.Environment, readonly: bool, durability: str):
         self.path = path
         self._env = env
         self.readonly = readonly
-        # Sub-databases are created only with a new file: creating them in
-        # an existing one would write into a file that may not be ours
-        # before the header check can refuse it.
-        self.dbs = {name: env.open_db(name, create=create and not readonly,
-                                      dupsort=name in DUPSORT_DBS)
-                    for name in ALL_DBS}
-        self._write_lock = threading.Lock()
-        #: Called before the map is remapped at a new size, to drop every
-        #: buffer into the old map (Index sets it to drop its snapshot).
-        self.before_remap = None
+        self.durability = durability
+        self.filemap = pages.FileMap(path)
+        self.filemap.metas()
+        self._dbs = {name: env.open_db(name.encode(), create=False) for name in rec.ALL_DBS}
+        self._write_lock = threading.RLock()
+        self.bytes_written = 0  # by this process's commits (values and pages are not counted apart)
 
-    # -- opening -----------------------------------------------------------
+    # -- opening and creating --------------------------------------------------
 
     @classmethod
-    def open(cls, path, *, readonly: bool = False, create: bool = False) -> "Store":
-        """Open (or create) the file at path.
+    def open(cls, path, *, readonly: bool = False, durability: str = DURABILITY_FULL) -> "Store":
+        """Open the index file at path.
 
-        Raises FileNotFoundError if it does not exist and create is false,
-        FormatError if it is not an LMDB file or is truncated, and
-        CorruptionError if LMDB finds damage.  A read-only file or directory
-        opens with readonly=True (without a lock file if none can be made).
+        Raises FileNotFoundError, IsADirectoryError, FormatError (not an
+        LMDB/ndindex file), CorruptionError (damaged meta pages or main
+        tree, truncated file), ReadOnlyError (cannot write where asked to),
+        CapacityError (no room for the lock file).
         """
         path = os.fspath(path)
-        exists = os.path.exists(path)
-        if not exists and not create:
-            raise FileNotFoundError(f"{path}: no such index")
-        if exists:
-            _check_not_truncated(path)
-        size = max(INITIAL_MAP_SIZE_BYTES, 2 * (os.path.getsize(path) if exists else 0))
-        kwargs = dict(subdir=False, max_dbs=len(ALL_DBS), map_size=size, readonly=readonly,
-                      meminit=False, max_readers=256)
+        check_path_for_open(path)
+        if not readonly and not os.access(path, os.W_OK):
+            why = "on a read-only file system" if _read_only_fs(path) else "no permission to write"
+            raise ReadOnlyError(f"{path}: {why}; open it with readonly=True")
+        size = os.path.getsize(path)
+        if size < 8192 or not _looks_like_lmdb(path):
+            raise FormatError(f"{path}: not an ndindex file ({size} bytes, no LMDB meta page)")
+        fm = pages.FileMap(path)
         try:
-            try:
-                env = lmdb.open(path, **kwargs)
-            except lmdb.Error as exc:
-                if not (readonly and _is_permission_error(exc)):
-                    raise
-                # A read-only directory cannot hold the lock file; without it
-                # LMDB cannot coordinate with writers, which is acceptable
-                # because nothing can write here either.
-                env = lmdb.open(path, lock=False, **kwargs)
-            if exists:
-                _check_map_covers_file(env, path)
-            return cls(path, env, readonly, create=not exists)
-        except lmdb.NotFoundError as exc:
-            raise FormatError(f"{path}: not an ndindex file (sub-database missing)") from exc
+            slot, meta = pick_meta(fm.metas(), path)
+            psize = meta["psize"]
+            file_pages = size // psize
+            if meta["last_pg"] >= file_pages and not _tail_is_free(fm, meta, file_pages):
+                raise CorruptionError(f"{path}: file is truncated: {size} bytes, its pages reach "
+                                      f"{(meta['last_pg'] + 1) * psize}", database="lmdb")
+            # LMDB looks up the named databases in the main tree as it opens
+            # them: check that tree whole first.
+            buf = fm.buffer(size)
+            npages = min(file_pages, meta["last_pg"] + 1)
+            pages_ok = pages.PageView(buf, psize, npages, meta["txnid"],
+                                      {"main": pages.Tree.from_record(meta["main"])})
+            pages_ok.scan("main", check_all=True)
+        finally:
+            fm.close()
+        lock = prepare_lock_file(path, readonly)
+        try:
+            env = lmdb.open(path, subdir=False, readonly=readonly, lock=lock,
+                            max_dbs=len(rec.ALL_DBS) + 1, map_size=INITIAL_MAP_SIZE_BYTES,
+                            metasync=False, readahead=False, meminit=False,
+                            max_readers=MAX_READERS)
         except lmdb.Error as exc:
             raise translate_error(exc, path) from exc
+        try:
+            return cls(path, env, readonly, durability)
+        except lmdb.NotFoundError as exc:
+            v1 = _is_format_v1(env)
+            _close_quietly(env)
+            if v1:
+                raise FormatError(f"{path}: an index in file format 1; this version of ndindex "
+                                  f"reads format {rec.FORMAT_VERSION}: convert it with "
+                                  f"`ndindex upgrade {path}`") from exc
+            raise FormatError(f"{path}: not an ndindex file (a named database is missing)") from exc
+        except lmdb.Error as exc:
+            _close_quietly(env)
+            raise translate_error(exc, path) from exc
+        except BaseException:
+            _close_quietly(env)
+            raise
+
+    @classmethod
+    def create(cls, path, initial: dict, *, durability: str = DURABILITY_FULL) -> "Store":
+        """Create a new index file atomically; initial maps meta keys to payloads.
+
+        The file is built beside the target under a temporary name, synced,
+        and linked into place, so a crash at any point leaves either no
+        index or a complete one.  Raises FileExistsError if path exists,
+        ReadOnlyError or CapacityError if the directory cannot take it.
+        """
+        path = os.fspath(path)
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, "already exists", path)
+        directory = os.path.dirname(os.path.abspath(path))
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.creating")
+        try:
+            env = lmdb.open(tmp, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, map_size=1 << 26,
+                            lock=False, meminit=False)
+            try:
+                dbs = {}
+                # Two commits, each writing the state record with its own
+                # transaction id, so that both meta pages name a
+                # transaction that wrote one ([F9]).
+                for _ in range(2):
+                    with env.begin(write=True) as txn:
+                        if not dbs:
+                            dbs = {n: env.open_db(n.encode(), txn=txn, create=True)
+                                   for n in rec.ALL_DBS}
+                            for key, payload in initial.items():
+                                txn.put(key, rec.frame(key, payload), db=dbs[rec.DB_META])
+                        state = rec.State(txnid=txn.id())
+                        txn.put(rec.KEY_STATE, rec.frame(rec.KEY_STATE, state.pack()),
+                                db=dbs[rec.DB_META])
+                env.sync(True)
+            finally:
+                env.close()
+            _fsync_path(tmp)
+            # The lock file before the index appears: a disk too full for it
+            # fails the create with nothing left behind, not an index that
+            # then cannot be opened (and blocks a second create).
+            made_lock = not os.path.lexists(path + "-lock")
+            try:
+                prepare_lock_file(path, readonly=False)
+            except BaseException:
+                if made_lock:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path + "-lock")
+                raise
+            publish(tmp, path)
+            _fsync_path(directory)
+        except (lmdb.Error, OSError) as exc:
+            if isinstance(exc, FileExistsError):
+                raise
+            raise translate_error(exc, path) from exc
+        finally:
+            for leftover in (tmp, tmp + "-lock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
+        return cls.open(path, durability=durability)
 
     def close(self) -> None:
         """Close the environment; later use raises ClosedError."""
         env, self._env = self._env, None
         if env is not None:
-            env.close()
+            self.filemap.close()
+            try:
+                env.close()
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
 
     @property
     def env(self) -> lmdb.Environment:
@@ -230,152 +369,289 @@ class Store:
             raise ClosedError(f"{self.path}: index is closed")
         return self._env
 
-    # -- transactions ------------------------------------------------------
+    # -- reading ---------------------------------------------------------------
 
-    def begin_read(self) -> lmdb.Transaction:
-        """Begin a read transaction (a snapshot); buffers point into the map."""
-        try:
-            return self.env.begin(buffers=True)
-        except lmdb.MapResizedError:
-            # Another process grew the map: adopt its size and retry.  The
-            # remap moves the map, so block addresses taken from the old one
-            # must go first (a reused snapshot would read unmapped pages).
-            if self.before_remap is not None:
-                self.before_remap()
-            self.env.set_mapsize(0)
-            return self.env.begin(buffers=True)
-        except lmdb.Error as exc:
-            raise translate_error(exc, self.path) from exc
+    def latest_txnid(self) -> int:
+        """The newest committed transaction id, from the meta pages (two loads)."""
+        psize = self.filemap.psize
+        buf = self.filemap.buffer(2 * psize)
+        a = struct.unpack_from("<Q", buf, pages.META_TXNID_OFFSET)[0]
+        b = struct.unpack_from("<Q", buf, psize + pages.META_TXNID_OFFSET)[0]
+        return max(a, b)
 
-    def write(self, body, before_grow=None, expect_bytes: int = 0):
-        """Run body(txn) in one write transaction and commit it durably.
+    def snapshot(self):
+        """Begin a read transaction and return (txn, PageView) of its snapshot.
 
-        expect_bytes, an estimate of the pages body will write, lets the map
-        grow before the transaction starts.  If the map fills up anyway, the
-        transaction is aborted, ``before_grow`` is called (to drop read
-        snapshots, which LMDB requires before a resize), the map doubles,
-        and body runs again from the start; body must be safe to repeat.  A
-        full disk raises CapacityError with nothing lost: the aborted
-        transaction leaves the last committed state intact.
+        The caller aborts txn when done; the view is valid until then.
+        Raises CorruptionError if the snapshot's meta page, main tree or
+        named trees are damaged.
+        """
+        env = self.env
+        for _ in range(SNAPSHOT_RETRIES):
+            try:
+                try:
+                    txn = ReadTxn(env.begin(buffers=True), self.path)
+                except lmdb.MapResizedError:
+                    env.set_mapsize(0)
+                    continue
+                txnid = txn.id()
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
+            try:
+                view = self._view_of(txnid)
+            except BaseException:
+                txn.abort()
+                raise
+            if view is not None:
+                return txn, view
+            txn.abort()  # a writer reused the meta page meanwhile: begin again
+        raise CorruptionError(f"{self.path}: no meta page matches the reader's transaction",
+                              database="lmdb")
+
+    def _view_of(self, txnid: int):
+        fm = self.filemap
+        size = fm.file_bytes()
+        psize = fm.psize
+        buf = fm.buffer(size)
+        meta = _meta_at(buf, txnid & 1, psize)
+        if meta is None or meta["txnid"] != txnid:
+            return None
+        npages = min(size // psize, meta["last_pg"] + 1)
+        main = pages.Tree.from_record(meta["main"])
+        trees = pages.named_trees(buf, psize, npages, main, rec.ALL_DBS)
+        trees["main"] = main
+        trees["free"] = pages.Tree.from_record(meta["free"])._replace(flags=0x08)
+        return pages.PageView(buf, psize, npages, txnid, trees)
+
+    # -- writing ---------------------------------------------------------------
+
+    def write(self, body, *, sync: bool = True):
+        """Run body(WriteTxn) in one write transaction and commit it.
+
+        sync=True makes the commit durable before returning (data and meta
+        page flushed); sync=False flushes the data but leaves the meta page
+        to the next sync, so an OS crash may undo this commit but never
+        corrupts the file (LMDB's MDB_NOMETASYNC).  body must not keep the
+        WriteTxn.  A full disk raises CapacityError with nothing lost.
         """
         if self.readonly:
             raise ReadOnlyError(f"{self.path}: opened read-only")
+        env = self.env
         with self._write_lock:
-            # Growing first saves re-running a large body after MapFullError.
-            # The map is address space, not disk: LMDB extends the file only
-            # as pages are written, so generous sizes cost nothing.
-            need = self.used_bytes() + 2 * expect_bytes
-            if PREGROW_MAP and need > self.env.info()["map_size"]:
-                if before_grow is not None:
-                    before_grow()
-                self.env.set_mapsize(max(need, 2 * self.env.info()["map_size"]))
-            for _attempt in range(40):
-                try:
-                    with self.env.begin(write=True) as txn:
-                        return body(txn)
-                except lmdb.MapFullError:
-                    if before_grow is not None:
-                        before_grow()
-                    self.env.set_mapsize(self.env.info()["map_size"] * 2)
-                except lmdb.MapResizedError:
-                    if before_grow is not None:
-                        before_grow()
-                    self.env.set_mapsize(0)
-                except lmdb.Error as exc:
+            try:
+                txn = env.begin(write=True)
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
+            try:
+                wt = WriteTxn(self, txn)
+                result = body(wt)
+                txn.commit()
+            except BaseException as exc:
+                # An abort failing now would hide why the write failed, which
+                # matters more; LMDB frees the transaction either way.
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
+                if isinstance(exc, (lmdb.Error, OSError)) and not isinstance(exc, FileNotFoundError):
                     raise translate_error(exc, self.path) from exc
-            raise CapacityError(f"{self.path}: could not grow the map")
+                raise
+            self.bytes_written += wt.bytes_put
+        if sync:
+            # Outside the write lock: another thread's commit need not wait
+            # for this fsync (LMDB's env sync takes no transaction lock), and
+            # whatever it commits meanwhile is flushed too.
+            try:
+                env.sync(True)
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
+        return result
 
-    # -- records -----------------------------------------------------------
-
-    def get_framed(self, txn, db: bytes, key: bytes):
-        """Return the payload of a framed record, or None if absent."""
-        value = txn.get(key, db=self.dbs[db])
-        return None if value is None else unframe(value, db, key)
-
-    def put_framed(self, txn, db: bytes, key: bytes, payload: bytes) -> None:
-        txn.put(key, frame(payload), db=self.dbs[db])
+    def sync(self) -> None:
+        """Flush every commit to disk (the meta page included)."""
+        if not self.readonly:
+            try:
+                self.env.sync(True)
+            except lmdb.Error as exc:
+                raise translate_error(exc, self.path) from exc
 
     def file_bytes(self) -> int:
         return os.path.getsize(self.path)
 
-    def used_bytes(self) -> int:
-        """Bytes of the file's pages in use (excluding LMDB's free list)."""
-        info = self.env.info()
-        stat = self.env.stat()
-        return (info["last_pgno"] + 1) * stat["psize"]
+    def copy_to(self, dest: str) -> None:
+        """Write a compacted copy of the environment (only live pages) to dest."""
+        try:
+            self.env.copy(dest, compact=True)
+        except lmdb.Error as exc:
+            raise translate_error(exc, dest) from exc
 
 
-# -- header ------------------------------------------------------------------
+class ReadTxn:
+    """An LMDB read transaction pinning a snapshot, as :meth:`Store.snapshot` hands it out.
+
+    Only id() and abort() are offered, and abort() raises ndindex errors:
+    the callers above the store (index, reader) end snapshots without
+    knowing about LMDB.
+    """
+
+    __slots__ = ("_txn", "_path")
+
+    def __init__(self, txn, path: str):
+        self._txn = txn
+        self._path = path
+
+    def id(self) -> int:  # noqa: A003 - mirrors lmdb.Transaction.id
+        return self._txn.id()
+
+    def abort(self) -> None:
+        try:
+            self._txn.abort()
+        except lmdb.Error as exc:
+            raise translate_error(exc, self._path) from exc
 
 
-def pack_header(k: int, tables: int, expected_n: int) -> bytes:
-    """Header payload (FORMAT.md 7.2)."""
-    return HEADER.pack(MAGIC, FORMAT_VERSION, FORMAT_VERSION, 64, k, tables, 0, expected_n)
+class WriteTxn:
+    """A write transaction whose every key is checked on disk before LMDB walks to it.
+
+    ``view`` is the committed snapshot the transaction builds on, read
+    through the page reader; reads of records in a write go through it.
+    """
+
+    def __init__(self, store: Store, txn):
+        self._store = store
+        self._txn = txn
+        self.txnid = txn.id()
+        self.bytes_put = 0
+        view = store._view_of(self.txnid - 1)
+        if view is None:
+            raise CorruptionError(f"{store.path}: no meta page names the last commit "
+                                  f"({self.txnid - 1})", database="lmdb")
+        self.view = view
+        # LMDB walks the main tree (named database records) and the free
+        # list (page reuse) in every write: check them whole.
+        view.scan("main", check_all=True)
+        view.scan("free", check_all=True)
+        self._checked = set()
+
+    def _check_path(self, db: str, key: bytes) -> None:
+        if (db, key) in self._checked:
+            return
+        self.view.scan(db, key, limit=1, check_all=True)
+        self._checked.add((db, key))
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        self._check_path(db, key)
+        try:
+            self._txn.put(key, value, db=self._store._dbs[db])
+        except lmdb.Error as exc:  # here the database and key are known: name them
+            raise translate_error(exc, self._store.path, db, key) from exc
+        self.bytes_put += len(key) + len(value)
+
+    def put_framed(self, key: bytes, payload: bytes) -> None:
+        self.put(rec.DB_META, key, rec.frame(key, payload))
+
+    def delete(self, db: str, key: bytes) -> bool:
+        self._check_path(db, key)
+        try:
+            return self._txn.delete(key, db=self._store._dbs[db])
+        except lmdb.Error as exc:
+            raise translate_error(exc, self._store.path, db, key) from exc
 
 
-def unpack_header(payload: bytes, path: str) -> dict:
-    """Validate a header payload; FormatError naming what is unsupported."""
-    if len(payload) < HEADER.size:
-        raise FormatError(f"{path}: header is {len(payload)} bytes, expected {HEADER.size}")
-    magic, read_v, write_v, f, k, t, reserved, expected_n = HEADER.unpack_from(payload)
-    if magic != MAGIC:
-        raise FormatError(f"{path}: not an ndindex file (magic {magic!r})")
-    if read_v > FORMAT_VERSION:
-        raise FormatError(f"{path}: header read version {read_v} > supported {FORMAT_VERSION}")
-    if f != 64 or reserved != 0:
-        raise FormatError(f"{path}: header f={f} reserved={reserved}, expected 64 and 0")
-    return dict(read_version=read_v, write_version=write_v, k=k, tables=t,
-                expected_n=expected_n)
+def _is_format_v1(env: lmdb.Environment) -> bool:
+    """Whether the environment holds format 1's named databases (its main tree was checked)."""
+    try:
+        with env.begin() as txn:
+            return txn.get(b"segments") is not None and txn.get(b"chunks") is None
+    except lmdb.Error:
+        return False
 
 
-# -- file checks before LMDB maps anything -----------------------------------
+def _meta_at(buf, slot: int, psize: int):
+    try:
+        return _core.lmdb_meta(buf, slot, psize)
+    except CorruptionError:
+        return None
 
 
-def _is_permission_error(exc: lmdb.Error) -> bool:
-    return "Permission denied" in str(exc) or "Read-only file system" in str(exc)
+def _tail_is_free(fm: pages.FileMap, meta: dict, file_pages: int) -> bool:
+    """Whether the pages past the end of the file are all on the free list.
+
+    LMDB's last_pg may name pages that a transaction allocated and freed
+    again without writing (mdb.c: "the file may be shorter if the freeDB
+    lists the final pages").  Such a file is whole; any other short file is
+    truncated.
+    """
+    size = file_pages * meta["psize"]
+    buf = fm.buffer(size)
+    free = pages.PageView(buf, meta["psize"], file_pages, meta["txnid"],
+                          {"free": pages.Tree.from_record(meta["free"])._replace(flags=0x08)})
+    try:
+        listed = set()
+        for _, value in free.scan("free"):
+            ids = _core_idl(value)
+            listed.update(ids)
+    except CorruptionError:
+        return False
+    return all(p in listed for p in range(file_pages, meta["last_pg"] + 1))
 
 
-# LMDB meta pages: two at the start of the file (page 0 and 1), each holding
-# mm_last_pg at a fixed offset.  A file shorter than the pages they name
-# would be read past its end through the map (SIGBUS), so it is refused
-# before LMDB touches it.
-_META_OFFSET = 16  # page header
-_PAGE_BYTES = 4096
+def _core_idl(value) -> list:
+    """Page numbers of an LMDB free-list record (a count, then the ids)."""
+    raw = bytes(value)
+    if len(raw) < 8 or len(raw) % 8:
+        raise CorruptionError("free-list record size impossible", database="lmdb")
+    n = struct.unpack_from("<Q", raw)[0]
+    if n != len(raw) // 8 - 1:
+        raise CorruptionError("free-list record count disagrees with its size", database="lmdb")
+    return list(struct.unpack_from(f"<{n}Q", raw, 8))
 
 
-def _read_meta_last_page(path: str) -> int | None:
-    with open(path, "rb") as fh:
-        head = fh.read(8192 + 256)
-    best = None
-    for page in (0, 1):
-        base = page * _PAGE_BYTES + _META_OFFSET
-        if len(head) < base + 136:
-            return None
-        magic, _version = struct.unpack_from("<II", head, base)
-        if magic != 0xBEEFC0DE:
-            return None
-        # After magic and version: mm_address(8), mm_mapsize(8), two MDB_db
-        # records of 48 bytes, then mm_last_pg(8) and mm_txnid(8).
-        last_pg, txnid = struct.unpack_from("<QQ", head, base + 120)
-        if best is None or txnid > best[1]:
-            best = (last_pg, txnid)
-    return best[0]
+def restamp_commits(path: str) -> None:
+    """Give a copied environment two commits that carry their own state record.
+
+    LMDB's compacting copy renumbers transactions, so the state record no
+    longer names the transaction that wrote it ([F9]).  Two commits, each
+    rewriting the state with its own id, restore the invariant on both meta
+    pages; then the file is synced.
+    """
+    try:
+        env = lmdb.open(path, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, lock=False,
+                        map_size=INITIAL_MAP_SIZE_BYTES, meminit=False)
+    except lmdb.Error as exc:
+        raise translate_error(exc, path) from exc
+    try:
+        meta_db = env.open_db(rec.DB_META.encode(), create=False)
+        for _ in range(2):
+            with env.begin(write=True) as txn:
+                raw = txn.get(rec.KEY_STATE, db=meta_db)
+                if raw is None:
+                    raise CorruptionError("state record is missing", database=rec.DB_META,
+                                          key=rec.KEY_STATE)
+                state = rec.State.unpack(rec.unframe(raw, rec.DB_META, rec.KEY_STATE))
+                state.txnid = txn.id()
+                txn.put(rec.KEY_STATE, rec.frame(rec.KEY_STATE, state.pack()), db=meta_db)
+        env.sync(True)
+    except lmdb.Error as exc:
+        _close_quietly(env)
+        raise translate_error(exc, path) from exc
+    except BaseException:
+        _close_quietly(env)
+        raise
+    try:
+        env.close()
+    except lmdb.Error as exc:
+        raise translate_error(exc, path) from exc
+    _fsync_path(path)
 
 
-def _check_not_truncated(path: str) -> None:
-    size = os.path.getsize(path)
-    if size < 8192:
-        raise FormatError(f"{path}: not an ndindex file ({size} bytes is too small)")
-    last = _read_meta_last_page(path)
-    if last is None:
-        raise FormatError(f"{path}: not an ndindex file (no LMDB meta page)")
-    if (last + 1) * _PAGE_BYTES > size:
-        raise CorruptionError(
-            f"{path}: file is truncated: {size} bytes, its pages reach {(last + 1) * _PAGE_BYTES}",
-            database="lmdb")
+def _close_quietly(env: lmdb.Environment) -> None:
+    """Close an environment on a failure path: the failure being reported matters more."""
+    with contextlib.suppress(lmdb.Error):
+        env.close()
 
 
-def _check_map_covers_file(env: lmdb.Environment, path: str) -> None:
-    info = env.info()
-    if (info["last_pgno"] + 1) * env.stat()["psize"] > os.path.getsize(path):
-        raise CorruptionError(f"{path}: file is truncated", database="lmdb")
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

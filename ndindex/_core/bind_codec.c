@@ -14,9 +14,21 @@
 
 static PyObject *CorruptionError;
 
-PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset) {
-    PyObject *kw = offset >= 0 ? Py_BuildValue("{s:s,s:n}", "database", database, "offset", offset)
-                               : Py_BuildValue("{s:s}", "database", database);
+PyObject *ndx_raise_corruption_at(PyObject *message, const char *database, const char *key,
+                                  Py_ssize_t key_len, Py_ssize_t offset) {
+    PyObject *kw = Py_BuildValue("{s:s}", "database", database);
+    if (kw && offset >= 0) {
+        PyObject *o = PyLong_FromSsize_t(offset);
+        if (!o || PyDict_SetItemString(kw, "offset", o) < 0)
+            Py_CLEAR(kw);
+        Py_XDECREF(o);
+    }
+    if (kw && key) {
+        PyObject *k = PyBytes_FromStringAndSize(key, key_len);
+        if (!k || PyDict_SetItemString(kw, "key", k) < 0)
+            Py_CLEAR(kw);
+        Py_XDECREF(k);
+    }
     PyObject *args = message ? PyTuple_Pack(1, message) : NULL;
     if (kw && args) {
         PyObject *exc = PyObject_Call(CorruptionError, args, kw);
@@ -29,6 +41,10 @@ PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize
     Py_XDECREF(args);
     Py_XDECREF(message);
     return NULL;
+}
+
+PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset) {
+    return ndx_raise_corruption_at(message, database, NULL, 0, offset);
 }
 
 const char *ndx_status_text(long rc) {
@@ -365,6 +381,127 @@ static PyObject *py_delta_histogram(PyObject *self, PyObject *args) {
     return res;
 }
 
+
+PyDoc_STRVAR(merge_unique_doc,
+             "merge_unique(runs, hide, out) -> int\n\n"
+             "Merge sorted, strictly increasing uint64 buffers (at most 64) into out,\n"
+             "dropping repeats and every value of the sorted buffer hide; return the\n"
+             "count written.  out must hold the sum of the lengths.  GIL released.");
+static PyObject *py_merge_unique(PyObject *self, PyObject *args) {
+    PyObject *runs;
+    Py_buffer hide, out;
+    if (!PyArg_ParseTuple(args, "Oy*w*", &runs, &hide, &out))
+        return NULL;
+    PyObject *res = NULL, *fast = PySequence_Fast(runs, "runs must be a sequence");
+    Py_buffer views[64];
+    int nv = 0;
+    if (!fast)
+        goto done;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(fast);
+    if (k > 64 || hide.len % 8 || out.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "at most 64 runs of uint64; hide and out uint64");
+        goto done;
+    }
+    const uint64_t *ptrs[64];
+    size_t lens[64], total = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (ndx_get_u64_buffer(PySequence_Fast_GET_ITEM(fast, i), &views[nv], 0, "run") < 0)
+            goto done;
+        ptrs[i] = views[nv].buf;
+        lens[i] = (size_t)views[nv].len / 8;
+        total += lens[i];
+        nv++;
+    }
+    if ((size_t)out.len / 8 < total) {
+        PyErr_SetString(PyExc_ValueError, "out is smaller than the runs together");
+        goto done;
+    }
+    size_t m;
+    Py_BEGIN_ALLOW_THREADS m = merge_unique_u64(ptrs, lens, (int)k, hide.buf, (size_t)hide.len / 8,
+                                                out.buf);
+    Py_END_ALLOW_THREADS if (m == (size_t)-1) PyErr_NoMemory();
+    else res = PyLong_FromSize_t(m);
+done:
+    for (int i = 0; i < nv; i++)
+        PyBuffer_Release(&views[i]);
+    Py_XDECREF(fast);
+    PyBuffer_Release(&hide);
+    PyBuffer_Release(&out);
+    return res;
+}
+
+PyDoc_STRVAR(raw_encode_doc,
+             "raw_encode(values, out_blocks, out_keys) -> int\n\n"
+             "Encode strictly increasing uint64 values as raw blocks (FORMAT.md 5.3);\n"
+             "return the number of blocks.  GIL released.");
+static PyObject *py_raw_encode(PyObject *self, PyObject *args) {
+    Py_buffer values, blocks, keys;
+    if (!PyArg_ParseTuple(args, "y*w*w*", &values, &blocks, &keys))
+        return NULL;
+    PyObject *res = NULL;
+    if (values.len % 8 || keys.len % 8 || check_blocks(&blocks) < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "values and keys must be uint64 buffers");
+        goto done;
+    }
+    size_t cap = (size_t)blocks.len / BLOCK_BYTES;
+    if ((size_t)keys.len / 8 < cap) {
+        PyErr_SetString(PyExc_ValueError, "out_keys needs one slot per output block");
+        goto done;
+    }
+    long rc;
+    Py_BEGIN_ALLOW_THREADS rc = raw_encode(values.buf, (size_t)values.len / 8, blocks.buf, cap,
+                                           keys.buf);
+    Py_END_ALLOW_THREADS if (rc == CODEC_UNSORTED_INPUT) PyErr_SetString(
+        PyExc_ValueError, "values must be strictly increasing (sorted, without duplicates)");
+    else if (rc < 0) PyErr_SetString(PyExc_ValueError, "output buffer too small");
+    else res = PyLong_FromLong(rc);
+done:
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&blocks);
+    PyBuffer_Release(&keys);
+    return res;
+}
+
+PyDoc_STRVAR(raw_decode_doc,
+             "raw_decode(blocks, out) -> int\n\n"
+             "Decode consecutive raw blocks into out (uint64, room for 127 per block),\n"
+             "checking each checksum, count, order and padding, and that values\n"
+             "increase across blocks; return the count.  Raises CorruptionError naming\n"
+             "the first bad block.  GIL released.");
+static PyObject *py_raw_decode(PyObject *self, PyObject *args) {
+    Py_buffer blocks, out;
+    if (!PyArg_ParseTuple(args, "y*w*", &blocks, &out))
+        return NULL;
+    PyObject *res = NULL;
+    if (check_blocks(&blocks) < 0 || out.len % 8)
+        goto done;
+    size_t nb = (size_t)blocks.len / BLOCK_BYTES, cap = (size_t)out.len / 8, m = 0;
+    long rc = 0;
+    Py_ssize_t bad = -1;
+    uint64_t *o = out.buf;
+    Py_BEGIN_ALLOW_THREADS for (size_t b = 0; b < nb; b++) {
+        if (cap - m < RAW_BLOCK_MAX_VALUES) {
+            rc = CODEC_OVERRUN;
+            bad = (Py_ssize_t)b;
+            break;
+        }
+        rc = raw_decode((const uint8_t *)blocks.buf + b * BLOCK_BYTES, o + m);
+        if (rc < 0 || (m && o[m] <= o[m - 1])) {
+            rc = rc < 0 ? rc : CODEC_NOT_SORTED;
+            bad = (Py_ssize_t)b;
+            break;
+        }
+        m += (size_t)rc;
+    }
+    Py_END_ALLOW_THREADS if (bad >= 0) raise_block_error(rc, bad);
+    else res = PyLong_FromSize_t(m);
+done:
+    PyBuffer_Release(&blocks);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 PyMethodDef codec_methods[] = {
     {"permute", py_permute, METH_VARARGS, permute_doc},
     {"delta_histogram", py_delta_histogram, METH_VARARGS, delta_histogram_doc},
@@ -374,6 +511,9 @@ PyMethodDef codec_methods[] = {
     {"decode", py_decode, METH_VARARGS, decode_doc},
     {"probe", py_probe, METH_VARARGS, probe_doc},
     {"crc32c", py_crc32c, METH_O, crc32c_doc},
+    {"merge_unique", py_merge_unique, METH_VARARGS, merge_unique_doc},
+    {"raw_encode", py_raw_encode, METH_VARARGS, raw_encode_doc},
+    {"raw_decode", py_raw_decode, METH_VARARGS, raw_decode_doc},
     {NULL, NULL, 0, NULL},
 };
 

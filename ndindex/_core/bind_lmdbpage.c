@@ -1,11 +1,19 @@
 /* Python binding of the LMDB page reader (lmdbpage.c).
  *
- * A map is passed as (buffer, psize, npages): the bytes of the file (an
- * mmap), the page size and how many pages may be read.  A tree is passed as
- * (root, depth).  Values come back as (offset, length, flags) into the
- * buffer, so Python slices the map without copying. */
+ * A map is passed as (buffer, psize, npages): the bytes of the file (a
+ * FileMapping), the page size and how many pages may be read.  A tree is
+ * passed as (root or None, depth, flags).  Values come back as (offset,
+ * length, flags) into the buffer, so Python slices the map without copying.
+ *
+ * FileMapping maps a file read-only with room to grow, as LMDB maps its
+ * own: a snapshot reads pages that later commits appended without a new
+ * mapping (Python's mmap cannot map past the end of a file, and remapping
+ * at every commit would fault every page in again). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#ifndef _WIN32
+#include <sys/mman.h>
+#endif
 
 #include "bindings.h"
 #include "lmdbpage.h"
@@ -74,32 +82,45 @@ static PyObject *py_lmdb_meta(PyObject *self, PyObject *args) {
     return res;
 }
 
-static int tree_of(unsigned long long root, int depth, mdbp_db *db) {
+/* A tree from a Python tuple (root, depth, flags): root None or an int. */
+int ndx_tree_of(PyObject *obj, mdbp_db *db) {
+    PyObject *root;
+    int depth;
+    unsigned int flags;
     memset(db, 0, sizeof *db);
-    db->root = root;
-    db->depth = (uint16_t)(depth < 0 ? 0 : depth);
-    if (depth < 0 || depth > MDBP_MAX_DEPTH) {
-        PyErr_SetString(PyExc_ValueError, "depth out of range");
+    if (!PyArg_ParseTuple(obj, "OiI", &root, &depth, &flags))
+        return -1;
+    if (root == Py_None) {
+        db->root = MDBP_INVALID_PGNO;
+    } else {
+        db->root = PyLong_AsUnsignedLongLong(root);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "tree depth or flags out of range");
         return -1;
     }
+    db->depth = (uint16_t)depth;
+    db->flags = (uint16_t)flags;
     return 0;
 }
 
 PyDoc_STRVAR(lmdb_get_doc,
-             "lmdb_get(file, psize, npages, root, depth, key) -> (offset, length, flags) | None\n\n"
-             "Exact lookup of key in the tree (root, depth); the value lies at\n"
+             "lmdb_get(file, psize, npages, tree, key) -> (offset, length, flags) | None\n\n"
+             "Exact lookup of key in tree = (root or None, depth, db flags); the value lies at\n"
              "file[offset:offset + length].  Raises CorruptionError for a damaged page.");
 static PyObject *py_lmdb_get(PyObject *self, PyObject *args) {
     Py_buffer buf, key;
     unsigned long psize;
-    unsigned long long npages, root;
-    int depth;
-    if (!PyArg_ParseTuple(args, "y*kKKiy*", &buf, &psize, &npages, &root, &depth, &key))
+    unsigned long long npages;
+    PyObject *tree;
+    if (!PyArg_ParseTuple(args, "y*kKOy*", &buf, &psize, &npages, &tree, &key))
         return NULL;
     PyObject *res = NULL;
     mdbp_map map;
     mdbp_db db;
-    if (ndx_get_map(&buf, psize, npages, &map) == 0 && tree_of(root, depth, &db) == 0) {
+    if (ndx_get_map(&buf, psize, npages, &map) == 0 && ndx_tree_of(tree, &db) == 0) {
         const uint8_t *val;
         size_t vlen;
         unsigned flags;
@@ -119,26 +140,27 @@ static PyObject *py_lmdb_get(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(lmdb_scan_doc,
-             "lmdb_scan(file, psize, npages, root, depth, start, prefix=b'', limit=-1,\n"
+             "lmdb_scan(file, psize, npages, tree, start, prefix=b'', limit=-1,\n"
              "          check_all=False) -> list[(key, offset, length, flags)]\n\n"
              "The entries from the first key >= start, in order, while keys begin with\n"
              "prefix, at most limit of them.  check_all checks every node of every page\n"
              "visited.  Raises CorruptionError for a damaged page.");
 static PyObject *py_lmdb_scan(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"file", "psize", "npages", "root", "depth", "start", "prefix",
+    static char *names[] = {"file", "psize", "npages", "tree", "start", "prefix",
                             "limit", "check_all", NULL};
     Py_buffer buf, start, prefix = {0};
     unsigned long psize;
-    unsigned long long npages, root;
-    int depth, check_all = 0;
+    unsigned long long npages;
+    PyObject *tree;
+    int check_all = 0;
     Py_ssize_t limit = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*kKKiy*|y*np", names, &buf, &psize, &npages,
-                                     &root, &depth, &start, &prefix, &limit, &check_all))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*kKOy*|y*np", names, &buf, &psize, &npages,
+                                     &tree, &start, &prefix, &limit, &check_all))
         return NULL;
     PyObject *res = NULL;
     mdbp_map map;
     mdbp_db db;
-    if (ndx_get_map(&buf, psize, npages, &map) < 0 || tree_of(root, depth, &db) < 0)
+    if (ndx_get_map(&buf, psize, npages, &map) < 0 || ndx_tree_of(tree, &db) < 0)
         goto done;
     res = PyList_New(0);
     if (!res)
@@ -208,6 +230,97 @@ static PyObject *py_lmdb_tree(PyObject *self, PyObject *args) {
     PyBuffer_Release(&raw);
     return res;
 }
+
+#ifndef _WIN32
+typedef struct {
+    PyObject_HEAD
+    void *addr;
+    Py_ssize_t length;
+    Py_ssize_t exports;
+} FileMapping;
+
+static int mapping_init(FileMapping *self, PyObject *args, PyObject *kw) {
+    int fd;
+    Py_ssize_t length;
+    if (!PyArg_ParseTuple(args, "in", &fd, &length))
+        return -1;
+    if (self->addr) {
+        PyErr_SetString(PyExc_ValueError, "FileMapping is already mapped");
+        return -1;
+    }
+    if (length <= 0) {
+        PyErr_SetString(PyExc_ValueError, "length must be positive");
+        return -1;
+    }
+    void *addr = mmap(NULL, (size_t)length, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+#ifdef MADV_RANDOM
+    /* Queries touch a few scattered pages; read-ahead would only grow RSS. */
+    madvise(addr, (size_t)length, MADV_RANDOM);
+#endif
+    self->addr = addr;
+    self->length = length;
+    return 0;
+}
+
+static void mapping_dealloc(FileMapping *self) {
+    if (self->addr)
+        munmap(self->addr, (size_t)self->length);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int mapping_getbuffer(FileMapping *self, Py_buffer *view, int flags) {
+    if (!self->addr) {
+        PyErr_SetString(PyExc_ValueError, "FileMapping is not mapped");
+        return -1;
+    }
+    if (PyBuffer_FillInfo(view, (PyObject *)self, self->addr, self->length, 1, flags) < 0)
+        return -1;
+    self->exports++;
+    return 0;
+}
+
+static void mapping_releasebuffer(FileMapping *self, Py_buffer *view) {
+    self->exports--;
+}
+
+static PyBufferProcs mapping_as_buffer = {
+    (getbufferproc)mapping_getbuffer,
+    (releasebufferproc)mapping_releasebuffer,
+};
+
+static PyTypeObject FileMappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ndindex._core.FileMapping",
+    .tp_basicsize = sizeof(FileMapping),
+    .tp_dealloc = (destructor)mapping_dealloc,
+    .tp_as_buffer = &mapping_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "FileMapping(fd, length): a read-only shared mapping of length bytes of a file.\n\n"
+              "Bytes past the end of the file must not be read (the OS signals SIGBUS);\n"
+              "callers bound every read by the file's size.  Unmapped when the last\n"
+              "reference (including buffers taken from it) goes.",
+    .tp_init = (initproc)mapping_init,
+    .tp_new = PyType_GenericNew,
+};
+
+int lmdbpage_module_init(PyObject *m) {
+    if (PyType_Ready(&FileMappingType) < 0)
+        return -1;
+    Py_INCREF(&FileMappingType);
+    if (PyModule_AddObject(m, "FileMapping", (PyObject *)&FileMappingType) < 0) {
+        Py_DECREF(&FileMappingType);
+        return -1;
+    }
+    return 0;
+}
+#else
+int lmdbpage_module_init(PyObject *m) {
+    return 0; /* Python falls back to mmap.mmap and remaps as the file grows */
+}
+#endif
 
 PyMethodDef lmdbpage_methods[] = {
     {"lmdb_meta", py_lmdb_meta, METH_VARARGS, lmdb_meta_doc},

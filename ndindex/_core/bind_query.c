@@ -4,26 +4,46 @@
 #include <Python.h>
 
 #include "bindings.h"
+#include "psm.h"
 #include "query.h"
 
 #define SNAPSHOT_CAPSULE "ndindex._core.snapshot"
+#define DIRECTORY_CAPSULE "ndindex._core.run_directory"
+
+/* A run directory and the buffer (the file's mapping) its pointers lie in. */
+typedef struct {
+    run_directory d;
+    Py_buffer file;
+} directory_box;
+
+static void directory_free(PyObject *cap) {
+    directory_box *box = PyCapsule_GetPointer(cap, DIRECTORY_CAPSULE);
+    if (box) {
+        run_directory_free(&box->d);
+        PyBuffer_Release(&box->file);
+        PyMem_Free(box);
+    }
+}
 /* Release the GIL for batches of at least this many queries. */
 #define GIL_RELEASE_QUERIES 8
 
 /* The C snapshot plus the Python objects whose memory it points into. */
 typedef struct {
     query_snapshot s;
+    query_table *tables;
+    query_run *runs;
     int nviews;
     Py_buffer *views;
-    PyObject *codes; /* tuple keeping the code capsules alive */
+    PyObject *keep; /* list of objects (code capsules) the snapshot points into */
 } snapshot_box;
 
 static void box_free(snapshot_box *box) {
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
-    PyMem_Free(box->s.tables);
-    Py_XDECREF(box->codes);
+    PyMem_Free(box->tables);
+    PyMem_Free(box->runs);
+    Py_XDECREF(box->keep);
     PyMem_Free(box);
 }
 
@@ -69,105 +89,171 @@ fail:
     return -1;
 }
 
+/* Take a uint64 buffer into the box; *n gets its length in values. */
+static const uint64_t *take_u64(snapshot_box *box, PyObject *obj, size_t *n, const char *what) {
+    Py_buffer *v = &box->views[box->nviews];
+    if (ndx_get_u64_buffer(obj, v, 0, what) < 0)
+        return NULL;
+    box->nviews++;
+    *n = (size_t)v->len / 8;
+    return v->buf ? v->buf : (const uint64_t *)"";
+}
+
+static PyObject *raise_query_error(int rc, const query_error *err);
+
+/* A bound that may be None: *has 0 for None. */
+static int parse_bound(PyObject *obj, int *has, uint64_t *v) {
+    *has = obj != Py_None;
+    if (!*has)
+        return 0;
+    *v = PyLong_AsUnsignedLongLong(obj);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int parse_run(snapshot_box *box, PyObject *item, query_run *r) {
+    int space, kind;
+    unsigned long run_id;
+    unsigned long long last;
+    PyObject *code, *lo, *hi, *dir;
+    if (!PyArg_ParseTuple(item, "iikOKOOO", &space, &kind, &run_id, &code, &last, &lo, &hi, &dir))
+        return -1;
+    r->dir = NULL;
+    if (dir != Py_None) {
+        directory_box *db = PyCapsule_GetPointer(dir, DIRECTORY_CAPSULE);
+        if (!db || PyList_Append(box->keep, dir) < 0)
+            return -1;
+        r->dir = &db->d;
+    }
+    if (space < 0 || space > 255 || (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW) ||
+        run_id > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "run space, kind or id out of range");
+        return -1;
+    }
+    r->space = (uint8_t)space;
+    r->kind = (uint8_t)kind;
+    r->run_id = (uint32_t)run_id;
+    r->last = last;
+    if (kind == RUN_KIND_HUFFMAN) {
+        if (ndx_get_code(code, &r->code) < 0 || PyList_Append(box->keep, code) < 0)
+            return -1;
+    }
+    return parse_bound(lo, &r->has_lo, &r->lo) < 0 || parse_bound(hi, &r->has_hi, &r->hi) < 0
+               ? -1
+               : 0;
+}
+
 PyDoc_STRVAR(make_snapshot_doc,
-             "make_snapshot(tables, removed) -> capsule\n\n"
-             "tables: sequence of (p, runs, inverse_runs, code, keys, block_addresses, log,\n"
-             "decoded, offsets) with uint64 buffers (log sorted and permuted; decoded, the\n"
-             "whole table when preloaded, else None; offsets, where each block starts in\n"
-             "decoded, one more than the blocks, or None);\n"
-             "removed: sorted uint64 buffer of unpermuted values never to report.\n"
-             "The caller must keep the memory the block addresses point to alive\n"
-             "for as long as the snapshot is used.");
+             "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs) -> capsule\n\n"
+             "file: the mapped index file; psize, npages: its page size and readable pages;\n"
+             "chunks_tree: (root or None, depth, flags) of the chunks database;\n"
+             "tables: sequence of (p, runs, inverse_runs, table_runs, log) where table_runs\n"
+             "is a sequence of (space, kind, run_id, code or None, last, lo or None,\n"
+             "hi or None, directory or None) -- live range (lo, hi], directory from\n"
+             "run_directory() -- and log the sorted permuted log\n"
+             "additions (uint64);\n"
+             "hide_runs: sorted uint64 values never reported from a run.\n"
+             "The caller keeps the LMDB read transaction that pins the pages open for as\n"
+             "long as the snapshot is used.");
 static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
-    PyObject *tables, *removed;
-    if (!PyArg_ParseTuple(args, "OO", &tables, &removed))
+    PyObject *file, *chunks, *tables, *hide_runs;
+    unsigned long psize;
+    unsigned long long npages;
+    if (!PyArg_ParseTuple(args, "OkKOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs))
         return NULL;
     PyObject *fast = PySequence_Fast(tables, "tables must be a sequence");
     if (!fast)
         return NULL;
     Py_ssize_t nt = PySequence_Fast_GET_SIZE(fast);
     snapshot_box *box = PyMem_Calloc(1, sizeof *box);
+    PyObject *cap = NULL;
     if (!box) {
         Py_DECREF(fast);
         return PyErr_NoMemory();
     }
-    box->s.ntables = (int)nt;
-    box->s.tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
-    box->views = PyMem_Calloc(5 * nt + 1, sizeof(Py_buffer));
-    box->codes = PyTuple_New(nt);
-    PyObject *cap = NULL;
-    if (!box->s.tables || !box->views || !box->codes) {
+    box->keep = PyList_New(0);
+    box->tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
+    box->views = PyMem_Calloc(nt + 3, sizeof(Py_buffer));
+    if (!box->keep || !box->tables || !box->views) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t t = 0; t < nt; t++) {
-        query_table *tb = &box->s.tables[t];
-        PyObject *p, *runs, *inv, *code, *keys, *addrs, *log, *decoded, *offsets;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, t), "OOOOOOOOO", &p, &runs, &inv,
-                              &code, &keys, &addrs, &log, &decoded, &offsets))
+    /* The file buffer, then one log per table, then the three value lists. */
+    Py_buffer *fv = &box->views[box->nviews];
+    if (PyObject_GetBuffer(file, fv, PyBUF_SIMPLE) < 0)
+        goto fail;
+    box->nviews++;
+    if (ndx_get_map(fv, psize, npages, &box->s.map) < 0)
+        goto fail;
+    {
+        PyObject *root;
+        int depth;
+        unsigned int flags;
+        if (!PyArg_ParseTuple(chunks, "OiI", &root, &depth, &flags))
             goto fail;
-        tb->p = (int)PyLong_AsLong(p);
-        if (tb->p < 0 || tb->p > 64) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "p must be in 0..64");
+        memset(&box->s.chunks, 0, sizeof box->s.chunks);
+        box->s.chunks.root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
+        if (PyErr_Occurred())
+            goto fail;
+        if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
+            PyErr_SetString(PyExc_ValueError, "chunks tree depth or flags out of range");
             goto fail;
         }
-        if (ndx_parse_runs(runs, &tb->fwd) < 0 || ndx_parse_runs(inv, &tb->inv) < 0)
+        box->s.chunks.depth = (uint16_t)depth;
+        box->s.chunks.flags = (uint16_t)flags;
+    }
+    Py_ssize_t total_runs = 0;
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, t);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
+            PyErr_SetString(PyExc_TypeError, "each table is (p, runs, inverse_runs, table_runs, log)");
+            goto fail;
+        }
+        Py_ssize_t nr = PySequence_Size(PyTuple_GET_ITEM(item, 3));
+        if (nr < 0)
+            goto fail;
+        total_runs += nr;
+    }
+    box->runs = PyMem_Calloc(total_runs ? total_runs : 1, sizeof(query_run));
+    if (!box->runs) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    query_run *next_run = box->runs;
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        query_table *tb = &box->tables[t];
+        PyObject *item = PySequence_Fast_GET_ITEM(fast, t);
+        tb->p = (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (PyErr_Occurred())
+            goto fail;
+        if (tb->p < 0 || tb->p > 64) {
+            PyErr_SetString(PyExc_ValueError, "p must be in 0..64");
+            goto fail;
+        }
+        if (ndx_parse_runs(PyTuple_GET_ITEM(item, 1), &tb->fwd) < 0 ||
+            ndx_parse_runs(PyTuple_GET_ITEM(item, 2), &tb->inv) < 0)
             goto fail;
         uint64_t top = tb->p == 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         tb->orig_mask = perm_apply(&tb->inv, top);
-        if (ndx_get_code(code, &tb->code) < 0)
+        PyObject *runs = PySequence_Fast(PyTuple_GET_ITEM(item, 3), "table runs must be a sequence");
+        if (!runs)
             goto fail;
-        Py_INCREF(code);
-        PyTuple_SET_ITEM(box->codes, t, code);
-        Py_buffer *v = &box->views[box->nviews];
-        if (ndx_get_u64_buffer(keys, &v[0], 0, "keys") < 0)
-            goto fail;
-        box->nviews++;
-        if (ndx_get_u64_buffer(addrs, &v[1], 0, "block addresses") < 0)
-            goto fail;
-        box->nviews++;
-        if (ndx_get_u64_buffer(log, &v[2], 0, "log") < 0)
-            goto fail;
-        box->nviews++;
-        if (v[0].len != v[1].len) {
-            PyErr_SetString(PyExc_ValueError, "one block address per key");
-            goto fail;
-        }
-        tb->nblocks = (size_t)v[0].len / 8;
-        tb->keys = v[0].buf;
-        tb->block_addr = v[1].buf;
-        tb->nlog = (size_t)v[2].len / 8;
-        tb->log = v[2].buf;
-        if (decoded != Py_None) {
-            if (ndx_get_u64_buffer(decoded, &v[3], 0, "decoded") < 0)
-                goto fail;
-            box->nviews++;
-            if (ndx_get_u64_buffer(offsets, &v[4], 0, "offsets") < 0)
-                goto fail;
-            box->nviews++;
-            tb->ndecoded = (size_t)v[3].len / 8;
-            tb->decoded = v[3].buf;
-            tb->offsets = v[4].buf;
-            const uint64_t *off = v[4].buf;
-            if ((size_t)v[4].len / 8 != tb->nblocks + 1 || off[0] != 0 ||
-                off[tb->nblocks] != tb->ndecoded) {
-                PyErr_SetString(PyExc_ValueError, "offsets must bound each block in decoded");
+        tb->runs = next_run;
+        tb->nruns = (int)PySequence_Fast_GET_SIZE(runs);
+        for (int r = 0; r < tb->nruns; r++) {
+            if (parse_run(box, PySequence_Fast_GET_ITEM(runs, r), next_run++) < 0) {
+                Py_DECREF(runs);
                 goto fail;
             }
-            for (size_t b = 0; b < tb->nblocks; b++)
-                if (off[b] >= off[b + 1]) {
-                    PyErr_SetString(PyExc_ValueError, "offsets must increase");
-                    goto fail;
-                }
         }
+        Py_DECREF(runs);
+        tb->log = take_u64(box, PyTuple_GET_ITEM(item, 4), &tb->nlog, "log");
+        if (!tb->log)
+            goto fail;
     }
-    Py_buffer *rv = &box->views[box->nviews];
-    if (ndx_get_u64_buffer(removed, rv, 0, "removed") < 0)
+    box->s.ntables = (int)nt;
+    box->s.tables = box->tables;
+    if (!(box->s.hide_runs = take_u64(box, hide_runs, &box->s.nhide_runs, "hide_runs")))
         goto fail;
-    box->nviews++;
-    box->s.nremoved = (size_t)rv->len / 8;
-    box->s.removed = rv->buf;
     cap = PyCapsule_New(box, SNAPSHOT_CAPSULE, snapshot_free);
     if (!cap)
         goto fail;
@@ -179,12 +265,16 @@ fail:
     return NULL;
 }
 
-static PyObject *raise_query_error(int rc, int table, size_t block) {
-    if (rc == -100)
+static PyObject *raise_query_error(int rc, const query_error *err) {
+    if (rc == QUERY_NOMEM)
         return PyErr_NoMemory();
-    return ndx_raise_corruption(PyUnicode_FromFormat("table %d, block %zu: %s", table, block,
-                                                     ndx_status_text(rc)),
-                                "segments", -1);
+    PyObject *msg = err->pgno
+        ? PyUnicode_FromFormat("table %d, run %u: %s (LMDB page %llu)", err->table,
+                               (unsigned)err->run_id, err->what, (unsigned long long)err->pgno)
+        : PyUnicode_FromFormat("table %d, run %u: %s", err->table, (unsigned)err->run_id,
+                               err->what);
+    return ndx_raise_corruption_at(msg, "chunks", err->has_key ? (const char *)err->key : NULL,
+                                   CHUNK_KEY_BYTES, -1);
 }
 
 static PyObject *results_to_python(query_results *r) {
@@ -200,6 +290,42 @@ static PyObject *results_to_python(query_results *r) {
     return res;
 }
 
+/* Optional pending (adds, removes) buffers; both None for none. */
+typedef struct {
+    query_pending p;
+    Py_buffer adds, removes;
+    int have;
+} pending_args;
+
+static int get_pending(PyObject *adds, PyObject *removes, pending_args *pa) {
+    memset(pa, 0, sizeof *pa);
+    if (adds == Py_None && removes == Py_None)
+        return 0;
+    if (adds == Py_None || removes == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "pending adds and removes go together");
+        return -1;
+    }
+    if (ndx_get_u64_buffer(adds, &pa->adds, 0, "pending adds") < 0)
+        return -1;
+    if (ndx_get_u64_buffer(removes, &pa->removes, 0, "pending removes") < 0) {
+        PyBuffer_Release(&pa->adds);
+        return -1;
+    }
+    pa->have = 1;
+    pa->p.adds = pa->adds.buf;
+    pa->p.nadds = (size_t)pa->adds.len / 8;
+    pa->p.removes = pa->removes.buf;
+    pa->p.nremoves = (size_t)pa->removes.len / 8;
+    return 0;
+}
+
+static void release_pending(pending_args *pa) {
+    if (pa->have) {
+        PyBuffer_Release(&pa->adds);
+        PyBuffer_Release(&pa->removes);
+    }
+}
+
 static query_snapshot *get_snapshot(PyObject *obj) {
     snapshot_box *box = PyCapsule_GetPointer(obj, SNAPSHOT_CAPSULE);
     if (!box) {
@@ -211,25 +337,35 @@ static query_snapshot *get_snapshot(PyObject *obj) {
 }
 
 PyDoc_STRVAR(query_doc,
-             "query(snapshot, q, k) -> list[tuple[int, int]]\n\n"
+             "query(snapshot, q, k, pending_adds=None, pending_removes=None)\n"
+             "    -> list[tuple[int, int]]\n\n"
              "Every stored value within Hamming distance k of q, distinct, as\n"
-             "(value, distance) pairs ordered by (distance, value).");
+             "(value, distance) pairs ordered by (distance, value).  pending_adds\n"
+             "(uint64, unsorted) are seen as stored; pending_removes (uint64, sorted)\n"
+             "hide stored values.");
 static PyObject *py_query(PyObject *self, PyObject *args) {
-    PyObject *snap;
+    PyObject *snap, *padds = Py_None, *premoves = Py_None;
     unsigned long long q;
     int k;
-    if (!PyArg_ParseTuple(args, "OKi", &snap, &q, &k))
+    if (!PyArg_ParseTuple(args, "OKi|OO", &snap, &q, &k, &padds, &premoves))
         return NULL;
     query_snapshot *s = get_snapshot(snap);
     if (!s)
         return NULL;
+    if (k < 0 || k > 64) {
+        PyErr_SetString(PyExc_ValueError, "k must be in 0..64");
+        return NULL;
+    }
+    pending_args pa;
+    if (get_pending(padds, premoves, &pa) < 0)
+        return NULL;
     query_results r = {0};
-    int bad_table = 0;
-    size_t bad_block = 0;
-    int rc = query_one(s, q, k, 0, &r, &bad_table, &bad_block);
+    query_error err = {0};
+    int rc = query_one(s, pa.have ? &pa.p : NULL, q, k, 0, &r, &err);
+    release_pending(&pa);
     PyObject *res = NULL;
     if (rc < 0) {
-        raise_query_error(rc, bad_table, bad_block);
+        raise_query_error(rc, &err);
     } else if ((res = PyList_New((Py_ssize_t)r.n)) != NULL) {
         for (size_t i = 0; i < r.n; i++) {
             PyObject *pair = Py_BuildValue("(Ki)", (unsigned long long)r.fp[i], (int)r.dist[i]);
@@ -245,69 +381,451 @@ static PyObject *py_query(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(query_many_doc,
-             "query_many(snapshot, queries, k) -> (qidx: bytes, fingerprints: bytes, "
-             "distances: bytes)\n\n"
+             "query_many(snapshot, queries, k, pending_adds=None, pending_removes=None)\n"
+             "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
              "query() for each uint64 in queries; qidx (int64) names the query of each\n"
              "match.  Releases the GIL, so threads can split a batch.");
 static PyObject *py_query_many(PyObject *self, PyObject *args) {
-    PyObject *snap;
+    PyObject *snap, *padds = Py_None, *premoves = Py_None;
     Py_buffer qs;
     int k;
-    if (!PyArg_ParseTuple(args, "Oy*i", &snap, &qs, &k))
+    if (!PyArg_ParseTuple(args, "Oy*i|OO", &snap, &qs, &k, &padds, &premoves))
         return NULL;
     query_snapshot *s = get_snapshot(snap);
-    if (!s || qs.len % 8) {
+    if (!s || qs.len % 8 || k < 0 || k > 64) {
         if (s)
-            PyErr_SetString(PyExc_ValueError, "queries must be a uint64 buffer");
+            PyErr_SetString(PyExc_ValueError, "queries must be a uint64 buffer and k in 0..64");
+        PyBuffer_Release(&qs);
+        return NULL;
+    }
+    pending_args pa;
+    if (get_pending(padds, premoves, &pa) < 0) {
         PyBuffer_Release(&qs);
         return NULL;
     }
     size_t n = (size_t)qs.len / 8;
     const uint64_t *q = qs.buf;
     query_results r = {0};
-    int rc = 0, bad_table = 0;
-    size_t bad_block = 0;
+    query_error err = {0};
+    int rc = 0;
     PyThreadState *ts = n >= GIL_RELEASE_QUERIES ? PyEval_SaveThread() : NULL;
     for (size_t i = 0; i < n && rc == 0; i++)
-        rc = query_one(s, q[i], k, (int64_t)i, &r, &bad_table, &bad_block);
+        rc = query_one(s, pa.have ? &pa.p : NULL, q[i], k, (int64_t)i, &r, &err);
     if (ts)
         PyEval_RestoreThread(ts);
-    PyObject *res = rc < 0 ? raise_query_error(rc, bad_table, bad_block)
-                           : results_to_python(&r);
+    release_pending(&pa);
+    PyObject *res = rc < 0 ? raise_query_error(rc, &err) : results_to_python(&r);
     query_results_free(&r);
     PyBuffer_Release(&qs);
     return res;
 }
 
-PyDoc_STRVAR(block_addresses_doc,
-             "block_addresses(segment, first_block_offset, n_blocks, out, start) -> None\n\n"
-             "Write the addresses of n_blocks consecutive 1024-byte blocks of a\n"
-             "segment buffer into out[start:start + n_blocks] (uint64).");
-static PyObject *py_block_addresses(PyObject *self, PyObject *args) {
-    Py_buffer seg, out;
-    Py_ssize_t off, nb, start;
-    if (!PyArg_ParseTuple(args, "y*nnw*n", &seg, &off, &nb, &out, &start))
+PyDoc_STRVAR(run_directory_doc,
+             "run_directory(file, psize, npages, chunks_tree, space, run_id, kind, start)\n"
+             "    -> (capsule, chunks, inline_chunks)\n\n"
+             "List the chunks of a run that hold values >= start, checking each header\n"
+             "and their fences, for make_snapshot.  A chunk stored in its own overflow\n"
+             "pages stays put until it is deleted; one stored inside a leaf page\n"
+             "(inline_chunks counts them) moves when the page is copied, so a directory\n"
+             "with inline chunks serves its own snapshot only.  Raises CorruptionError.");
+static PyObject *py_run_directory(PyObject *self, PyObject *args) {
+    PyObject *file, *chunks;
+    unsigned long psize, run_id;
+    unsigned long long npages, start;
+    int space, kind;
+    if (!PyArg_ParseTuple(args, "OkKOikiK", &file, &psize, &npages, &chunks, &space, &run_id,
+                          &kind, &start))
         return NULL;
-    PyObject *res = NULL;
-    if (off < 0 || nb < 0 || off + nb * BLOCK_BYTES > seg.len || start < 0 ||
-        (start + nb) * 8 > out.len) {
-        PyErr_SetString(PyExc_ValueError, "blocks lie outside the segment or the output");
-    } else {
-        uint64_t *o = (uint64_t *)out.buf + start;
-        for (Py_ssize_t i = 0; i < nb; i++)
-            o[i] = (uint64_t)(uintptr_t)((const char *)seg.buf + off + i * BLOCK_BYTES);
-        res = Py_NewRef(Py_None);
+    if (space < 0 || space > 255 || run_id > 0xFFFFFFFFul ||
+        (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)) {
+        PyErr_SetString(PyExc_ValueError, "space, run id or kind out of range");
+        return NULL;
     }
-    PyBuffer_Release(&seg);
-    PyBuffer_Release(&out);
+    PyObject *root;
+    int depth;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(chunks, "OiI", &root, &depth, &flags))
+        return NULL;
+    mdbp_db tree;
+    memset(&tree, 0, sizeof tree);
+    tree.root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
+    if (PyErr_Occurred())
+        return NULL;
+    if (depth < 0 || depth > MDBP_MAX_DEPTH) {
+        PyErr_SetString(PyExc_ValueError, "chunks tree depth out of range");
+        return NULL;
+    }
+    tree.depth = (uint16_t)depth;
+    tree.flags = (uint16_t)flags;
+    directory_box *box = PyMem_Calloc(1, sizeof *box);
+    if (!box)
+        return PyErr_NoMemory();
+    if (PyObject_GetBuffer(file, &box->file, PyBUF_SIMPLE) < 0) {
+        PyMem_Free(box);
+        return NULL;
+    }
+    mdbp_map map;
+    query_error err = {0};
+    int rc = -1;
+    if (ndx_get_map(&box->file, psize, npages, &map) == 0) {
+        Py_BEGIN_ALLOW_THREADS rc = run_directory_build(&map, &tree, (uint8_t)space,
+                                                        (uint32_t)run_id, (uint8_t)kind, start,
+                                                        &box->d, &err);
+        Py_END_ALLOW_THREADS if (rc < 0) {
+            err.table = space;
+            raise_query_error(rc, &err);
+        }
+    }
+    if (rc < 0) {
+        PyBuffer_Release(&box->file);
+        PyMem_Free(box);
+        return NULL;
+    }
+    PyObject *cap = PyCapsule_New(box, DIRECTORY_CAPSULE, directory_free);
+    if (!cap) {
+        run_directory_free(&box->d);
+        PyBuffer_Release(&box->file);
+        PyMem_Free(box);
+        return NULL;
+    }
+    PyObject *res = Py_BuildValue("(Nnn)", cap, (Py_ssize_t)box->d.nchunks,
+                                  (Py_ssize_t)box->d.inline_chunks);
+    return res;
+}
+
+PyDoc_STRVAR(run_directory_blocks_doc,
+             "run_directory_blocks(directory) -> list[(last, offset)]\n\n"
+             "What a run directory lists: each block's last value and its offset in the\n"
+             "file.");
+static PyObject *py_run_directory_blocks(PyObject *self, PyObject *arg) {
+    directory_box *box = PyCapsule_GetPointer(arg, DIRECTORY_CAPSULE);
+    if (!box)
+        return NULL;
+    PyObject *out = PyList_New((Py_ssize_t)box->d.nblocks);
+    for (size_t i = 0; out && i < box->d.nblocks; i++) {
+        PyObject *item = Py_BuildValue("(Kn)", (unsigned long long)box->d.last[i],
+                                       (Py_ssize_t)(box->d.block[i] - (const uint8_t *)box->file.buf));
+        if (!item) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, (Py_ssize_t)i, item);
+    }
+    return out;
+}
+
+/* A tree (root or None, depth, flags) into db; -1 with an exception. */
+static int parse_tree(PyObject *obj, mdbp_db *db) {
+    PyObject *root;
+    int depth;
+    unsigned int flags;
+    if (!PyArg_ParseTuple(obj, "OiI", &root, &depth, &flags))
+        return -1;
+    memset(db, 0, sizeof *db);
+    db->root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
+    if (PyErr_Occurred())
+        return -1;
+    if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "tree depth or flags out of range");
+        return -1;
+    }
+    db->depth = (uint16_t)depth;
+    db->flags = (uint16_t)flags;
+    return 0;
+}
+
+PyDoc_STRVAR(run_read_doc,
+             "run_read(file, psize, npages, chunks_tree, space, run_id, kind, code, start,\n"
+             "         max_chunks) -> (values, keys, end, exhausted, last_seen)\n\n"
+             "Read up to max_chunks chunks of a run from the one holding start, checking\n"
+             "headers, fences and every block; return the values >= start (uint64 bytes),\n"
+             "the chunks' keys, the last value of the last chunk read, whether no chunk of\n"
+             "the run follows, and whether the run's last chunk was read.  code: the run's\n"
+             "compiled code (Huffman runs) or None.  GIL released.  Raises CorruptionError.");
+static PyObject *py_run_read(PyObject *self, PyObject *args) {
+    PyObject *file, *chunks, *code;
+    unsigned long psize, run_id;
+    unsigned long long npages, start;
+    int space, kind;
+    Py_ssize_t max_chunks;
+    if (!PyArg_ParseTuple(args, "OkKOikiOKn", &file, &psize, &npages, &chunks, &space, &run_id,
+                          &kind, &code, &start, &max_chunks))
+        return NULL;
+    if (space < 0 || space > 255 || run_id > 0xFFFFFFFFul || max_chunks < 1 ||
+        (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)) {
+        PyErr_SetString(PyExc_ValueError, "space, run id, kind or max_chunks out of range");
+        return NULL;
+    }
+    const codec_code *c = NULL;
+    if (kind == RUN_KIND_HUFFMAN && ndx_get_code(code, &c) < 0)
+        return NULL;
+    mdbp_db tree;
+    if (parse_tree(chunks, &tree) < 0)
+        return NULL;
+    Py_buffer fb;
+    if (PyObject_GetBuffer(file, &fb, PyBUF_SIMPLE) < 0)
+        return NULL;
+    mdbp_map map;
+    PyObject *res = NULL;
+    run_slice sl;
+    query_error err = {0};
+    if (ndx_get_map(&fb, psize, npages, &map) == 0) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS rc = run_read(&map, &tree, (uint8_t)space, (uint32_t)run_id,
+                                             (uint8_t)kind, c, start, (size_t)max_chunks, &sl,
+                                             &err);
+        Py_END_ALLOW_THREADS if (rc < 0) {
+            err.table = space;
+            raise_query_error(rc, &err);
+        }
+        else {
+            PyObject *values = PyBytes_FromStringAndSize((const char *)sl.values,
+                                                         (Py_ssize_t)(sl.nvalues * 8));
+            PyObject *keys = PyList_New((Py_ssize_t)sl.nchunks);
+            for (size_t i = 0; keys && i < sl.nchunks; i++) {
+                PyObject *k = PyBytes_FromStringAndSize((const char *)sl.keys[i], CHUNK_KEY_BYTES);
+                if (!k) {
+                    Py_CLEAR(keys);
+                    break;
+                }
+                PyList_SET_ITEM(keys, (Py_ssize_t)i, k);
+            }
+            if (values && keys)
+                res = Py_BuildValue("(OOKii)", values, keys, (unsigned long long)sl.end,
+                                    sl.exhausted, sl.last_seen);
+            Py_XDECREF(values);
+            Py_XDECREF(keys);
+            run_slice_free(&sl);
+        }
+    }
+    PyBuffer_Release(&fb);
+    return res;
+}
+
+/* -- probabilistic simhash matching on one table (query_prefixes) ---------- */
+
+/* Table t of the snapshot; -1 with ValueError if there is none. */
+static int check_table(const query_snapshot *s, int t) {
+    if (t < 0 || t >= s->ntables) {
+        PyErr_Format(PyExc_ValueError, "table %d: the snapshot has tables 0..%d", t,
+                     s->ntables - 1);
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of (value, distance) pairs: results r[0..n). */
+static PyObject *results_to_list(const query_results *r) {
+    PyObject *res = PyList_New((Py_ssize_t)r->n);
+    for (size_t i = 0; res && i < r->n; i++) {
+        PyObject *pair = Py_BuildValue("(Ki)", (unsigned long long)r->fp[i], (int)r->dist[i]);
+        if (!pair) {
+            Py_CLEAR(res);
+            break;
+        }
+        PyList_SET_ITEM(res, (Py_ssize_t)i, pair);
+    }
+    return res;
+}
+
+PyDoc_STRVAR(query_prefixes_doc,
+             "query_prefixes(snapshot, table, q, k, prefixes, pending_adds=None,\n"
+             "               pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "Probe only the given table, at each of prefixes (uint64 values of the\n"
+             "table's p prefix bits): every stored value within Hamming distance k of q\n"
+             "whose permuted prefix is one of them, distinct, as (value, distance) pairs\n"
+             "ordered by (distance, value).  Pending additions count only under a\n"
+             "probed prefix.  Raises ValueError for a prefix of more than p bits.");
+static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
+    PyObject *snap, *padds = Py_None, *premoves = Py_None, *prefix_obj;
+    unsigned long long q;
+    int t, k;
+    if (!PyArg_ParseTuple(args, "OiKiO|OO", &snap, &t, &q, &k, &prefix_obj, &padds, &premoves))
+        return NULL;
+    query_snapshot *s = get_snapshot(snap);
+    if (!s || check_table(s, t) < 0)
+        return NULL;
+    if (k < 0 || k > 64) {
+        PyErr_SetString(PyExc_ValueError, "k must be in 0..64");
+        return NULL;
+    }
+    Py_buffer pv;
+    if (ndx_get_u64_buffer(prefix_obj, &pv, 0, "prefixes") < 0)
+        return NULL;
+    const uint64_t *prefixes = pv.buf;
+    size_t n = (size_t)pv.len / 8;
+    int p = s->tables[t].p;
+    for (size_t i = 0; i < n; i++)
+        if (p < 64 && prefixes[i] >> p) {
+            PyErr_Format(PyExc_ValueError, "prefix %llu has more than the table's %d bits",
+                         (unsigned long long)prefixes[i], p);
+            PyBuffer_Release(&pv);
+            return NULL;
+        }
+    pending_args pa;
+    if (get_pending(padds, premoves, &pa) < 0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    query_results r = {0};
+    query_error err = {0};
+    int rc = query_prefixes(s, pa.have ? &pa.p : NULL, t, q, k, prefixes, n, 0, &r, &err);
+    release_pending(&pa);
+    PyBuffer_Release(&pv);
+    PyObject *res = rc < 0 ? raise_query_error(rc, &err) : results_to_list(&r);
+    query_results_free(&r);
+    return res;
+}
+
+/* Probabilities of the input bits (p_j of bit j) moved to the positions the
+ * table's permutation gives them, where psm_headers reads them. */
+static void permute_probs(const perm_runs *r, const double *in, double *out) {
+    for (int i = 0; i < r->n; i++)
+        for (int b = 0; b < __builtin_popcountll(r->mask[i]); b++)
+            out[r->dst[i] + b] = in[r->src[i] + b];
+}
+
+/* The PSM query of each q[i]: its first max_probes prefixes in VOSH order of
+ * probs[64 i ..] over the table's prefix bits, probed by query_prefixes.
+ * headers has room for max_probes values. */
+static int psm_queries(const query_snapshot *s, const query_pending *pend, int t,
+                       const uint64_t *q, const double *probs, size_t nq, int k,
+                       size_t max_probes, uint64_t *headers, query_results *r,
+                       query_error *err) {
+    const query_table *tb = &s->tables[t];
+    double moved[64];
+    for (size_t i = 0; i < nq; i++) {
+        permute_probs(&tb->fwd, probs + 64 * i, moved);
+        long n = psm_headers(perm_apply(&tb->fwd, q[i]), moved, tb->p, k, max_probes, headers);
+        if (n < 0)
+            return QUERY_NOMEM;
+        int rc = query_prefixes(s, pend, t, q[i], k, headers, (size_t)n, (int64_t)i, r, err);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Parse the arguments shared by query_psm and query_psm_many. */
+static int psm_args(PyObject *snap, int t, int k, Py_ssize_t max_probes, query_snapshot **s,
+                    uint64_t **headers) {
+    *s = get_snapshot(snap);
+    if (!*s || check_table(*s, t) < 0)
+        return -1;
+    if (k < 0 || k > 64 || max_probes < 0) {
+        PyErr_SetString(PyExc_ValueError, "k must be in 0..64 and max_probes >= 0");
+        return -1;
+    }
+    if ((size_t)max_probes > SIZE_MAX / 8) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *headers = PyMem_RawMalloc(max_probes ? (size_t)max_probes * 8 : 8);
+    if (!*headers) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(query_psm_doc,
+             "query_psm(snapshot, table, q, probabilities, k, max_probes, pending_adds=None,\n"
+             "          pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "The probabilistic query of one fingerprint: query_prefixes at the first\n"
+             "max_probes prefixes of pi(q) XOR a flip set of at most k prefix bits, most\n"
+             "probable flip set first (VOSH order of probabilities, 64 float64 values,\n"
+             "p_j of input bit j).");
+static PyObject *py_query_psm(PyObject *self, PyObject *args) {
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    unsigned long long q;
+    int t, k;
+    Py_ssize_t max_probes;
+    if (!PyArg_ParseTuple(args, "OiKOin|OO", &snap, &t, &q, &probs_obj, &k, &max_probes, &padds,
+                          &premoves))
+        return NULL;
+    query_snapshot *s;
+    uint64_t *headers;
+    if (psm_args(snap, t, k, max_probes, &s, &headers) < 0)
+        return NULL;
+    Py_buffer probs;
+    pending_args pa;
+    PyObject *res = NULL;
+    if (ndx_get_probs(probs_obj, &probs, 64, 1) == 0) {
+        if (get_pending(padds, premoves, &pa) == 0) {
+            uint64_t one = q;
+            query_results r = {0};
+            query_error err = {0};
+            int rc = psm_queries(s, pa.have ? &pa.p : NULL, t, &one, probs.buf, 1, k,
+                                 (size_t)max_probes, headers, &r, &err);
+            release_pending(&pa);
+            res = rc < 0 ? raise_query_error(rc, &err) : results_to_list(&r);
+            query_results_free(&r);
+        }
+        PyBuffer_Release(&probs);
+    }
+    PyMem_RawFree(headers);
+    return res;
+}
+
+PyDoc_STRVAR(query_psm_many_doc,
+             "query_psm_many(snapshot, table, queries, probabilities, k, max_probes,\n"
+             "               pending_adds=None, pending_removes=None)\n"
+             "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
+             "query_psm for each uint64 in queries (probabilities: 64 float64 per\n"
+             "query), as query_many returns them.  Releases the GIL.");
+static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    Py_buffer qs;
+    int t, k;
+    Py_ssize_t max_probes;
+    if (!PyArg_ParseTuple(args, "Oiy*Oin|OO", &snap, &t, &qs, &probs_obj, &k, &max_probes, &padds,
+                          &premoves))
+        return NULL;
+    if (qs.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "queries must be a uint64 buffer");
+        PyBuffer_Release(&qs);
+        return NULL;
+    }
+    query_snapshot *s;
+    uint64_t *headers;
+    if (psm_args(snap, t, k, max_probes, &s, &headers) < 0) {
+        PyBuffer_Release(&qs);
+        return NULL;
+    }
+    size_t n = (size_t)qs.len / 8;
+    Py_buffer probs;
+    pending_args pa;
+    PyObject *res = NULL;
+    if (ndx_get_probs(probs_obj, &probs, 64, n) == 0) {
+        if (get_pending(padds, premoves, &pa) == 0) {
+            query_results r = {0};
+            query_error err = {0};
+            int rc;
+            PyThreadState *ts = n >= GIL_RELEASE_QUERIES ? PyEval_SaveThread() : NULL;
+            rc = psm_queries(s, pa.have ? &pa.p : NULL, t, qs.buf, probs.buf, n, k,
+                             (size_t)max_probes, headers, &r, &err);
+            if (ts)
+                PyEval_RestoreThread(ts);
+            release_pending(&pa);
+            res = rc < 0 ? raise_query_error(rc, &err) : results_to_python(&r);
+            query_results_free(&r);
+        }
+        PyBuffer_Release(&probs);
+    }
+    PyMem_RawFree(headers);
+    PyBuffer_Release(&qs);
     return res;
 }
 
 PyMethodDef query_methods[] = {
+    {"run_read", py_run_read, METH_VARARGS, run_read_doc},
+    {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
+    {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query", py_query, METH_VARARGS, query_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},
-    {"block_addresses", py_block_addresses, METH_VARARGS, block_addresses_doc},
+    {"query_prefixes", py_query_prefixes, METH_VARARGS, query_prefixes_doc},
+    {"query_psm", py_query_psm, METH_VARARGS, query_psm_doc},
+    {"query_psm_many", py_query_psm_many, METH_VARARGS, query_psm_many_doc},
     {NULL, NULL, 0, NULL},
 };
-

@@ -23,16 +23,30 @@ int ndx_get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char 
 /* Raise ndindex.errors.CorruptionError(message, database=..., offset=... if >= 0);
  * steals message; returns NULL. */
 PyObject *ndx_raise_corruption(PyObject *message, const char *database, Py_ssize_t offset);
+/* The same, naming the record's key (key_len bytes) when key is not NULL. */
+PyObject *ndx_raise_corruption_at(PyObject *message, const char *database, const char *key,
+                                  Py_ssize_t key_len, Py_ssize_t offset);
 /* Words for a negative codec status. */
 const char *ndx_status_text(long rc);
 
 extern PyMethodDef batch_methods[];
+extern PyMethodDef docs_methods[];
 
 #include "lmdbpage.h"
 extern PyMethodDef lmdbpage_methods[];
+int lmdbpage_module_init(PyObject *m);
 /* Raise CorruptionError for a damaged LMDB page; returns NULL. */
 PyObject *ndx_raise_lmdb(const mdbp_error *e);
 /* A map over a buffer of pages; -1 with ValueError if it does not fit. */
 int ndx_get_map(Py_buffer *buf, unsigned long psize, unsigned long long npages, mdbp_map *map);
+/* A tree from its Python description (root or None, depth, flags); -1 with an exception. */
+int ndx_tree_of(PyObject *obj, mdbp_db *db);
+
+extern PyMethodDef psm_methods[];
+/* A C-contiguous float64 buffer of per_row * rows flip probabilities, each in
+ * [0, 1] (bind_psm.c); -1 with ValueError. */
+int ndx_get_probs(PyObject *obj, Py_buffer *view, size_t per_row, size_t rows);
+extern PyMethodDef lmdbcheck_methods[];
+extern PyMethodDef records_methods[];
 
 #endif

@@ -95,25 +95,40 @@ typedef struct {
     size_t pos; /* bits written so far */
 } bitwriter;
 
-static inline void bw_put(bitwriter *w, uint64_t bits, unsigned n) {
-    /* n <= 64; flush whole bytes so that acc never overflows. */
-    while (n > 0) {
-        unsigned take = n > 32 ? 32 : n;
-        uint64_t chunk = (bits >> (n - take)) & ((1ull << take) - 1);
-        w->acc |= chunk << (64 - w->nacc - take);
-        w->nacc += take;
-        n -= take;
-        w->pos += take;
-        while (w->nacc >= 8) {
-            *w->buf++ = (uint8_t)(w->acc >> 56);
-            w->acc <<= 8;
-            w->nacc -= 8;
-        }
+/* Append n <= 32 bits; whole 32-bit words go out big-endian at once, so
+ * the accumulator holds fewer than 32 bits between calls. */
+static inline void bw_put32(bitwriter *w, uint64_t bits, unsigned n) {
+    w->acc |= bits << (64 - w->nacc - n);
+    w->nacc += n;
+    w->pos += n;
+    if (w->nacc >= 32) {
+        uint32_t word = (uint32_t)(w->acc >> 32);
+        w->buf[0] = (uint8_t)(word >> 24);
+        w->buf[1] = (uint8_t)(word >> 16);
+        w->buf[2] = (uint8_t)(word >> 8);
+        w->buf[3] = (uint8_t)word;
+        w->buf += 4;
+        w->acc <<= 32;
+        w->nacc -= 32;
     }
 }
+
+/* Append the low n <= 64 bits of bits, most significant first. */
+static inline void bw_put(bitwriter *w, uint64_t bits, unsigned n) {
+    if (n > 32) {
+        bw_put32(w, (bits >> 32) & ((1ull << (n - 32)) - 1), n - 32);
+        bw_put32(w, bits & 0xFFFFFFFFull, 32);
+    } else if (n) {
+        bw_put32(w, bits & ((1ull << n) - 1), n);
+    }
+}
+
 static inline void bw_flush(bitwriter *w) {
-    if (w->nacc)
+    while (w->nacc > 0) {
         *w->buf++ = (uint8_t)(w->acc >> 56);
+        w->acc <<= 8;
+        w->nacc = w->nacc > 8 ? w->nacc - 8 : 0;
+    }
     w->acc = 0;
     w->nacc = 0;
 }
@@ -158,8 +173,12 @@ long codec_encode(const codec_code *c, const uint64_t *values, size_t n, uint8_t
             unsigned need = c->lengths[h] + h;
             if (w.pos + need > BLOCK_PAYLOAD_BITS)
                 break;
-            bw_put(&w, c->codes[h], c->lengths[h]);
-            bw_put(&w, low, h);
+            if (need <= 32)
+                bw_put32(&w, ((uint64_t)c->codes[h] << h) | low, need);
+            else {
+                bw_put(&w, c->codes[h], c->lengths[h]);
+                bw_put(&w, low, h);
+            }
             prev = values[i++];
             count++;
         }
@@ -310,10 +329,20 @@ static inline long probe_loop(const codec_code *c, const uint8_t *s, unsigned co
 
 HOT_KERNEL long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                             uint64_t *out, size_t cap) {
+    return codec_probe_verified(c, block, q, p, k, out, cap, 0);
+}
+
+HOT_KERNEL long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p,
+                                     int k, uint64_t *out, size_t cap, int verified) {
     unsigned count;
-    int rc = check_header(block, &count);
+    int rc = verified ? CODEC_OK : check_header(block, &count);
     if (rc < 0)
         return rc;
+    if (verified) {
+        count = load_le16(block + 4);
+        if (count < 1 || count > 1 + BLOCK_PAYLOAD_BITS)
+            return CODEC_BAD_COUNT;
+    }
     const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
     uint64_t first = load_le64(block + 6);
     if ((first & mask) > (q & mask))

@@ -75,6 +75,11 @@ long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size
 long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                  uint64_t *out, size_t cap);
 
+/* codec_probe for a block whose checksum was already checked (verified
+ * nonzero skips it; the decoder's bounds checks still run). */
+long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
+                          uint64_t *out, size_t cap, int verified);
+
 /* Count of a block without decoding (after checking its checksum). */
 long codec_block_count(const uint8_t *block);
 

@@ -65,10 +65,14 @@ void crc32c_init(void) {
 #endif
 }
 
-uint32_t crc32c(const uint8_t *data, size_t len) {
+uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t len) {
 #ifdef HAVE_HW_PATH
     if (have_hw)
-        return ~crc32c_hw(0xFFFFFFFFu, data, len);
+        return ~crc32c_hw(~crc, data, len);
 #endif
-    return ~crc32c_sw(0xFFFFFFFFu, data, len);
+    return ~crc32c_sw(~crc, data, len);
+}
+
+uint32_t crc32c(const uint8_t *data, size_t len) {
+    return crc32c_extend(0, data, len);
 }

@@ -8,5 +8,8 @@
 
 void crc32c_init(void);
 uint32_t crc32c(const uint8_t *data, size_t len);
+/* Continue a CRC-32C: crc32c_extend(crc32c(a), b) == crc32c(a followed by b);
+ * crc32c_extend(0, ...) == crc32c(...). */
+uint32_t crc32c_extend(uint32_t crc, const uint8_t *data, size_t len);
 
 #endif

@@ -8,6 +8,7 @@
  * database flags a tree record may carry (MDB_REVERSEKEY..MDB_INTEGERDUP). */
 #define ENV_FLAGS_KNOWN 0xFFFFu
 #define DB_FLAGS_KNOWN 0x7Eu
+#define DB_DUPSORT 0x04u
 #define DB_INTEGERKEY 0x08u
 
 /* Fixed-width loads: LMDB writes host order, and ndindex supports
@@ -54,9 +55,14 @@ static void parse_db_raw(const uint8_t *r, mdbp_db *d) {
 }
 
 static int check_db(uint64_t pages_limit, const mdbp_db *d, uint64_t where, mdbp_error *e) {
+    /* LMDB 0.9 does not keep the page counts of a tree with sorted
+     * duplicates (MDB_DUPSORT) exact: its duplicates' sub-database pages
+     * are added to them and taken away unevenly, even left behind in an
+     * emptied tree.  Only such a tree's depth and entries are checked. */
+    int counted = !(d->flags & DB_DUPSORT);
     if (d->root == MDBP_INVALID_PGNO) {
-        if (d->depth != 0 || d->entries != 0 || d->branch_pages || d->leaf_pages ||
-            d->overflow_pages)
+        if (d->depth != 0 || d->entries != 0 ||
+            (counted && (d->branch_pages || d->leaf_pages || d->overflow_pages)))
             return fail(e, where, "empty tree with nonzero counts");
         return 0;
     }
@@ -64,11 +70,11 @@ static int check_db(uint64_t pages_limit, const mdbp_db *d, uint64_t where, mdbp
         return fail(e, where, "tree root page out of range");
     if (d->depth < 1 || d->depth > MDBP_MAX_DEPTH)
         return fail(e, where, "tree depth out of range");
-    if (d->leaf_pages < 1 || d->entries < 1)
+    if (d->entries < 1 || (counted && d->leaf_pages < 1))
         return fail(e, where, "non-empty tree without leaves or entries");
-    if (d->branch_pages + d->leaf_pages + d->overflow_pages >= pages_limit)
+    if (counted && d->branch_pages + d->leaf_pages + d->overflow_pages >= pages_limit)
         return fail(e, where, "tree page counts exceed the file");
-    if ((d->depth > 1) != (d->branch_pages > 0))
+    if (counted && (d->depth > 1) != (d->branch_pages > 0))
         return fail(e, where, "tree depth disagrees with its branch page count");
     return 0;
 }
@@ -191,17 +197,35 @@ static inline uint64_t node_child(const uint8_t *nd) {
     return (uint64_t)ld16(nd) | ((uint64_t)ld16(nd + 2) << 16) | ((uint64_t)ld16(nd + 4) << 32);
 }
 
-static int in_fences(const uint8_t *k, size_t klen, const uint8_t *lo, size_t lo_len,
-                     const uint8_t *hi, size_t hi_len) {
-    if (lo && mdbp_compare(k, klen, lo, lo_len) < 0)
+int mdbp_compare_uint(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
+    if (alen != blen || (alen != 4 && alen != 8))
+        return alen != blen ? (alen < blen ? -1 : 1) : mdbp_compare(a, alen, b, blen);
+    uint64_t x = alen == 8 ? ld64(a) : ld32(a), y = alen == 8 ? ld64(b) : ld32(b);
+    return x < y ? -1 : x > y;
+}
+
+static int in_fences_by(mdbp_compare_fn cmp, const uint8_t *k, size_t klen, const uint8_t *lo,
+                        size_t lo_len, const uint8_t *hi, size_t hi_len) {
+    if (lo && cmp(k, klen, lo, lo_len) < 0)
         return 0;
-    if (hi && mdbp_compare(k, klen, hi, hi_len) >= 0)
+    if (hi && cmp(k, klen, hi, hi_len) >= 0)
         return 0;
     return 1;
 }
 
+static int in_fences(const uint8_t *k, size_t klen, const uint8_t *lo, size_t lo_len,
+                     const uint8_t *hi, size_t hi_len) {
+    return in_fences_by(mdbp_compare, k, klen, lo, lo_len, hi, hi_len);
+}
+
 int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t *lo,
                     size_t lo_len, const uint8_t *hi, size_t hi_len, mdbp_error *e) {
+    return mdbp_check_page_by(map, pgno, kind, mdbp_compare, lo, lo_len, hi, hi_len, e);
+}
+
+int mdbp_check_page_by(const mdbp_map *map, uint64_t pgno, unsigned kind, mdbp_compare_fn cmp,
+                       const uint8_t *lo, size_t lo_len, const uint8_t *hi, size_t hi_len,
+                       mdbp_error *e) {
     const uint8_t *page;
     unsigned n;
     if (get_page(map, pgno, kind, &page, &n, e) < 0)
@@ -216,9 +240,9 @@ int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uin
         if (kind == MDBP_P_BRANCH && i == 0)
             continue; /* a branch's first key is implicit: everything below the second */
         node_key(nd, &k, &klen);
-        if (!in_fences(k, klen, lo, lo_len, hi, hi_len))
+        if (!in_fences_by(cmp, k, klen, lo, lo_len, hi, hi_len))
             return fail(e, pgno, "key outside the range its parent gives the page");
-        if (prev && mdbp_compare(prev, prev_len, k, klen) >= 0)
+        if (prev && cmp(prev, prev_len, k, klen) >= 0)
             return fail(e, pgno, "keys on the page do not increase");
         prev = k;
         prev_len = klen;
@@ -231,7 +255,7 @@ int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uin
 static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, mdbp_error *e) {
     unsigned kind = lvl == total_depth - 1 ? MDBP_P_LEAF : MDBP_P_BRANCH;
     if (c->check_all) {
-        if (mdbp_check_page(c->map, pgno, kind, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+        if (mdbp_check_page_by(c->map, pgno, kind, c->cmp, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
                             c->hi_len[lvl], e) < 0)
             return MDBP_CORRUPT;
     }
@@ -247,7 +271,8 @@ static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, m
             if (get_node(c->map, c->page[lvl], j ? n - 1 : 0, &nd, e) < 0)
                 return MDBP_CORRUPT;
             node_key(nd, &k, &klen);
-            if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+            if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                              c->hi_len[lvl]))
                 return fail(e, pgno, "leaf key outside the range its parent gives it");
         }
     }
@@ -266,7 +291,8 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
         if (get_node(c->map, c->page[lvl], i, &nd, e) < 0)
             return MDBP_CORRUPT;
         node_key(nd, &k, &klen);
-        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+        if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                          c->hi_len[lvl]))
             return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->lo[lvl + 1] = k;
         c->lo_len[lvl + 1] = (uint16_t)klen;
@@ -275,9 +301,10 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
         if (get_node(c->map, c->page[lvl], i + 1, &nd, e) < 0)
             return MDBP_CORRUPT;
         node_key(nd, &k, &klen);
-        if (c->lo[lvl + 1] && mdbp_compare(k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
+        if (c->lo[lvl + 1] && c->cmp(k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
             return fail(e, ld64(c->page[lvl]), "branch keys do not increase");
-        if (!in_fences(k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl], c->hi_len[lvl]))
+        if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
+                          c->hi_len[lvl]))
             return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->hi[lvl + 1] = k;
         c->hi_len[lvl + 1] = (uint16_t)klen;
@@ -306,6 +333,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
     c->map = map;
     c->depth = db->depth;
     c->check_all = check_all;
+    c->cmp = (db->flags & MDBP_DB_INTEGERKEY) ? mdbp_compare_uint : mdbp_compare;
     if (db->root == MDBP_INVALID_PGNO)
         return MDBP_END;
     if (db->depth < 1 || db->depth > MDBP_MAX_DEPTH)
@@ -329,7 +357,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
             if (get_node(map, page, mid, &nd, e) < 0)
                 return MDBP_CORRUPT;
             node_key(nd, &k, &kl);
-            if (mdbp_compare(k, kl, key, klen) < (leaf ? 0 : 1))
+            if (c->cmp(k, kl, key, klen) < (leaf ? 0 : 1))
                 lo = mid + 1;
             else
                 hi = mid;
@@ -400,9 +428,11 @@ int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned
     uint64_t pages = ld32(op + 12);
     if (pages < 1 || pages > map->npages - pgno)
         return fail(e, pgno, "overflow run runs past the file");
-    /* LMDB's OVPAGES: the fewest pages holding the header and the data. */
-    if ((MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / map->psize + 1 != pages)
-        return fail(e, pgno, "overflow page count disagrees with the value size");
+    /* LMDB's OVPAGES: the fewest pages holding the header and the data.  A
+     * run may be longer: a smaller value that replaces a larger one in the
+     * same transaction is written over it in place (mdb.c, mdb_cursor_put). */
+    if ((MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / map->psize + 1 > pages)
+        return fail(e, pgno, "overflow run too short for its value");
     *val = op + MDBP_PAGE_HEADER;
     *vlen = dsize;
     return 0;
@@ -417,7 +447,7 @@ int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t 
     const uint8_t *k;
     size_t kl;
     mdbp_key(&c, &k, &kl);
-    if (mdbp_compare(k, kl, key, klen) != 0)
+    if (c.cmp(k, kl, key, klen) != 0)
         return MDBP_END;
     if (mdbp_value(&c, val, vlen, flags, e) < 0)
         return MDBP_CORRUPT;

@@ -65,12 +65,19 @@ typedef struct {
     const char *what;
 } mdbp_error;
 
+/* A key order: negative, zero or positive as a sorts before, with or after b. */
+typedef int (*mdbp_compare_fn)(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/* MDB_db flag: keys are native integers (the free database's order). */
+#define MDBP_DB_INTEGERKEY 0x08
+
 /* A position in a tree: the pages from the root down to a leaf, the node
  * index on each, and the key range each page must hold (its fences). */
 typedef struct {
     const mdbp_map *map;
     int depth;
     int check_all; /* check every node of each page visited, not only those used */
+    mdbp_compare_fn cmp; /* the tree's key order (integer keys: mdbp_compare_uint) */
     const uint8_t *page[MDBP_MAX_DEPTH];
     unsigned index[MDBP_MAX_DEPTH], nkeys[MDBP_MAX_DEPTH];
     const uint8_t *lo[MDBP_MAX_DEPTH], *hi[MDBP_MAX_DEPTH]; /* NULL: unbounded */
@@ -103,7 +110,7 @@ void mdbp_key(const mdbp_cursor *c, const uint8_t **key, size_t *klen);
 int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned *flags,
                mdbp_error *e);
 
-/* Exact lookup: MDBP_FOUND with *val/*vlen set, MDBP_END, or MDBP_CORRUPT. */
+/* Exact lookup: MDBP_FOUND with *val and *vlen set, MDBP_END, or MDBP_CORRUPT. */
 int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t klen,
              const uint8_t **val, size_t *vlen, unsigned *flags, mdbp_error *e);
 
@@ -115,5 +122,17 @@ int mdbp_check_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uin
 
 /* Memory comparison as LMDB's default key order: bytes, then length. */
 int mdbp_compare(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+
+/* MDB_INTEGERKEY order (the free database's): keys of 4 or 8 bytes compared
+ * as native unsigned integers.  Keys of unequal or other sizes, which LMDB
+ * never stores in such a tree, sort by size and then by bytes, so the order
+ * stays total; callers check key sizes themselves. */
+int mdbp_compare_uint(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
+
+/* mdbp_check_page with the tree's key order cmp instead of mdbp_compare. */
+int mdbp_check_page_by(const mdbp_map *map, uint64_t pgno, unsigned kind, mdbp_compare_fn cmp,
+                       const uint8_t *lo, size_t lo_len, const uint8_t *hi, size_t hi_len,
+                       mdbp_error *e);
 
 #endif

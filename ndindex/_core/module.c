@@ -10,7 +10,7 @@
 
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT, "ndindex._core",
-    "Hot loops of ndindex (block codec, probes, feature hashing).", -1, NULL, NULL, NULL, NULL, NULL,
+    "Hot loops of ndindex (block codec, probes, feature hashing, probabilistic matching).", -1, NULL, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__core(void) {
@@ -20,8 +20,12 @@ PyMODINIT_FUNC PyInit__core(void) {
     if (PyModule_AddFunctions(m, codec_methods) < 0 || codec_module_init(m) < 0 ||
         PyModule_AddFunctions(m, query_methods) < 0 ||
         PyModule_AddFunctions(m, batch_methods) < 0 ||
-        PyModule_AddFunctions(m, lmdbpage_methods) < 0 ||
-        PyModule_AddFunctions(m, fingerprint_methods) < 0) {
+        PyModule_AddFunctions(m, lmdbpage_methods) < 0 || lmdbpage_module_init(m) < 0 ||
+        PyModule_AddFunctions(m, lmdbcheck_methods) < 0 ||
+        PyModule_AddFunctions(m, records_methods) < 0 ||
+        PyModule_AddFunctions(m, psm_methods) < 0 ||
+        PyModule_AddFunctions(m, fingerprint_methods) < 0 ||
+        PyModule_AddFunctions(m, docs_methods) < 0) {
         Py_DECREF(m);
         return NULL;
     }

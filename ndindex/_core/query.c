@@ -3,7 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define QUERY_NOMEM (-100)
+#include "arrays.h"
+#include "crc32c.h"
 
 static int reserve(query_results *r, size_t extra) {
     if (r->n + extra <= r->cap)
@@ -33,6 +34,24 @@ void query_results_free(query_results *r) {
     memset(r, 0, sizeof *r);
 }
 
+static inline uint64_t load_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline uint64_t load_be64(const uint8_t *p) {
+    return __builtin_bswap64(load_le64(p));
+}
+static inline uint32_t load_le32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void store_be64(uint8_t *p, uint64_t v) {
+    v = __builtin_bswap64(v);
+    memcpy(p, &v, 8);
+}
+
 /* First index i with a[i] >= v (n if none). */
 static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     size_t lo = 0, hi = n;
@@ -56,10 +75,94 @@ static int cmp_u64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Words for a negative codec status (static strings). */
+static const char *block_status_text(long rc) {
+    switch (rc) {
+    case CODEC_BAD_CHECKSUM: return "block checksum mismatch";
+    case CODEC_BAD_COUNT: return "block holds an impossible count";
+    case CODEC_OVERRUN: return "block bitstream runs past its end";
+    case CODEC_NOT_SORTED: return "block values do not increase or end at its key";
+    case CODEC_BAD_PADDING: return "block padding is not zero";
+    default: return "block does not decode";
+    }
+}
+
+static int corrupt(query_error *err, const char *what) {
+    err->what = what;
+    return QUERY_CORRUPT;
+}
+
+int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *nblocks,
+                query_error *err) {
+    if (vlen < CHUNK_HEADER_BYTES)
+        return corrupt(err, "chunk shorter than its header");
+    unsigned kind = val[4], n = (unsigned)val[6] | ((unsigned)val[7] << 8);
+    if (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)
+        return corrupt(err, "chunk kind is not a fingerprint kind");
+    if (n < 1 || n > CHUNK_MAX_BLOCKS)
+        return corrupt(err, "chunk block count out of range");
+    size_t head = CHUNK_HEADER_BYTES + 8 * (size_t)n;
+    if (vlen != head + (size_t)n * BLOCK_BYTES)
+        return corrupt(err, "chunk size disagrees with its block count");
+    /* The checksum covers the key too: a value reached under another key fails. */
+    uint32_t crc = crc32c_extend(crc32c_extend(0, key, CHUNK_KEY_BYTES), val + 4, head - 4);
+    if (crc != load_le32(val))
+        return corrupt(err, "chunk header checksum mismatch");
+    if (val[5] & ~(CHUNK_FLAG_FIRST | CHUNK_FLAG_LAST) || load_le32(val + 12) != 0)
+        return corrupt(err, "chunk reserved bits set");
+    if (load_le32(val + 8) != ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
+                               (uint32_t)key[3] << 8 | key[4]))
+        return corrupt(err, "chunk names another run");
+    const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+    for (unsigned i = 1; i < n; i++)
+        if (load_le64(keys + 8 * i) <= load_le64(keys + 8 * (i - 1)))
+            return corrupt(err, "chunk block keys do not increase");
+    if (load_le64(keys + 8 * (n - 1)) != load_be64(key + 5))
+        return corrupt(err, "chunk's last block key differs from its key");
+    uint64_t low = load_le64(val + 16);
+    if (!(val[5] & CHUNK_FLAG_FIRST) && low >= load_le64(keys))
+        return corrupt(err, "chunk's low fence is not below its first block");
+    *nblocks = n;
+    return 0;
+}
+
+/* Entries x of a raw block with lo <= x <= hi and popcount(x ^ qp) <= k
+ * (the caller has checked the block's checksum). */
+static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
+                      uint64_t qp, int k, uint64_t *out, size_t cap) {
+    unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8);
+    if (n < 1 || n > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
+        return CODEC_BAD_COUNT;
+    const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
+    if (load_le64(v + 8 * (n - 1)) != block_key)
+        return CODEC_NOT_SORTED;
+    unsigned a = 0, b = n;
+    while (a < b) {
+        unsigned mid = (a + b) / 2;
+        if (load_le64(v + 8 * mid) < lo)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    long m = 0;
+    uint64_t prev = a ? load_le64(v + 8 * (a - 1)) : 0;
+    for (unsigned i = a; i < n; i++) {
+        uint64_t x = load_le64(v + 8 * i);
+        if (i && x <= prev)
+            return CODEC_NOT_SORTED;
+        prev = x;
+        if (x > hi)
+            break;
+        if (__builtin_popcountll(x ^ qp) <= k && (size_t)m < cap)
+            out[m++] = x;
+    }
+    return m;
+}
+
 /* Append a candidate v (unpermuted) found by table t, unless an earlier
  * table finds it too: every table holds the same values, and table i finds
  * v exactly when v agrees with q on table i's prefix bits, so the first
- * such table reports it and no duplicates need removing later. */
+ * such table reports it. */
 static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_results *r,
                          uint64_t v) {
     uint64_t x = v ^ q;
@@ -72,51 +175,448 @@ static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_resul
     return 0;
 }
 
-HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qidx,
-                         query_results *out, int *bad_table, size_t *bad_block) {
-    size_t start = out->n;
+/* Probe the blocks of one checked chunk for values in [lo, hi]; *done is
+ * set once the chunk reaches hi.  verified: per-block flags (or NULL). */
+static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                       uint64_t qp, uint64_t lo, uint64_t hi, int k, const uint8_t *val,
+                       unsigned nblocks, uint8_t *verified, query_results *out,
+                       query_error *err, int *done) {
+    const query_table *tb = &s->tables[t];
+    const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+    const uint8_t *blocks = keys + 8 * (size_t)nblocks;
     uint64_t found[1 + BLOCK_PAYLOAD_BITS];
-    for (int t = 0; t < s->ntables; t++) {
-        const query_table *tb = &s->tables[t];
-        uint64_t qp = perm_apply(&tb->fwd, q);
-        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-        uint64_t lo = qp & mask, hi = lo | ~mask;
-        if (tb->decoded) {
-            /* The block directory (small, cache-resident) narrows the search
-             * to one block's slice before touching the large array. */
-            size_t b = lower_bound(tb->keys, tb->nblocks, lo), i = tb->ndecoded;
-            if (b < tb->nblocks)
-                i = tb->offsets[b] + lower_bound(tb->decoded + tb->offsets[b],
-                                                 tb->offsets[b + 1] - tb->offsets[b], lo);
-            for (; i < tb->ndecoded && tb->decoded[i] <= hi; i++)
-                if (__builtin_popcountll(tb->decoded[i] ^ qp) <= k)
-                    if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->decoded[i])) < 0)
-                        return QUERY_NOMEM;
-        }
-        for (size_t b = tb->decoded ? tb->nblocks : lower_bound(tb->keys, tb->nblocks, lo);
-             b < tb->nblocks; b++) {
-            long n = codec_probe(tb->code, (const uint8_t *)(uintptr_t)tb->block_addr[b], qp,
-                                 tb->p, k, found, sizeof found / sizeof found[0]);
-            if (n < 0) {
-                *bad_table = t;
-                *bad_block = b;
-                out->n = start;
-                return (int)n;
-            }
-            for (long i = 0; i < n; i++)
-                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
-                    return QUERY_NOMEM;
-            if (tb->keys[b] >= hi)
-                break;
-        }
-        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
-            if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
-                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
-                    return QUERY_NOMEM;
+    unsigned b = 0, e = nblocks;
+    while (b < e) { /* first block whose key is >= lo */
+        unsigned mid = (b + e) / 2;
+        if (load_le64(keys + 8 * mid) < lo)
+            b = mid + 1;
+        else
+            e = mid;
     }
-    /* Distinct across tables (add_candidate); one table can still find a
-     * value in its blocks and in its log, so drop neighbours that repeat and
-     * the removed, then order by (distance, value). */
+    *done = 0;
+    for (; b < nblocks; b++) {
+        const uint8_t *block = blocks + (size_t)b * BLOCK_BYTES;
+        uint64_t bkey = load_le64(keys + 8 * b);
+        int trusted = verified && verified[b];
+        long n;
+        if (run->kind == RUN_KIND_RAW) {
+            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
+                return corrupt(err, "block checksum mismatch");
+            n = raw_probe(block, bkey, lo, hi, qp, k, found, sizeof found / sizeof *found);
+        } else {
+            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
+                                     sizeof found / sizeof *found, trusted);
+        }
+        if (n < 0)
+            return corrupt(err, block_status_text(n));
+        if (verified && !trusted)
+            verified[b] = 1; /* a benign race: another thread may set it too */
+        for (long i = 0; i < n; i++)
+            if (found[i] >= lo && found[i] <= hi &&
+                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+                return QUERY_NOMEM;
+        if (bkey >= hi) {
+            *done = 1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* First block of a directory whose last value is >= lo (nblocks if none). */
+static inline size_t directory_block(const run_directory *d, uint64_t lo) {
+    size_t a = 0, z = d->nblocks;
+    while (a < z) {
+        size_t mid = (a + z) / 2;
+        if (d->last[mid] < lo)
+            a = mid + 1;
+        else
+            z = mid;
+    }
+    return a;
+}
+
+/* Probe a listed run's blocks for values in [lo, hi] (already clipped to the
+ * run's live range). */
+static int probe_directory(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                           uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
+                           query_error *err) {
+    const query_table *tb = &s->tables[t];
+    const run_directory *d = run->dir;
+    uint64_t found[1 + BLOCK_PAYLOAD_BITS];
+    size_t b = directory_block(d, lo);
+    if (b == d->nblocks)
+        return corrupt(err, "no block covers a value inside the run");
+    for (; b < d->nblocks; b++) {
+        const uint8_t *block = d->block[b];
+        int trusted = d->verified[b];
+        long n;
+        if (run->kind == RUN_KIND_RAW) {
+            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
+                return corrupt(err, "block checksum mismatch");
+            n = raw_probe(block, d->last[b], lo, hi, qp, k, found, sizeof found / sizeof *found);
+        } else {
+            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
+                                     sizeof found / sizeof *found, trusted);
+        }
+        if (n < 0)
+            return corrupt(err, block_status_text(n));
+        if (!trusted)
+            d->verified[b] = 1; /* a benign race: another thread may set it too */
+        for (long i = 0; i < n; i++)
+            if (found[i] >= lo && found[i] <= hi &&
+                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+                return QUERY_NOMEM;
+        if (d->last[b] >= hi)
+            break;
+    }
+    return 0;
+}
+
+/* Probe one run of table t for permuted values in [lo, hi] within k of qp. */
+static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                     uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
+                     query_error *err) {
+    if (run->has_lo) {
+        if (hi <= run->lo)
+            return 0;
+        if (lo <= run->lo)
+            lo = run->lo + 1;
+    }
+    if (run->has_hi) {
+        if (lo > run->hi)
+            return 0;
+        if (hi > run->hi)
+            hi = run->hi;
+    }
+    if (lo > run->last)
+        return 0;
+    err->table = t;
+    err->run_id = run->run_id;
+    err->has_key = 0;
+    int done = 0;
+    if (run->dir)
+        return probe_directory(s, t, run, q, qp, lo, hi, k, out, err);
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = run->space;
+    key[1] = (uint8_t)(run->run_id >> 24);
+    key[2] = (uint8_t)(run->run_id >> 16);
+    key[3] = (uint8_t)(run->run_id >> 8);
+    key[4] = (uint8_t)run->run_id;
+    store_be64(key + 5, lo);
+    mdbp_cursor c;
+    mdbp_error pe;
+    int rc = mdbp_seek(&s->map, &s->chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    int first = 1;
+    uint64_t prev_last = 0;
+    while (rc == MDBP_FOUND) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0) {
+            if (first) /* lo <= the run's last value, so some chunk must hold it */
+                return corrupt(err, "no chunk covers a value inside the run");
+            return 0;
+        }
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            return corrupt(err, pe.what);
+        }
+        if (flags != 0 && flags != MDBP_F_BIGDATA)
+            return corrupt(err, "chunk node has database flags");
+        if (chunk_check(k8, val, vlen, &nblocks, err) < 0)
+            return QUERY_CORRUPT;
+        if (val[4] != run->kind)
+            return corrupt(err, "chunk kind differs from its run's");
+        uint64_t low = load_le64(val + 16), chunk_last = load_be64(k8 + 5);
+        /* Fences: the first chunk found must start below lo, and each next
+         * chunk must continue where the previous one ended. */
+        if (first ? !(val[5] & CHUNK_FLAG_FIRST) && low >= lo : low != prev_last)
+            return corrupt(err, "chunk fences do not match its neighbours");
+        rc = probe_chunk(s, t, run, q, qp, lo, hi, k, val, nblocks, NULL, out, err, &done);
+        if (rc < 0)
+            return rc;
+        if (done || chunk_last >= hi)
+            return 0;
+        prev_last = chunk_last;
+        first = 0;
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        return corrupt(err, pe.what);
+    }
+    if (first)
+        return corrupt(err, "no chunk covers a value inside the run");
+    return 0;
+}
+
+void run_directory_free(run_directory *d) {
+    free(d->last);
+    free(d->block);
+    free(d->verified);
+    memset(d, 0, sizeof *d);
+}
+
+int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t space,
+                        uint32_t run_id, uint8_t kind, uint64_t start, run_directory *out,
+                        query_error *err) {
+    memset(out, 0, sizeof *out);
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = space;
+    key[1] = (uint8_t)(run_id >> 24);
+    key[2] = (uint8_t)(run_id >> 16);
+    key[3] = (uint8_t)(run_id >> 8);
+    key[4] = (uint8_t)run_id;
+    store_be64(key + 5, start);
+    err->run_id = run_id;
+    mdbp_cursor c;
+    mdbp_error pe;
+    size_t cap = 0;
+    uint64_t prev_last = 0;
+    int rc = mdbp_seek(map, chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    while (rc == MDBP_FOUND) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0)
+            break;
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            goto bad_tree;
+        }
+        if ((flags != 0 && flags != MDBP_F_BIGDATA) || chunk_check(k8, val, vlen, &nblocks, err) < 0 ||
+            val[4] != kind) {
+            if (!err->what || flags > MDBP_F_BIGDATA)
+                err->what = "chunk is not one of its run's";
+            goto fail;
+        }
+        uint64_t low = load_le64(val + 16);
+        if (out->nchunks ? low != prev_last : !(val[5] & CHUNK_FLAG_FIRST) && low >= start) {
+            err->what = "chunk fences do not match its neighbours";
+            goto fail;
+        }
+        if (out->nblocks + nblocks > cap) {
+            while (out->nblocks + nblocks > cap)
+                cap = cap ? 2 * cap : 256;
+            uint64_t *l = realloc(out->last, cap * sizeof *l);
+            if (l)
+                out->last = l;
+            const uint8_t **bp = realloc(out->block, cap * sizeof *bp);
+            if (bp)
+                out->block = bp;
+            if (!l || !bp) {
+                run_directory_free(out);
+                return QUERY_NOMEM;
+            }
+        }
+        const uint8_t *keys = val + CHUNK_HEADER_BYTES;
+        const uint8_t *blocks = keys + 8 * (size_t)nblocks;
+        for (unsigned b = 0; b < nblocks; b++) {
+            out->last[out->nblocks] = load_le64(keys + 8 * b);
+            out->block[out->nblocks] = blocks + (size_t)b * BLOCK_BYTES;
+            out->nblocks++;
+        }
+        prev_last = load_be64(k8 + 5);
+        out->inline_chunks += flags != MDBP_F_BIGDATA;
+        out->nchunks++;
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        goto bad_tree;
+    }
+    out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
+    if (!out->verified) {
+        run_directory_free(out);
+        return QUERY_NOMEM;
+    }
+    return 0;
+bad_tree:
+    err->what = pe.what;
+fail:
+    run_directory_free(out);
+    return QUERY_CORRUPT;
+}
+
+void run_slice_free(run_slice *s) {
+    free(s->values);
+    free(s->keys);
+    memset(s, 0, sizeof *s);
+}
+
+int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
+             uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
+             run_slice *out, query_error *err) {
+    memset(out, 0, sizeof *out);
+    uint8_t key[CHUNK_KEY_BYTES];
+    key[0] = space;
+    key[1] = (uint8_t)(run_id >> 24);
+    key[2] = (uint8_t)(run_id >> 16);
+    key[3] = (uint8_t)(run_id >> 8);
+    key[4] = (uint8_t)run_id;
+    store_be64(key + 5, start);
+    err->run_id = run_id;
+    mdbp_cursor c;
+    mdbp_error pe;
+    size_t keycap = 0;
+    uint64_t prev_last = 0;
+    int rc = mdbp_seek(map, chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    while (rc == MDBP_FOUND && out->nchunks < max_chunks) {
+        const uint8_t *k8, *val;
+        size_t klen, vlen;
+        unsigned flags, nblocks;
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0) {
+            out->exhausted = 1;
+            break;
+        }
+        memcpy(err->key, k8, CHUNK_KEY_BYTES);
+        err->has_key = 1;
+        if (mdbp_value(&c, &val, &vlen, &flags, &pe) < 0) {
+            err->pgno = pe.pgno;
+            err->what = pe.what;
+            goto fail;
+        }
+        if ((flags != 0 && flags != MDBP_F_BIGDATA) || chunk_check(k8, val, vlen, &nblocks, err) < 0 ||
+            val[4] != kind) {
+            if (!err->what || flags > MDBP_F_BIGDATA)
+                err->what = "chunk is not one of its run's";
+            goto fail;
+        }
+        uint64_t low = load_le64(val + 16);
+        if (out->nchunks ? low != prev_last : !(val[5] & CHUNK_FLAG_FIRST) && low >= start) {
+            err->what = "chunk fences do not match its neighbours";
+            goto fail;
+        }
+        uint64_t entries = load_le64(val + 24);
+        if (entries > (uint64_t)nblocks * (1 + BLOCK_PAYLOAD_BITS)) {
+            err->what = "chunk claims more entries than its blocks can hold";
+            goto fail;
+        }
+        size_t need = out->nvalues + (size_t)entries + 1 + BLOCK_PAYLOAD_BITS;
+        if (need > out->cap) {
+            size_t cap = out->cap ? out->cap : 4096;
+            while (cap < need)
+                cap *= 2;
+            uint64_t *v = realloc(out->values, cap * sizeof *v);
+            if (!v)
+                goto nomem;
+            out->values = v;
+            out->cap = cap;
+        }
+        if (out->nchunks == keycap) {
+            keycap = keycap ? 2 * keycap : 16;
+            uint8_t(*kk)[CHUNK_KEY_BYTES] = realloc(out->keys, keycap * sizeof *kk);
+            if (!kk)
+                goto nomem;
+            out->keys = kk;
+        }
+        memcpy(out->keys[out->nchunks], k8, CHUNK_KEY_BYTES);
+        const uint8_t *bkeys = val + CHUNK_HEADER_BYTES;
+        const uint8_t *blocks = bkeys + 8 * (size_t)nblocks;
+        size_t got = 0;
+        for (unsigned b = 0; b < nblocks; b++) {
+            uint64_t *dst = out->values + out->nvalues + got;
+            long n = kind == RUN_KIND_RAW ? raw_decode(blocks + (size_t)b * BLOCK_BYTES, dst)
+                                          : codec_decode(code, blocks + (size_t)b * BLOCK_BYTES,
+                                                         dst, 1 + BLOCK_PAYLOAD_BITS);
+            if (n < 0) {
+                err->what = block_status_text(n);
+                goto fail;
+            }
+            if (dst[n - 1] != load_le64(bkeys + 8 * b) ||
+                (got ? dst[0] <= dst[-1] : (out->nchunks || (val[5] & CHUNK_FLAG_FIRST)) ? 0
+                                                                                          : dst[0] <= low)) {
+                err->what = "block values disagree with the chunk's keys or fences";
+                goto fail;
+            }
+            if (got == 0 && out->nvalues && dst[0] <= out->values[out->nvalues - 1]) {
+                err->what = "values do not increase across chunks";
+                goto fail;
+            }
+            got += (size_t)n;
+            if (got > entries) {
+                err->what = "chunk holds more values than its header says";
+                goto fail;
+            }
+        }
+        if (got != entries) {
+            err->what = "chunk holds fewer values than its header says";
+            goto fail;
+        }
+        out->nvalues += got;
+        prev_last = load_be64(k8 + 5);
+        out->end = prev_last;
+        out->nchunks++;
+        if (val[5] & CHUNK_FLAG_LAST) {
+            out->exhausted = out->last_seen = 1;
+            break;
+        }
+        rc = mdbp_next(&c, &pe);
+    }
+    if (rc == MDBP_CORRUPT) {
+        err->pgno = pe.pgno;
+        err->what = pe.what;
+        goto fail;
+    }
+    if (rc == MDBP_END)
+        out->exhausted = 1;
+    /* Drop the values below start (the first chunk may begin before it). */
+    size_t skip = 0;
+    while (skip < out->nvalues && out->values[skip] < start)
+        skip++;
+    if (skip) {
+        memmove(out->values, out->values + skip, (out->nvalues - skip) * sizeof *out->values);
+        out->nvalues -= skip;
+    }
+    return 0;
+nomem:
+    run_slice_free(out);
+    return QUERY_NOMEM;
+fail:
+    run_slice_free(out);
+    return QUERY_CORRUPT;
+}
+
+/* Keep out[from:] entries not in the sorted set a[0:n]. */
+static void drop_hidden(query_results *out, size_t from, const uint64_t *a, size_t n) {
+    if (!n)
+        return;
+    size_t m = from;
+    for (size_t i = from; i < out->n; i++)
+        if (!contains(a, n, out->fp[i]))
+            out->fp[m++] = out->fp[i];
+    out->n = m;
+}
+
+/* Listed runs of a table: find each one's block holding lo and prefetch it,
+ * so the cache misses of all runs overlap instead of queueing up. */
+static void prefetch_listed(const query_table *tb, uint64_t lo) {
+    for (int r = 0; r < tb->nruns; r++) {
+        const query_run *run = &tb->runs[r];
+        if (!run->dir || lo > run->last || (run->has_hi && lo > run->hi))
+            continue;
+        uint64_t from = run->has_lo && lo <= run->lo ? run->lo + 1 : lo;
+        size_t b = directory_block(run->dir, from);
+        if (b < run->dir->nblocks) {
+            const uint8_t *blk = run->dir->block[b];
+            for (int line = 0; line < BLOCK_BYTES; line += 256)
+                __builtin_prefetch(blk + line);
+        }
+    }
+}
+
+/* A value can be found in several runs of one table, its log and the
+ * pending additions: sort out[start..], drop repeats, then order by
+ * distance to q (values ascending within one) and tag them with qidx. */
+static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t qidx) {
     size_t n = out->n - start;
     uint64_t *fp = out->fp + start;
     if (n <= 32) {
@@ -133,18 +633,14 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
         qsort(fp, n, sizeof *fp, cmp_u64);
     }
     size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (i > 0 && fp[i] == fp[i - 1])
-            continue;
-        if (s->nremoved && contains(s->removed, s->nremoved, fp[i]))
-            continue;
-        fp[m++] = fp[i];
-    }
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || fp[i] != fp[i - 1])
+            fp[m++] = fp[i];
     /* Stable counting sort by distance keeps values ascending within one. */
-    size_t bucket[65] = {0};
-    for (size_t i = 0; i < m; i++)
-        bucket[__builtin_popcountll(fp[i] ^ q)]++;
     if (m > 1) {
+        size_t bucket[65] = {0};
+        for (size_t i = 0; i < m; i++)
+            bucket[__builtin_popcountll(fp[i] ^ q)]++;
         uint64_t small[64];
         uint64_t *tmp = m <= 64 ? small : malloc(m * sizeof *tmp);
         if (!tmp)
@@ -166,4 +662,118 @@ HOT_KERNEL int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qid
     }
     out->n = start + m;
     return 0;
+}
+
+HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
+                         int64_t qidx, query_results *out, query_error *err) {
+    size_t start = out->n;
+    /* Every table holds every fingerprint: an exact lookup (k = 0) needs one. */
+    const int ntables = k == 0 ? 1 : s->ntables;
+    for (int t = 0; t < ntables; t++) {
+        const query_table *tb = &s->tables[t];
+        uint64_t qp = perm_apply(&tb->fwd, q);
+        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        uint64_t lo = qp & mask, hi = lo | ~mask;
+        size_t run_start = out->n;
+        prefetch_listed(tb, lo);
+        for (int r = 0; r < tb->nruns; r++) {
+            int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
+            if (rc < 0) {
+                out->n = start;
+                return rc;
+            }
+        }
+        /* Drop what the runs found but tombstones or later removals hide,
+         * then what the log found but pending removals hide. */
+        drop_hidden(out, run_start, s->hide_runs, s->nhide_runs);
+        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+            if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
+                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
+                    return QUERY_NOMEM;
+        if (pend)
+            drop_hidden(out, run_start, pend->removes, pend->nremoves);
+    }
+    for (size_t i = 0; pend && i < pend->nadds; i++)
+        if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
+            if (reserve(out, 1) < 0)
+                return QUERY_NOMEM;
+            out->fp[out->n++] = pend->adds[i];
+        }
+    return finish_matches(out, start, q, qidx);
+}
+
+/* Prefixes probed together: the blocks of the group's listed runs are
+ * prefetched first, so that their cache misses overlap. */
+#define PREFIX_GROUP 32
+
+HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend, int t,
+                              uint64_t q, int k, const uint64_t *prefixes, size_t nprefixes,
+                              int64_t qidx, query_results *out, query_error *err) {
+    /* Only table t is probed, so a candidate has no earlier table to defer
+     * to: a view of the snapshot whose only table is t makes add_candidate
+     * keep every one, and lets probe_run serve unchanged. */
+    query_snapshot one = *s;
+    one.tables = &s->tables[t];
+    one.ntables = 1;
+    const query_table *tb = one.tables;
+    const int p = tb->p, shift = 64 - p;
+    const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << shift);
+    const uint64_t qp = perm_apply(&tb->fwd, q);
+    size_t start = out->n;
+    for (size_t g = 0; g < nprefixes; g += PREFIX_GROUP) {
+        size_t end = nprefixes - g < PREFIX_GROUP ? nprefixes : g + PREFIX_GROUP;
+        for (size_t i = g; i < end; i++)
+            prefetch_listed(tb, p <= 0 ? 0 : prefixes[i] << shift);
+        for (size_t i = g; i < end; i++) {
+            uint64_t lo = p <= 0 ? 0 : prefixes[i] << shift, hi = lo | ~mask;
+            /* An entry x under this prefix agrees with the probe value qf on
+             * the prefix, and q differs from qf in exactly the flipped prefix
+             * bits: d(x, q) = d(x, qf) + flips.  So the block probe asks for
+             * k - flips around qf, and reports exactly the x within k of q. */
+            int flips = __builtin_popcountll((lo ^ qp) & mask);
+            if (flips > k)
+                continue;
+            uint64_t qf = lo | (qp & ~mask);
+            for (int r = 0; r < tb->nruns; r++) {
+                int rc = probe_run(&one, 0, &tb->runs[r], q, qf, lo, hi, k - flips, out, err);
+                if (rc < 0) {
+                    err->table = t;
+                    out->n = start;
+                    return rc;
+                }
+            }
+        }
+    }
+    drop_hidden(out, start, s->hide_runs, s->nhide_runs);
+    for (size_t j = 0; j < nprefixes; j++) {
+        uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
+        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+            if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
+                add_candidate(&one, 0, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
+                return QUERY_NOMEM;
+    }
+    if (pend)
+        drop_hidden(out, start, pend->removes, pend->nremoves);
+    if (pend && pend->nadds) {
+        /* Pending additions count as stored: reported when within k and
+         * under a probed prefix, as if they were in the log. */
+        uint64_t *sorted = malloc((nprefixes ? nprefixes : 1) * sizeof *sorted);
+        if (!sorted)
+            return QUERY_NOMEM;
+        memcpy(sorted, prefixes, nprefixes * sizeof *sorted);
+        qsort(sorted, nprefixes, sizeof *sorted, cmp_u64);
+        for (size_t i = 0; i < pend->nadds; i++) {
+            uint64_t v = pend->adds[i];
+            if (__builtin_popcountll(v ^ q) > k ||
+                !contains(sorted, nprefixes, p <= 0 ? 0 : perm_apply(&tb->fwd, v) >> shift))
+                continue;
+            if (reserve(out, 1) < 0) {
+                free(sorted);
+                return QUERY_NOMEM;
+            }
+            out->fp[out->n++] = v;
+        }
+        free(sorted);
+    }
+    return finish_matches(out, start, q, qidx);
 }

@@ -1,11 +1,14 @@
-/* k-Hamming queries over a snapshot of an index: every table's blocks (read
- * in place from the mapped file) and its in-memory sorted log. */
+/* k-Hamming queries over a snapshot of a format-v2 index: every table's
+ * runs (chunks of 1 KB blocks found through the chunks tree and read in
+ * place from the mapped file), its sorted copy of the append log, and the
+ * caller's pending additions. */
 #ifndef NDINDEX_QUERY_H
 #define NDINDEX_QUERY_H
 #include <stddef.h>
 #include <stdint.h>
 
 #include "codec.h"
+#include "lmdbpage.h"
 
 /* A permutation as runs: out |= ((x >> src) & mask) << dst. */
 typedef struct {
@@ -14,29 +17,77 @@ typedef struct {
     uint64_t mask[64];
 } perm_runs;
 
+/* Fingerprint chunks (FORMAT.md 7.6): a 32-byte header, the key of each
+ * block, then the blocks.  The chunk's LMDB key is the space, the run id
+ * (big-endian) and the chunk's last value (big-endian). */
+#define CHUNK_HEADER_BYTES 32
+#define CHUNK_KEY_BYTES 13
+#define CHUNK_MAX_BLOCKS 63
+#define CHUNK_FLAG_FIRST 1
+#define CHUNK_FLAG_LAST 2
+#define RUN_KIND_HUFFMAN 1
+#define RUN_KIND_RAW 2
+/* Raw blocks: u32 checksum of bytes 4..1023, u16 count, u16 reserved, then
+ * count sorted u64 values. */
+#define RAW_BLOCK_HEADER_BYTES 8
+#define RAW_BLOCK_MAX_VALUES ((BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES) / 8)
+
+/* A run's blocks found once, for runs small enough to list: each block's
+ * last value and address, chunk headers checked when listed
+ * (run_directory_build).  verified[b] becomes 1 once block b has passed its
+ * checksum.  Valid while the run's chunks stay where they are: chunks are
+ * never rewritten, a merge input only loses chunks below its cursor (never
+ * probed again), so one directory serves every snapshot that holds the run
+ * -- unless a chunk lives inside a leaf page (inline_chunks): such a value
+ * moves whenever its page is copied, and the directory serves its own
+ * snapshot only. */
+typedef struct {
+    size_t nblocks;
+    uint64_t *last;
+    const uint8_t **block;
+    uint8_t *verified;
+    size_t nchunks, inline_chunks;
+} run_directory;
+
+typedef struct {
+    uint8_t space;
+    uint8_t kind; /* RUN_KIND_HUFFMAN or RUN_KIND_RAW */
+    const run_directory *dir; /* NULL: find chunks through the chunks tree */
+    uint32_t run_id;
+    const codec_code *code; /* Huffman runs */
+    uint64_t last;          /* the run's last value: a probe at or below it must find a chunk */
+    int has_lo, has_hi;     /* live range (lo, hi]: merge inputs and outputs */
+    uint64_t lo, hi;
+} query_run;
+
 typedef struct {
     int p; /* prefix bits probed */
     perm_runs fwd, inv;
     uint64_t orig_mask; /* the prefix bits, at their unpermuted positions */
-    const codec_code *code;
-    size_t nblocks;
-    const uint64_t *keys;       /* last (permuted) value of each block */
-    const uint64_t *block_addr; /* address of each 1024-byte block */
+    int nruns;
+    const query_run *runs;
     size_t nlog;
-    const uint64_t *log; /* permuted log values, sorted */
-    /* When the table is preloaded: all its values, decoded and sorted; the
-     * blocks are then not read. */
-    size_t ndecoded;
-    const uint64_t *decoded;
-    const uint64_t *offsets; /* decoded index of each block's first value, nblocks + 1 */
+    const uint64_t *log; /* permuted log additions, sorted */
 } query_table;
 
 typedef struct {
+    mdbp_map map;
+    mdbp_db chunks; /* the chunks tree */
     int ntables;
-    size_t nremoved;
-    const uint64_t *removed; /* sorted, unpermuted: never reported */
-    query_table *tables;
+    const query_table *tables;
+    /* Sorted, unpermuted: never report a value found in a run (tombstones
+     * and the log's removals). */
+    size_t nhide_runs;
+    const uint64_t *hide_runs;
 } query_snapshot;
+
+/* What a writer has not committed yet but must see (a transaction, or
+ * durability="normal"): additions scanned whole (unsorted, unpermuted),
+ * removals (sorted) that hide anything the runs or the log hold. */
+typedef struct {
+    size_t nadds, nremoves;
+    const uint64_t *adds, *removes;
+} query_pending;
 
 /* A growable result list. */
 typedef struct {
@@ -46,6 +97,19 @@ typedef struct {
     size_t n, cap;
 } query_results;
 
+/* Where a query found damage. */
+typedef struct {
+    int table;
+    uint32_t run_id;
+    uint8_t key[CHUNK_KEY_BYTES]; /* the chunk's key, when known */
+    int has_key;
+    uint64_t pgno; /* the LMDB page, when the damage is in the tree */
+    const char *what;
+} query_error;
+
+#define QUERY_NOMEM (-100)
+#define QUERY_CORRUPT (-1)
+
 static inline uint64_t perm_apply(const perm_runs *r, uint64_t x) {
     uint64_t out = 0;
     for (int i = 0; i < r->n; i++)
@@ -54,11 +118,58 @@ static inline uint64_t perm_apply(const perm_runs *r, uint64_t x) {
 }
 
 /* Append the matches of q within k, distinct, sorted by (distance, value),
- * tagged with qidx.  Returns 0, or a negative codec status with *bad_table
- * and *bad_block naming the corrupt block, or -100 when out of memory. */
-int query_one(const query_snapshot *s, uint64_t q, int k, int64_t qidx, query_results *out,
-              int *bad_table, size_t *bad_block);
+ * tagged with qidx.  Returns 0, QUERY_CORRUPT with *err filled, or
+ * QUERY_NOMEM. */
+int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
+              int64_t qidx, query_results *out, query_error *err);
+
+/* Probabilistic simhash matching on table t alone: probe every run of the
+ * table, its log and the pending operations at each of the given prefixes
+ * (values of the table's p prefix bits: the prefix of pi_t(q) XOR a flip
+ * set), and append the values within k of q -- of q itself, not of the
+ * flipped probe -- whose prefix is one of them, distinct, sorted by
+ * (distance, value), tagged with qidx.  Pending additions count only under
+ * a probed prefix, like the log.  Probing every prefix within k of q's
+ * finds what query_one finds.  Returns 0, QUERY_CORRUPT with *err filled,
+ * or QUERY_NOMEM. */
+int query_prefixes(const query_snapshot *s, const query_pending *pend, int t, uint64_t q, int k,
+                   const uint64_t *prefixes, size_t nprefixes, int64_t qidx, query_results *out,
+                   query_error *err);
+
+/* Check a fingerprint chunk's header against its key: checksum, kind,
+ * sizes, block keys increasing and ending at the key's value.  Returns 0 or
+ * QUERY_CORRUPT with err->what set. */
+int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *nblocks,
+                query_error *err);
 
 void query_results_free(query_results *r);
+
+/* List the chunks of run (space, run_id) holding values >= start, checking
+ * each header and the chain of fences.  Returns 0, QUERY_CORRUPT with err
+ * set, or QUERY_NOMEM.  Free with run_directory_free. */
+int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t space,
+                        uint32_t run_id, uint8_t kind, uint64_t start, run_directory *out,
+                        query_error *err);
+void run_directory_free(run_directory *d);
+
+/* A slice of a run read whole: its values and the keys of its chunks. */
+typedef struct {
+    uint64_t *values;
+    size_t nvalues, cap;
+    uint8_t (*keys)[CHUNK_KEY_BYTES];
+    size_t nchunks;
+    uint64_t end;  /* the last value of the last chunk read */
+    int exhausted; /* no chunk of the run follows the ones read */
+    int last_seen; /* a chunk read carries the run's last-chunk flag */
+} run_slice;
+
+/* Read up to max_chunks chunks of run (space, run_id) from the one holding
+ * start: check each header, the fences and every block (checksums, order),
+ * keep the values >= start.  code: the run's code (Huffman runs).  Returns
+ * 0, QUERY_CORRUPT with err set, or QUERY_NOMEM.  Free with run_slice_free. */
+int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
+             uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
+             run_slice *out, query_error *err);
+void run_slice_free(run_slice *s);
 
 #endif

@@ -21,6 +21,7 @@ from ndindex.fingerprint.normalize import (BinaryDataError, decode_text, looks_b
                                            normalize_text)
 from ndindex.fingerprint.simhash import (SimhashAccumulator, hamming, popcount64, simhash,
                                          simhash_with_weights)
+from ndindex.fingerprint.volatility import DEFAULT_FLIP_MODEL, FlipModel, normalised_margins
 from ndindex.fingerprint.weights import WEIGHTINGS, FeatureCounts, IdfTable, weigh, weigh_counts
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "weigh", "weigh_counts", "MinHashFamily", "DEFAULT_NUM_PERM", "jaccard_estimate",
     "jaccard_estimates", "super_shingles", "optimal_bands", "lsh_band_keys", "bucket_pairs",
     "lsh_candidate_pairs", "bottom_k", "bottom_k_jaccard", "DEFAULT_BOTTOM_K",
+    "FlipModel", "DEFAULT_FLIP_MODEL", "normalised_margins",
 ]

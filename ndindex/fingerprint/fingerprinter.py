@@ -23,12 +23,15 @@ from ndindex.fingerprint.minhash import (DEFAULT_BOTTOM_K, DEFAULT_NUM_PERM, Min
                                          bottom_k, bottom_k_jaccard, jaccard_estimate)
 from ndindex.fingerprint.normalize import decode_text
 from ndindex.fingerprint.simhash import SimhashAccumulator
+from ndindex.fingerprint.volatility import DEFAULT_FLIP_MODEL, FlipModel
 from ndindex.fingerprint.weights import (WEIGHTINGS, FeatureCounts, IdfTable, weigh,
                                          weigh_counts)
 
 MAGIC = b"NDFP"
-#: Version written; readers reject a larger one ([FP52]).
-FORMAT_VERSION = 1
+#: Newest version; readers reject a larger one ([FP52]).  Version 2 adds the
+#: flip model; a record without one is still written as version 1, which
+#: older readers understand.
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<4sHI")
 
 #: Default simhash features: words of the normalised text, stop words kept,
@@ -48,6 +51,9 @@ DEFAULT_QUERY_K = 10
 DEFAULT_THRESHOLD = 0.8
 
 _SPEC_KEYS = ("unit", "ngram", "stop_words", "stem", "hash", "seed")
+#: JSON keys of a version 1 record; version 2 adds "flip_model".
+_V1_KEYS = frozenset({"features", "weighting", "minhash_features", "num_perm", "minhash_seed",
+                      "html", "binary", "unicode_version", "bottom_k", "query_k", "threshold"})
 
 
 def _spec_to_dict(spec: FeatureSpec) -> dict:
@@ -87,6 +93,9 @@ class Fingerprinter:
         bottom_k: values kept by :meth:`sketch` (the verification sketch).
         query_k: Hamming radius of the near-duplicate pipeline's candidates.
         threshold: Jaccard similarity a candidate must reach to be kept.
+        flip_model: the FlipModel that turns V into flip probabilities for
+            probabilistic matching (see :meth:`flip_probabilities`), or None
+            (a version-1 record: DEFAULT_FLIP_MODEL is used).
 
     The near-duplicate pipeline ([FP70]): a document is stored as
     ``fingerprint(doc) = (simhash, sketch)``; a query's candidates are the
@@ -109,6 +118,7 @@ class Fingerprinter:
     bottom_k: int = DEFAULT_BOTTOM_K
     query_k: int = DEFAULT_QUERY_K
     threshold: float = DEFAULT_THRESHOLD
+    flip_model: FlipModel | None = DEFAULT_FLIP_MODEL
 
     def __post_init__(self):
         if not isinstance(self.bottom_k, int) or not 1 <= self.bottom_k <= 65536:
@@ -132,6 +142,9 @@ class Fingerprinter:
             raise ValueError(f"binary must be 'raise' or 'text', got {self.binary!r}")
         if not isinstance(self.html, bool):
             raise TypeError(f"html must be bool, got {type(self.html).__name__}")
+        if self.flip_model is not None and not isinstance(self.flip_model, FlipModel):
+            raise TypeError(f"flip_model must be a FlipModel or None, got "
+                            f"{type(self.flip_model).__name__}")
         object.__setattr__(self, "_family", MinHashFamily(self.num_perm, self.minhash_seed))
 
     # ------------------------------------------------------------ text
@@ -186,6 +199,27 @@ class Fingerprinter:
             acc.add(*weigh_counts(counts.features, counts.counts, self.weighting, self.idf))
         return acc.result()
 
+    def flip_probabilities(self, document) -> np.ndarray:
+        """Return each simhash bit's chance to flip in a near-duplicate ([FP80]).
+
+        Parameters:
+            document: a text (str or bytes), fingerprinted here, or its
+                weight vector V (64 values, as :meth:`simhash_with_weights`
+                returns it), or an (n, 64) array of them.
+
+        Returns:
+            float64 probabilities p_j for bit j, shaped like V: what
+            ``ndindex.vosh`` and ``ndindex.psm`` order their probes by.
+            The model is :attr:`flip_model`, or DEFAULT_FLIP_MODEL when the
+            record has none.
+
+        Raises:
+            ValueError: an array that is not (64,) or (n, 64).
+        """
+        if isinstance(document, (str, bytes, bytearray, memoryview)):
+            document = self.simhash_with_weights(document)[1]
+        return (self.flip_model or DEFAULT_FLIP_MODEL).probabilities(document)
+
     # ------------------------------------------------------------ MinHash
 
     def minhash(self, document: str | bytes) -> np.ndarray:
@@ -223,6 +257,10 @@ class Fingerprinter:
         return (self._simhash_of_text(text)[0],
                 bottom_k(extract(text, self.minhash_features), self.bottom_k))
 
+    def simhash_of_text(self, text: str) -> int:
+        """Return the simhash of a text already decoded by :meth:`text`."""
+        return self._simhash_of_text(text)[0]
+
     def _simhash_of_text(self, text: str) -> tuple[int, np.ndarray]:
         if len(text) > PIECE_CHARS:
             return self.simhash_stream([text], _decoded=True)
@@ -253,8 +291,9 @@ class Fingerprinter:
     # ------------------------------------------------------------ bytes
 
     def to_dict(self) -> dict:
-        """Return the JSON-able configuration (the idf table excluded)."""
-        return {
+        """Return the JSON-able configuration (the idf table excluded); the key
+        ``flip_model`` is present only when there is one."""
+        d = {
             "features": _spec_to_dict(self.features),
             "weighting": self.weighting,
             "minhash_features": _spec_to_dict(self.minhash_features),
@@ -267,13 +306,18 @@ class Fingerprinter:
             "query_k": self.query_k,
             "threshold": self.threshold,
         }
+        if self.flip_model is not None:
+            d["flip_model"] = self.flip_model.to_dict()
+        return d
 
     def to_bytes(self) -> bytes:
         """Serialise ([FP50]): magic "NDFP", u16 version, u32 JSON length, JSON,
-        u32 idf length, idf table bytes (all little-endian)."""
+        u32 idf length, idf table bytes (all little-endian).  The version is
+        2 with a flip model, else 1 ([FP54])."""
         body = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
         idf = self.idf.to_bytes() if self.idf is not None else b""
-        return (_HEADER.pack(MAGIC, FORMAT_VERSION, len(body)) + body
+        version = 1 if self.flip_model is None else 2
+        return (_HEADER.pack(MAGIC, version, len(body)) + body
                 + struct.pack("<I", len(idf)) + idf)
 
     @classmethod
@@ -308,25 +352,39 @@ class Fingerprinter:
         if len(data) != end + 4 + n_idf:
             raise FormatError(f"fingerprinter record is {len(data)} bytes, "
                               f"expected {end + 4 + n_idf}")
+        expected = _V1_KEYS | ({"flip_model"} if version >= 2 else set())
+        if not isinstance(config, dict) or set(config) != expected:
+            raise FormatError(f"fingerprinter version {version} keys must be "
+                              f"{sorted(expected)}, got "
+                              f"{sorted(config) if isinstance(config, dict) else config!r}")
         idf = IdfTable.from_bytes(data[end + 4:]) if n_idf else None
         return cls.from_dict(config, idf=idf)
 
     @classmethod
     def from_dict(cls, config: dict, idf: IdfTable | None = None) -> Fingerprinter:
-        """Rebuild from :meth:`to_dict` output (``unicode_version`` is informative)."""
-        expected = {"features", "weighting", "minhash_features", "num_perm", "minhash_seed",
-                    "html", "binary", "unicode_version", "bottom_k", "query_k", "threshold"}
-        if not isinstance(config, dict) or set(config) != expected:
-            raise FormatError(f"fingerprinter keys must be {sorted(expected)}, got "
+        """Rebuild from :meth:`to_dict` output (``unicode_version`` is informative).
+
+        Without the key ``flip_model`` (a version-1 configuration) the result
+        has flip_model None.
+
+        Raises:
+            FormatError: missing or unknown keys, invalid values.
+        """
+        if not isinstance(config, dict) or not (_V1_KEYS <= set(config)
+                                                <= _V1_KEYS | {"flip_model"}):
+            raise FormatError(f"fingerprinter keys must be {sorted(_V1_KEYS)} and optionally "
+                              "'flip_model', got "
                               f"{sorted(config) if isinstance(config, dict) else config!r}")
         try:
+            flip_model = (FlipModel.from_dict(config["flip_model"]) if "flip_model" in config
+                          else None)
             return cls(features=_spec_from_dict(config["features"]),
                        weighting=config["weighting"], idf=idf,
                        minhash_features=_spec_from_dict(config["minhash_features"]),
                        num_perm=config["num_perm"], minhash_seed=config["minhash_seed"],
                        html=config["html"], binary=config["binary"],
                        bottom_k=config["bottom_k"], query_k=config["query_k"],
-                       threshold=config["threshold"])
+                       threshold=config["threshold"], flip_model=flip_model)
         except (TypeError, ValueError) as exc:
             raise FormatError(f"invalid fingerprinter configuration: {exc}") from exc
 

@@ -1,10 +1,12 @@
 """Hypothesis state machine: the index against an in-memory model.
 
 Operations: add (with and without keys), remove by fingerprint and by key,
-compact (incremental and full), preload on or off, reopen, query (one and
-many).  After every
-step queries equal brute force over the model, and verify() passes after
-mutations.  Values come from a few tight clusters, so near-duplicates,
+single compaction steps (so queries meet half-done merges), compact
+(incremental and full), transactions that commit or roll back, reopen,
+query (one and many), with durability "full" or "normal".  Chunks and
+merge steps are shrunk so that tiny indexes pass through every state the
+layout has.  After every step queries equal brute force over the model,
+and verify() passes after compactions.  Values come from a few tight clusters, so near-duplicates,
 repeated adds and removals of present values are common.
 """
 
@@ -15,6 +17,7 @@ import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from ndindex import chunks, compaction
 from ndindex.index import Index
 from tests.oracle import brute_force
 
@@ -26,12 +29,12 @@ doc_key = st.sampled_from(["a", "b", "c", b"d", "e"])
 
 
 class IndexMachine(RuleBasedStateMachine):
-    @initialize(log_limit=st.integers(3, 40))
-    def setup(self, log_limit):
+    @initialize(log_limit=st.integers(3, 40), durability=st.sampled_from(["full", "normal"]))
+    def setup(self, log_limit, durability):
         self.dir = tempfile.mkdtemp()
         self.path = f"{self.dir}/m.ndx"
-        self.log_limit = log_limit
-        self.ix = Index.create(self.path, k=3, expected_n=200, log_limit=log_limit)
+        self.opts = dict(log_limit=log_limit, durability=durability, background_compaction=False)
+        self.ix = Index.create(self.path, k=3, expected_n=200, **self.opts)
         self.keys = {}  # fingerprint -> set of keys (None marks a keyless add)
 
     def live(self):
@@ -69,14 +72,33 @@ class IndexMachine(RuleBasedStateMachine):
         self.ix.compact(full=full)
         self.ix.verify()
 
-    @rule(enable=st.booleans())
-    def preload(self, enable):
-        self.ix.preload(enable)
+    @rule(force_flush=st.booleans())
+    def compaction_step(self, force_flush):
+        self.ix._compactor.step(force_flush=force_flush)
+
+    @rule(fps=st.lists(fingerprint, min_size=1, max_size=6), commit=st.booleans())
+    def transaction(self, fps, commit):
+        # check_and_add inside a transaction sees the transaction's own adds;
+        # an exception rolls every operation of the block back.
+        model = {fp: set(keys) for fp, keys in self.keys.items()}
+        try:
+            with self.ix.transaction():
+                for fp in fps:
+                    seen = bool(brute_force(np.array(sorted(model), dtype=np.uint64), fp, 0))
+                    matches = self.ix.check_and_add(fp, k=0)
+                    assert bool(matches) == seen
+                    if not seen:
+                        model[fp] = {None}
+                if not commit:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            return
+        self.keys = model
 
     @rule()
     def reopen(self):
         self.ix.close()
-        self.ix = Index.open(self.path, log_limit=self.log_limit)
+        self.ix = Index.open(self.path, **self.opts)
 
     @rule(q=fingerprint, k=st.integers(0, 3))
     def query(self, q, k):
@@ -107,5 +129,19 @@ class IndexMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-TestIndexMachine = IndexMachine.TestCase
+def small_steps():
+    """Chunks of one block, merged one chunk per step."""
+    saved = compaction.STEP_CHUNKS, chunks.CHUNK_MAX_BLOCKS
+    compaction.STEP_CHUNKS, chunks.CHUNK_MAX_BLOCKS = 1, 1
+    return saved
+
+
+class TestIndexMachine(IndexMachine.TestCase):
+    def setUp(self):
+        self._saved = small_steps()
+
+    def tearDown(self):
+        compaction.STEP_CHUNKS, chunks.CHUNK_MAX_BLOCKS = self._saved
+
+
 TestIndexMachine.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)

@@ -172,3 +172,19 @@ def test_dask_matches_local_pair_for_pair(tmp_path, data):
     for a, b in [(local, remote), (local_self, remote_self)]:
         assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
     assert np.array_equal(np.concatenate(local), np.concatenate(list(fpfile.read_pairs(files))))
+
+
+@pytest.mark.parametrize("k", range(8, plans.MAX_PLANNER_K + 1))
+def test_join_and_self_join_beyond_7_equal_brute_force(k):
+    # Clusters of up to 14 flipped bits, so that pairs lie at every distance
+    # around k; the planner's designs for k = 8..12 have 9-13+ tables.
+    rng = np.random.default_rng(k)
+    stored = np.unique(clustered(rng, 30, 12, 14))
+    queries = near(rng, stored, 150, 12)
+    pairs = brute_pairs(queries, stored, k)
+    assert len(pairs) > 50
+    assert as_set(batch.join(queries, stored, k, workers=1, chunk_size=97)) == pairs
+    assert as_set(batch.self_join(stored, k, workers=1)) == \
+        brute_pairs(stored, stored, k, self_join=True)
+    assert sum(len(b) for b in batch.self_join(stored, k, workers=1)) == \
+        len(brute_pairs(stored, stored, k, self_join=True))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -44,7 +46,8 @@ def test_create_json(tmp_path, capsys):
 def test_add_from_stdin_and_query_fingerprint(ix, capsys, monkeypatch):
     lines = "# a comment\n0x0123456789abcdef https://example.org/a page\n\n42\n0x0123456789abcdee\n"
     status, out, _ = run(capsys, "add", ix, "--json", stdin=lines, monkeypatch=monkeypatch)
-    assert status == 0 and json.loads(out) == {"added": 3, "skipped": 0, "fingerprints": 3}
+    assert status == 0 and json.loads(out) == {"added": 3, "skipped": 0, "invalid": 0,
+                                                "fingerprints": 3}
     status, out, _ = run(capsys, "query", ix, "0x0123456789abcdec", "--json")
     doc = json.loads(out)
     assert status == 0 and doc["k"] == 4 and doc["query_hex"] == "0x0123456789abcdec"
@@ -62,8 +65,10 @@ def test_add_from_file_with_a_bad_line(ix, tmp_path, capsys):
     (tmp_path / "fps.txt").write_text("1\n2 two\nnot-a-number\n")
     status, out, err = run(capsys, "add", ix, str(tmp_path / "fps.txt"))
     assert status == 2 and out == ""
-    assert err == f"ndindex: error: {tmp_path / 'fps.txt'}: line 3: not a fingerprint: " \
-                  "'not-a-number' (decimal or 0x-hex)\n"
+    assert err == (f"ndindex: {tmp_path / 'fps.txt'}:3: not a fingerprint: 'not-a-number' "
+                   "(decimal or 0x-hex)\n"
+                   f"ndindex: {tmp_path / 'fps.txt'}: 1 invalid line; nothing added "
+                   "(--skip-invalid adds the valid ones)\n")
 
 
 def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
@@ -71,7 +76,8 @@ def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
     (tmp_path / "docs" / "a.txt").write_text(DOC)
     (tmp_path / "docs" / "b.bin").write_bytes(b"\0\1\2" * 100)
     status, out, err = run(capsys, "add", ix, "--docs", str(tmp_path / "docs"), "--json")
-    assert status == 0 and json.loads(out) == {"added": 1, "skipped": 1, "fingerprints": 1}
+    assert status == 0 and json.loads(out) == {"added": 1, "skipped": 1, "invalid": 0,
+                                               "fingerprints": 1}
     assert err == f"ndindex: {tmp_path / 'docs' / 'b.bin'}: looks binary, skipped\n"
     status, out, _ = run(capsys, "query", ix, "--text", DOC.replace("lazy", "sleepy"), "--json")
     doc = json.loads(out)
@@ -87,7 +93,7 @@ def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
     assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 1}
     status, out, _ = run(capsys, "compact", ix, "--json")
     doc = json.loads(out)
-    assert status == 0 and doc["entries"] == 1 and "blocks_rewritten" in doc and "seconds" in doc
+    assert status == 0 and doc["steps"] >= 1 and set(doc["runs"]) == {1} and "seconds" in doc
     status, out, _ = run(capsys, "stats", ix, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["fingerprints"] == 1 and doc["k"] == 4 and doc["log_entries"] == 0
@@ -136,9 +142,223 @@ def test_errors_are_one_line_with_status_2(ix, tmp_path, capsys, argv, message):
     assert message.format(tmp=tmp_path) in err
 
 
-@pytest.mark.parametrize("command", ["create", "add", "query", "remove", "compact", "stats",
-                                     "verify", "plan", "export", "import", "dedup"])
+def subcommands() -> list[str]:
+    from ndindex.cli import _build_parser
+    action = next(a for a in _build_parser()._actions if a.dest == "command")
+    return list(action.choices)
+
+
+def test_the_readme_lists_every_subcommand():
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    listed = {line.split()[1] for line in readme.splitlines()
+              if line.startswith("    ndindex ") and len(line.split()) > 1}
+    assert listed == set(subcommands())
+
+
+@pytest.mark.parametrize("command", subcommands())
 def test_every_subcommand_has_help_with_examples_and_exit_codes(capsys, command):
     status, out, _ = run(capsys, command, "--help")
     assert status == 0 and "examples:" in out and f"ndindex {command}" in out
     assert "exit status:" in out and "130" in out
+
+
+# -- issue 11: input lines, error lines, stats, a closed pipe ------------------------
+
+
+def test_add_reports_every_invalid_line_up_to_a_limit_and_adds_nothing(ix, tmp_path, capsys):
+    lines = ["1 one", "zz", "2 two", "0x1ffffffffffffffff"] + [f"bad{i}" for i in range(12)]
+    (tmp_path / "fps.txt").write_text("\n".join(lines) + "\n")
+    status, out, err = run(capsys, "add", ix, str(tmp_path / "fps.txt"))
+    name = tmp_path / "fps.txt"
+    assert status == 2 and out == ""
+    err = err.splitlines()
+    assert err[0] == f"ndindex: {name}:2: not a fingerprint: 'zz' (decimal or 0x-hex)"
+    assert err[1] == f"ndindex: {name}:4: fingerprint 0x1ffffffffffffffff is outside 0..2^64-1"
+    assert err[2] == f"ndindex: {name}:5: not a fingerprint: 'bad0' (decimal or 0x-hex)"
+    assert len(err) == 11 and err[9].startswith(f"ndindex: {name}:12: ")
+    assert err[10] == (f"ndindex: {name}: 14 invalid lines (4 not shown); nothing added "
+                       "(--skip-invalid adds the valid ones)")
+    with ndindex.open(ix, readonly=True) as index:
+        assert len(index) == 0
+
+
+def test_add_skip_invalid_adds_the_rest_and_counts_it(ix, capsys, monkeypatch):
+    stdin = "1 one\nnope\n2 caf\xe9\n3 three\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        stdin.encode("utf-8").replace("caf\xe9".encode(), b"caf\xe9"))))
+    status, out, err = main(["add", ix, "--skip-invalid", "--json"]), *capsys.readouterr()
+    assert status == 0
+    assert json.loads(out) == {"added": 2, "skipped": 0, "invalid": 2, "fingerprints": 2}
+    assert err == ("ndindex: <stdin>:2: not a fingerprint: 'nope' (decimal or 0x-hex)\n"
+                   "ndindex: <stdin>:3: not UTF-8 (byte 0xe9 at column 6)\n")
+    run(capsys, "add", ix, "--skip-invalid", stdin="4\nx\n", monkeypatch=monkeypatch)
+    status, out, _ = run(capsys, "add", ix, "--skip-invalid", stdin="5\nx\n",
+                         monkeypatch=monkeypatch)
+    assert out == "added 1 fingerprints (4 distinct in the index); skipped 1 invalid line\n"
+
+
+@pytest.mark.parametrize("raised, shown", [
+    (lambda p: ndindex.CorruptionError("block checksum mismatch", database="block", key=b"\1"),
+     "{p}: block checksum mismatch (database=block, key=01)"),
+    (lambda p: ndindex.NdindexError(f"{p}: {p}: Read-only file system"),
+     "{p}: Read-only file system"),
+    (lambda p: ndindex.ReadOnlyError(f"{p}: Read-only file system"), "{p}: Read-only file system"),
+    (lambda p: IsADirectoryError(21, "Is a directory", p), "{p}: Is a directory"),
+    (lambda p: ndindex.FormatError("not an ndindex file (4096 bytes is too small)"),
+     "{p}: not an ndindex file (4096 bytes is too small)"),
+])
+def test_every_error_line_names_the_file_once(ix, capsys, monkeypatch, raised, shown):
+    def fail(*a, **kw):
+        raise raised(ix)
+    monkeypatch.setattr(ndindex.Index, "open", fail)
+    monkeypatch.setattr(ndindex.Index, "create", fail)
+    for argv in (["verify", ix], ["stats", ix], ["create", ix]):
+        status, out, err = run(capsys, *argv)
+        assert status == 2 and out == "" and err == f"ndindex: {shown.format(p=ix)}\n"
+
+
+def test_stats_prints_a_summary_and_tables_on_request(tmp_path, capsys, monkeypatch):
+    path = str(tmp_path / "k10.ndx")
+    run(capsys, "create", path, "-k", "10")              # 66 tables, as dedup makes
+    run(capsys, "add", path, stdin="".join(f"{i * 7919}\n" for i in range(1, 200)),
+        monkeypatch=monkeypatch)
+    run(capsys, "compact", path)
+    with ndindex.open(path, readonly=True) as index:
+        info = index.stats()
+    tables = len(info["tables"])
+    assert tables == 66
+    status, out, _ = run(capsys, "stats", path)
+    lines = out.splitlines()
+    assert status == 0 and len(lines) == 2
+    assert lines[0] == f"{path}: 199 fingerprints, k=10, {info['file_bytes']:,} bytes"
+    assert lines[1].startswith(f"  {tables} tables (prefixes of ")
+    assert "199 fingerprints each" in lines[1] and "bits per fingerprint per table" in lines[1]
+    status, out, _ = run(capsys, "stats", path, "--tables")
+    assert out.splitlines()[:2] == lines and len(out.splitlines()) == 2 + tables
+
+
+def test_stats_names_what_the_log_holds_apart_from_the_runs(ix, capsys, monkeypatch):
+    run(capsys, "add", ix, stdin="".join(f"{i * 7919}\n" for i in range(1, 101)),
+        monkeypatch=monkeypatch)
+    status, out, _ = run(capsys, "stats", ix)
+    assert status == 0
+    assert out.splitlines()[1] == ("  5 tables (prefixes of 12..13 bits): 0 fingerprints each "
+                                   "in runs, 0 bytes; 100 operations in the log, not yet "
+                                   "compacted")
+    run(capsys, "compact", ix)
+    run(capsys, "add", ix, stdin="1\n2\n", monkeypatch=monkeypatch)
+    line = run(capsys, "stats", ix)[1].splitlines()[1]
+    assert line.startswith("  5 tables (prefixes of 12..13 bits): 100 fingerprints each in runs, ")
+    assert line.endswith("; 2 operations in the log, not yet compacted")
+    bits = float(line.split(" bits per fingerprint")[0].rsplit(", ", 1)[1])
+    assert 8 < bits < 128                   # the runs' bytes over the runs' fingerprints
+
+
+def test_create_says_what_it_made(tmp_path, capsys):
+    status, out, _ = run(capsys, "create", str(tmp_path / "a.ndx"), "-k", "10", "-n", "1000")
+    assert status == 0
+    assert out == (f"created {tmp_path / 'a.ndx'}: k=10, 11 tables (prefixes of 5..6 bits), "
+                   "planned for 1,000 fingerprints\n")
+
+
+def test_errors_about_a_file_name_it_as_the_file(tmp_path, capsys):
+    bare = str(tmp_path / "bare.ndx")
+    run(capsys, "create", bare, "--no-fingerprinter")
+    (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 8)
+    status, _, err = run(capsys, "query", bare, "--text", "some words")
+    assert status == 2 and err == (f"ndindex: {bare}: the index has no fingerprinter (created "
+                                   "with --no-fingerprinter): give fingerprints, not documents\n")
+    docs = str(tmp_path / "docs.ndx")
+    run(capsys, "create", docs)
+    for argv in (["query", docs, "--file"], ["similar", docs]):
+        status, _, err = run(capsys, *argv, str(tmp_path / "b.bin"))
+        assert status == 2
+        assert err == f"ndindex: {tmp_path / 'b.bin'}: looks binary; documents must be text\n"
+    # an error about the dump names the dump, not the index being made
+    (tmp_path / "junk").write_bytes(b"x" * 100)
+    status, _, err = run(capsys, "import", str(tmp_path / "junk"), str(tmp_path / "new.ndx"))
+    assert status == 2 and err.startswith(f"ndindex: {tmp_path / 'junk'}: dump is not a valid")
+    # the temporary name an index is built under is never shown
+    status, _, err = run(capsys, "create", str(tmp_path / "no" / "dir.ndx"))
+    assert status == 2 and err == f"ndindex: {tmp_path / 'no' / 'dir.ndx'}: No such file or directory\n"
+
+
+@pytest.fixture
+def read_only_fs(tmp_path):
+    """A tmpfs holding an index, a dedup index and two texts, remounted read-only."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        ndindex.Index.create(d / "plain.ndx", k=3).close()
+        (d / "texts").mkdir()
+        for name in ("a.txt", "b.txt"):
+            (d / "texts" / name).write_text(DOC)
+        ndindex.dedup([d / "texts"], index=d / "dedup.ndx")
+        subprocess.run(["mount", "-o", "remount,ro", str(d)], check=True)
+        yield d
+    finally:
+        # lazily: a mapping this process keeps of a closed index must not
+        # leave the mount behind
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_read_only_file_system_is_a_read_only_error(read_only_fs, capsys):
+    d = read_only_fs
+    with pytest.raises(ndindex.ReadOnlyError, match="read-only file system; open it with "
+                                                    "readonly=True"):
+        ndindex.Index.open(d / "plain.ndx")
+    with pytest.raises(ndindex.ReadOnlyError) as raised:
+        ndindex.Index.create(d / "new.ndx", k=3)
+    assert str(raised.value) == f"{d / 'new.ndx'}: cannot write (Read-only file system)"
+    reader = subprocess.run([sys.executable, "-c", "import ndindex, sys; print(len(ndindex.open("
+                             "sys.argv[1], readonly=True)))", str(d / "plain.ndx")],
+                            capture_output=True, text=True, timeout=60)
+    assert reader.stdout == "0\n", reader.stderr          # readers still read
+    for name in ("dedup.ndx", "new-dedup.ndx"):
+        index = str(d / name)
+        with pytest.raises(ndindex.ReadOnlyError):
+            ndindex.dedup([d / "texts"], index=index)
+        status, out, err = run(capsys, "dedup", str(d / "texts"), "--index", index, "-q")
+        assert status == 2 and out == ""
+        assert err == (f"ndindex: {index}: the dedup job cannot write its index here (a "
+                       "read-only file system); use another --index\n")
+    assert sorted(os.listdir(d)) == ["dedup.ndx", "dedup.ndx-lock", "plain.ndx", "plain.ndx-lock",
+                                    "texts"]
+
+
+def test_a_closed_pipe_ends_the_command_quietly(ix, capsys, monkeypatch):
+    class Closed(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(sys, "stdout", Closed())
+    assert main(["stats", ix]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_in_a_real_process(ix):
+    import os
+    import subprocess
+    read_end, write_end = os.pipe()
+    os.close(read_end)                       # the reader is gone before the first write
+    try:
+        done = subprocess.run([sys.executable, "-m", "ndindex", "stats", ix, "--tables"],
+                              stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == b""
+
+
+def test_documents_in_any_charset_are_text(ix, tmp_path, capsys):
+    body = ("Le cœur déçu mais l'âme plutôt naïve, Louÿs rêva de crapaüter en canoë au delà "
+            "des îles, près du mälström où brûlent les novæ. ").replace("œ", "oe") * 8
+    (tmp_path / "latin1.txt").write_bytes(body.replace("æ", "ae").encode("latin-1"))
+    (tmp_path / "utf8.txt").write_text(body.replace("æ", "ae"), encoding="utf-8")
+    status, out, err = run(capsys, "add", ix, "--docs", str(tmp_path / "latin1.txt"), "--json")
+    assert status == 0 and json.loads(out)["added"] == 1 and err == ""
+    status, out, _ = run(capsys, "query", ix, "--file", str(tmp_path / "utf8.txt"), "--json")
+    assert status == 0 and json.loads(out)["matches"][0]["distance"] == 0

@@ -94,7 +94,13 @@ def test_truncated_dump_is_corruption_and_leaves_no_file(index, tmp_path, cut): 
 
 def test_flipped_byte_inside_a_chunk_fails_its_checksum(index, tmp_path):   # [D3]
     body = bytearray(body_of(dump_of(index)))
-    body[len(body) // 2] ^= 0x40
+    # A byte among the first chunk's fixed-size deltas: a flip in a key length
+    # would read past the chunk and be reported as a truncation instead.
+    header = struct.calcsize("<8sHHBBHQ")
+    header += 4 + struct.unpack_from("<I", body, header)[0]      # plan
+    header += 4 + struct.unpack_from("<I", body, header)[0] + 4  # fingerprinter, CRC
+    count = struct.unpack_from("<I", body, header)[0]
+    body[header + 4 + 8 * (count // 2)] ^= 0x40
     with pytest.raises(CorruptionError, match="checksum"):
         import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
 

@@ -1,9 +1,19 @@
-"""Index behaviour against a brute-force oracle (random and clustered data)."""
+"""Index behaviour against a brute-force oracle, in every state the file can be in.
+
+The states: everything in the log; one run per table; several runs (flushes
+not yet merged); a merge stopped half way (inputs above the cursor, the
+output below it); one Huffman run after a full compaction; reopened.
+"""
+
+import errno
+import os
+import time
 
 import numpy as np
 import pytest
 
-from ndindex import plan as plans
+from ndindex import chunks as ch, compaction, plan as plans, runs as rn
+from ndindex.errors import FormatError
 from ndindex.index import Index, Match
 from tests.oracle import brute_force, clustered, near
 
@@ -11,6 +21,13 @@ from tests.oracle import brute_force, clustered, near
 @pytest.fixture
 def path(tmp_path):
     return tmp_path / "test.ndx"
+
+
+@pytest.fixture
+def small_steps(monkeypatch):
+    """Small chunks, merged one at a time: small tests see half-done merges."""
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
 
 
 def check_queries(ix, stored, queries, k):
@@ -25,31 +42,90 @@ def check_queries(ix, stored, queries, k):
         assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want
 
 
-@pytest.mark.parametrize("preload", [False, True], ids=["mapped", "preloaded"])
+def flush(ix):
+    """Turn the log into one new run per table, merging nothing."""
+    ix._compactor._flush(ix._snapshot())
+
+
+def runs_per_table(ix):
+    return [len(r) for r in ix._snapshot().table_runs]
+
+
+def put_in_state(ix, fps, state):
+    """Store fps in the index, leaving it in the named state."""
+    if state == "log":
+        ix.add(fps)
+        return
+    if state == "one-run":
+        ix.add(fps)
+        ix.compact()
+        assert set(runs_per_table(ix)) == {1}
+        return
+    if state == "several-runs":
+        for part in np.array_split(fps, 4):
+            ix.add(part)
+            flush(ix)
+        assert min(runs_per_table(ix)) == 4
+        return
+    if state == "mid-merge":
+        for part in np.array_split(fps, 3):
+            ix.add(part)
+            flush(ix)
+        for _ in range(3):
+            ix._compactor.step()
+        snap = ix._snapshot()
+        assert any(r.merge_into for r in snap.manifest.runs), "no merge in progress"
+        return
+    if state == "main":
+        ix.add(fps)
+        ix.compact(full=True)
+        assert all(r[0].kind == rn.KIND_HUFFMAN for r in ix._snapshot().table_runs)
+        return
+    raise ValueError(state)
+
+
+STATES = ["log", "one-run", "several-runs", "mid-merge", "main"]
+
+
 @pytest.mark.parametrize("data", ["random", "clustered"])
-@pytest.mark.parametrize("where", ["log", "tables", "both"])
-def test_queries_match_brute_force(path, data, where, preload):
+@pytest.mark.parametrize("state", STATES)
+def test_queries_match_brute_force(path, data, state, small_steps):
     rng = np.random.default_rng(1)
     if data == "random":
         fps = rng.integers(0, 2**64, size=30000, dtype=np.uint64)
     else:
         fps = clustered(rng, 400, 60, 4)
-    ix = Index.create(path, k=3, expected_n=len(fps), log_limit=10**9)
-    if where == "log":
-        ix.add(fps)
-    elif where == "tables":
-        ix.add(fps)
-        ix.compact()
-    else:
-        ix.add(fps[:20000])
-        ix.compact()
-        ix.add(fps[20000:])
-    ix.preload(preload)
-    queries = np.concatenate([near(rng, fps, 150, 3), rng.integers(0, 2**64, 50, dtype=np.uint64)])
-    for k in (0, 1, 3):
-        check_queries(ix, fps, queries, k)
-    assert ix.verify()["table_entries"] == (0 if where == "log" else len(np.unique(fps[:20000] if where == "both" else fps)))
-    ix.close()
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        queries = np.concatenate([near(rng, fps, 150, 3), rng.integers(0, 2**64, 50, dtype=np.uint64)])
+        check_queries(ix, fps, queries, 3)
+        check_queries(ix, fps, queries[:40], 1)
+        assert len(ix) == len(np.unique(fps))
+        ix.verify()
+    with Index.open(path, background_compaction=False) as ix:
+        check_queries(ix, fps, queries[:60], 3)
+
+
+def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch):
+    # Small flushes and levels: many merges, each stopped after every step.
+    monkeypatch.setattr(compaction, "LEVEL_RATIO", 2)
+    rng = np.random.default_rng(2)
+    fps = clustered(rng, 300, 40, 4)
+    queries = near(rng, fps, 60, 3)
+    stored = np.empty(0, np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1500) as ix:
+        for part in np.array_split(fps, 8):
+            ix.add(part)
+            stored = np.concatenate([stored, part])
+            steps = 0
+            while ix._compactor.step(force_flush=True):
+                steps += 1
+                check_queries(ix, stored, queries[:25], 3)
+            assert steps >= 1
+        assert len(ix) == len(np.unique(fps))
+        assert max(r.level for r in ix._snapshot().manifest.runs) >= 2
+        ix.verify()
 
 
 def test_results_survive_reopen(path):
@@ -63,14 +139,32 @@ def test_results_survive_reopen(path):
         assert len(ix) == len(np.unique(fps))
 
 
-def test_auto_compaction_at_log_limit(path):
+def test_add_never_compacts(path):
+    # The log grows past log_limit: without the background thread nothing merges it.
     rng = np.random.default_rng(3)
-    with Index.create(path, k=3, expected_n=10000, log_limit=1000) as ix:
-        ix.add(rng.integers(0, 2**64, 600, dtype=np.uint64))
-        assert ix.stats()["log_entries"] == 600
-        ix.add(rng.integers(0, 2**64, 600, dtype=np.uint64))
+    with Index.create(path, k=3, expected_n=10000, log_limit=1000,
+                      background_compaction=False) as ix:
+        for _ in range(5):
+            ix.add(rng.integers(0, 2**64, 600, dtype=np.uint64))
+        assert ix.stats()["log_entries"] == 3000
+        assert runs_per_table(ix) == [0] * len(ix.plan.tables)
+        ix.compact()
         s = ix.stats()
-        assert s["log_entries"] == 0 and s["table_entries"] == 1200
+        assert s["log_entries"] == 0 and s["fingerprints"] == 3000
+
+
+def test_background_compaction_flushes_and_merges(path):
+    rng = np.random.default_rng(3)
+    fps = rng.integers(0, 2**64, 6000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=10000, log_limit=1000) as ix:
+        for part in np.array_split(fps, 12):
+            ix.add(part)
+        deadline = time.monotonic() + 20
+        while ix.stats()["log_entries"] >= 1000 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ix.stats()["log_entries"] < 1000, "the background thread flushed nothing"
+        assert ix._compactor.steps > 0
+        check_queries(ix, fps, near(rng, fps, 50, 3), 3)
 
 
 def test_equal_fingerprints_share_an_entry_and_keep_all_keys(path):
@@ -78,7 +172,7 @@ def test_equal_fingerprints_share_an_entry_and_keep_all_keys(path):
         ix.add([7, 7, 9], keys=["a", "b", b"c"])
         ix.add([7], keys=["d"])
         ix.compact()
-        assert ix.stats()["table_entries"] == 2
+        assert ix.stats()["fingerprints"] == 2
         assert ix.query(7, 0) == [Match(7, 0, ("a", "b", "d"))]
         assert ix.keys(7) == ("a", "b", "d")
         assert ix.keys(9) == (b"c",)
@@ -86,22 +180,30 @@ def test_equal_fingerprints_share_an_entry_and_keep_all_keys(path):
         assert len(ix) == 2
 
 
-def test_remove_by_fingerprint_and_by_key(path):
+@pytest.mark.parametrize("state", STATES)
+def test_remove_by_fingerprint_and_by_key(path, state, small_steps):
     rng = np.random.default_rng(4)
     fps = np.unique(clustered(rng, 50, 20, 3))
-    with Index.create(path, k=3, expected_n=2000, log_limit=10**9) as ix:
-        ix.add(fps, keys=[f"k{i}" for i in range(len(fps))])
-        ix.compact()
+    with Index.create(path, k=3, expected_n=2000, background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        for i in range(0, len(fps), 500):
+            part = fps[i:i + 500]
+            # Keys on fingerprints already stored: the key records join them.
+            ix.add(part, keys=[f"k{j}" for j in range(i, i + len(part))])
         gone = fps[:100]
         assert ix.remove(fingerprints=gone) == 100
         assert ix.remove(keys=["k100", "k101"]) == 2
         live = fps[102:]
         queries = near(rng, fps, 100, 3)
         check_queries(ix, live, queries, 3)
+        assert ix.keys(int(fps[0])) == () and ix.keys(int(fps[200])) == ("k200",)
         ix.compact()
         check_queries(ix, live, queries, 3)
-        assert ix.stats()["table_entries"] == len(live)
-        assert ix.keys(int(fps[0])) == ()
+        ix.compact(full=True)
+        check_queries(ix, live, queries, 3)
+        assert ix.stats()["removed_pending"] == 0
+        assert len(ix) == len(live)
+        assert ix.keys(int(fps[0])) == () and ix.keys(int(fps[200])) == ("k200",)
         ix.verify()
 
 
@@ -114,16 +216,40 @@ def test_remove_one_of_two_keys_keeps_fingerprint(path):
         assert 5 not in ix
 
 
-def test_readd_after_remove_revives(path):
-    with Index.create(path, k=1, expected_n=100) as ix:
+def test_remove_unknown_fingerprints_counts_nothing(path):
+    with Index.create(path, k=1, expected_n=100, background_compaction=False) as ix:
+        ix.add([1, 2])
+        ix.compact()
+        assert ix.remove(fingerprints=[3, 4, 1]) == 1
+        assert ix.stats()["removed_pending"] == 0  # still in the log
+        ix.compact()
+        assert ix.stats()["removed_pending"] == 1  # a tombstone hides 1 in the older run
+        assert 1 not in ix and 2 in ix
+
+
+def test_a_tombstone_no_run_needs_is_dropped(path):
+    with Index.create(path, k=1, expected_n=100, background_compaction=False) as ix:
+        ix.add([1, 2])
+        ix.remove(fingerprints=[1])  # both in the log: 1 never reaches a run
+        ix.compact()
+        assert ix.stats()["removed_pending"] == 0 and 1 not in ix and len(ix) == 1
+
+
+@pytest.mark.parametrize("compact_between", [False, True])
+def test_readd_after_remove_revives(path, compact_between):
+    with Index.create(path, k=1, expected_n=100, background_compaction=False) as ix:
         ix.add([11, 12])
         ix.compact()
         ix.remove(fingerprints=[11])
+        if compact_between:
+            ix.compact()
         assert 11 not in ix
         ix.add([11])
         assert 11 in ix
         ix.compact()
         assert 11 in ix and len(ix) == 2
+        ix.compact(full=True)
+        assert 11 in ix and len(ix) == 2 and ix.stats()["removed_pending"] == 0
 
 
 def test_check_and_add(path):
@@ -151,29 +277,17 @@ def test_explicit_plan_is_stored(path):
         assert len(ix.stats()["tables"]) == 10
 
 
-def test_incremental_compaction_rewrites_only_touched_blocks(path):
-    rng = np.random.default_rng(5)
-    fps = rng.integers(0, 2**64, 50000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=50000, log_limit=10**9) as ix:
-        ix.add(fps)
-        ix.compact()
-        blocks = ix.stats()["tables"][0]["blocks"]
-        ix.add(rng.integers(0, 2**64, 10, dtype=np.uint64))
-        report = ix.compact()
-        assert report["tables_rebuilt"] == 0
-        assert report["blocks_rewritten"] <= 10 * len(ix.plan.tables)
-        assert blocks > 200
-        ix.verify()
-
-
-def test_full_rebuild_recomputes_codes(path):
+def test_full_compaction_makes_one_huffman_run_near_the_bound(path):
     rng = np.random.default_rng(6)
-    with Index.create(path, k=3, expected_n=100, log_limit=10**9) as ix:
-        ix.add(rng.integers(0, 2**64, 20000, dtype=np.uint64))
-        report = ix.compact()
-        assert report["codes_rebuilt"]
+    with Index.create(path, k=3, expected_n=100, background_compaction=False) as ix:
+        for _ in range(4):
+            ix.add(rng.integers(0, 2**64, 5000, dtype=np.uint64))
+            flush(ix)
+        ix.compact(full=True)
+        snap = ix._snapshot()
+        assert all(len(r) == 1 and r[0].kind == rn.KIND_HUFFMAN for r in snap.table_runs)
         bits = ix.stats()["tables"][0]["bits_per_fingerprint"]
-        assert bits < 1.05 * ix.stats()["entropy_bound_bits"]
+        assert bits < 1.06 * ix.stats()["entropy_bound_bits"]
 
 
 def test_stats_fields(path):
@@ -184,19 +298,20 @@ def test_stats_fields(path):
         assert s["fingerprints"] == 499 and s["log_entries"] == 0
         assert len(s["tables"]) == len(ix.plan.tables)
         assert s["file_bytes"] > 0 and "table 0" in s["plan"]
+        assert s["tables"][0]["runs"] == 1 and s["tables"][0]["bytes"] > 0
 
 
 def test_vacuum_into_drops_free_pages(path, tmp_path):
     rng = np.random.default_rng(7)
     fps = rng.integers(0, 2**64, 40000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=40000, log_limit=10**9) as ix:
+    with Index.create(path, k=3, expected_n=40000, background_compaction=False) as ix:
         ix.add(fps)
         ix.compact()
         ix.add(rng.integers(0, 2**64, 2000, dtype=np.uint64))
-        ix.compact()  # rewrites most blocks: the old ones become free pages
+        ix.compact(full=True)  # the old runs become free pages
         dest = tmp_path / "copy.ndx"
         size = ix.vacuum_into(dest)
-        assert size < ix.stats()["file_bytes"]
+        assert size <= ix.stats()["file_bytes"]
         with pytest.raises(FileExistsError):
             ix.vacuum_into(dest)
     with Index.open(dest) as copy:
@@ -204,26 +319,128 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
         assert len(copy) == len(np.unique(fps)) + 2000
 
 
-def test_value_in_tables_and_log_is_reported_once(path):
-    with Index.create(path, k=3, expected_n=1000, log_limit=10**9) as ix:
+def test_create_and_vacuum_work_where_hard_links_are_refused(path, tmp_path, monkeypatch):
+    def no_links(src, dst, **kwargs):
+        raise PermissionError(errno.EPERM, "hard links not supported", dst)
+    monkeypatch.setattr(os, "link", no_links)
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add([5, 6, 7])
+        ix.compact(full=True)
+        assert ix.vacuum_into(tmp_path / "copy.ndx") > 0
+        with pytest.raises(FileExistsError):
+            ix.vacuum_into(tmp_path / "copy.ndx")
+    with pytest.raises(FileExistsError):
+        Index.create(path, k=3)
+    with Index.open(tmp_path / "copy.ndx") as copy:
+        assert sorted(copy.fingerprints().tolist()) == [5, 6, 7]
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith("-lock")) == \
+        ["copy.ndx", "test.ndx"]
+
+
+def test_vacuum_gives_space_back_and_keeps_the_index_usable(path):
+    rng = np.random.default_rng(8)
+    with Index.create(path, k=3, expected_n=40000, background_compaction=False) as ix:
+        ix.add(rng.integers(0, 2**64, 40000, dtype=np.uint64), keys=[f"k{i}" for i in range(40000)])
+        ix.compact()
+        ix.remove(keys=[f"k{i}" for i in range(30000)])
+        ix.compact()
+        before = os.path.getsize(path)
+        ix.vacuum()
+        assert os.path.getsize(path) < before
+        assert len(ix) == 10000 and ix.keys(int(ix.fingerprints()[0])) != ()
+        ix.add([1, 2, 3])
+        assert 2 in ix
+        ix.verify()
+
+
+def test_value_in_runs_and_log_is_reported_once(path):
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
         ix.add([0xABCDEF, 0xABCDEE])
         ix.compact()
-        ix.add([0xABCDEF])  # again: now in every table's blocks and in the log
+        ix.add([0xABCDEF])  # again: now in every table's runs and in the log
+        flush(ix)
+        ix.add([0xABCDEF])
         assert [(m.fingerprint, m.distance) for m in ix.query(0xABCDEF, 1)] == \
             [(0xABCDEF, 0), (0xABCDEE, 1)]
         many = ix.query_many([0xABCDEF], 1)
         assert many["fingerprint"].tolist() == [0xABCDEF, 0xABCDEE]
+        assert len(ix) == 2
 
 
-@pytest.mark.parametrize("preload", [False, True], ids=["mapped", "preloaded"])
-def test_many_table_plan_at_k10_matches_brute_force(path, preload):
+@pytest.mark.parametrize("state", ["several-runs", "main"])
+def test_many_table_plan_at_k10_matches_brute_force(path, state, small_steps):
     # 66 tables: a near match is found by dozens of them and must come out once.
     rng = np.random.default_rng(9)
     fps = clustered(rng, 60, 40, 6)
-    with Index.create(path, k=10, expected_n=1_000_000, log_limit=10**9) as ix:
+    with Index.create(path, k=10, expected_n=1_000_000, background_compaction=False) as ix:
         assert len(ix.plan.tables) > 20
-        ix.add(fps[:1500])
-        ix.compact()
+        put_in_state(ix, fps[:1500], state)
         ix.add(fps[1500:])
-        ix.preload(preload)
         check_queries(ix, fps, near(rng, fps, 60, 8), 10)
+
+
+def test_iteration_yields_every_live_fingerprint_once(path, small_steps):
+    rng = np.random.default_rng(10)
+    fps = np.unique(rng.integers(0, 2**64, 20000, dtype=np.uint64))
+    with Index.create(path, k=3, expected_n=20000, background_compaction=False) as ix:
+        put_in_state(ix, fps[:15000], "mid-merge")
+        ix.add(fps[15000:])
+        ix.add(fps[:10])  # twice: in a run and in the log
+        ix.remove(fingerprints=fps[100:110])
+        live = np.setdiff1d(fps, fps[100:110])
+        assert np.array_equal(ix.fingerprints(), live)
+        chunks = list(ix.iter_chunks(3000))
+        assert all(np.all(c[1:] > c[:-1]) for c in chunks)
+        assert np.array_equal(np.sort(np.concatenate(chunks)), live)
+        parts = [np.concatenate(list(ix.iter_chunks(2000, part=p, parts=3)) or [np.empty(0, np.uint64)])
+                 for p in range(3)]
+        assert np.array_equal(np.sort(np.concatenate(parts)), live)
+        items = list(ix.items(5000))
+        assert np.array_equal(np.concatenate([f for f, _ in items]), live)
+
+
+def test_create_exist_ok_opens_the_existing_index(path):
+    with Index.create(path, k=2, expected_n=100) as ix:
+        ix.add([42])
+    with Index.create(path, k=5, expected_n=10**6, exist_ok=True) as ix:
+        assert ix.k == 2 and 42 in ix  # the stored index, its own k
+    with pytest.raises(FileExistsError):
+        Index.create(path, k=2, expected_n=100)
+
+
+def test_two_dimensional_input_is_refused(path):
+    with Index.create(path, k=2, expected_n=100) as ix:
+        grid = np.arange(4, dtype=np.uint64).reshape(2, 2)
+        with pytest.raises(ValueError, match="1-D"):
+            ix.add(grid)
+        with pytest.raises(ValueError, match="1-D"):
+            ix.query_many(grid)
+        with pytest.raises(ValueError, match="flat"):
+            ix.add([[1, 2], [3, 4]])
+        assert len(ix) == 0
+
+
+def test_a_directory_is_not_an_index(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory"):
+        Index.open(tmp_path)
+
+
+def test_open_and_first_query_read_no_run_whole(path, monkeypatch):
+    # Nothing on the open or first-query path may read in proportion to N:
+    # runs are probed in place, never decoded whole.
+    rng = np.random.default_rng(11)
+    with Index.create(path, k=3, expected_n=100000, background_compaction=False) as ix:
+        ix.add(rng.integers(0, 2**64, 100000, dtype=np.uint64))
+        ix.compact(full=True)
+    def refuse(*a, **k):
+        raise AssertionError("a run was read whole")
+    monkeypatch.setattr(rn, "read_values", refuse)
+    monkeypatch.setattr(rn, "fp_chunks", refuse)
+    with Index.open(path) as ix:
+        ix.query(12345, 3)
+
+
+def test_a_format_v1_file_names_the_upgrade_command(tmp_path):
+    v1 = os.path.join(os.path.dirname(__file__), "..", "data", "format-v1.ndx")
+    with pytest.raises(FormatError, match="ndindex upgrade"):
+        Index.open(v1, readonly=True)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from ndindex.errors import FormatError
-from ndindex.plan import (BLOCK_ENTRIES, MAX_PLANNER_K, Plan, TableDesign, block_design,
-                          candidate_designs, choose_plan, example_3_1, x_tables)
+from ndindex.plan import (BLOCK_ENTRIES, MAX_PLANNER_K, PLAN_FLAG_PROBABILISTIC,
+                          PSM_ENTRIES_PER_HEADER, Plan, TableDesign, block_design,
+                          candidate_designs, choose_plan, example_3_1, flip_set_count,
+                          psm_header_bits, psm_max_probes, psm_plan, x_tables)
 
 RNG = np.random.default_rng(20070508)
 
@@ -186,7 +188,8 @@ def test_to_bytes_layout_matches_spec_example():
 
 
 @pytest.mark.parametrize("plan", [example_3_1(n) for n in (20, 16, 10, 4)]
-                         + [choose_plan(10**7, k) for k in range(MAX_PLANNER_K + 1)])
+                         + [choose_plan(10**7, k) for k in range(MAX_PLANNER_K + 1)]
+                         + [psm_plan(10**7, k) for k in (0, 3, 10)])
 def test_to_bytes_from_bytes_round_trip(plan):
     back = Plan.from_bytes(plan.to_bytes())
     assert back == plan
@@ -228,11 +231,72 @@ def test_from_bytes_rejects_zero_tables():                               # [P4]
         Plan.from_bytes(bytes([64, 3, 0, 0]))
 
 
-def test_from_bytes_rejects_nonzero_reserved():                          # [P5]
-    data = good_record()
-    data[3] = 1
-    with pytest.raises(FormatError, match="reserved byte 3 is 1, expected 0"):
+@pytest.mark.parametrize("flags, reserved", [(0x02, 0x02), (0x80, 0x80), (0xFF, 0xFE),
+                                              (0x03, 0x02)])
+def test_from_bytes_rejects_reserved_flag_bits(flags, reserved):          # [P5]
+    data = bytearray(psm_plan(1000, 3).to_bytes())
+    data[3] = flags
+    with pytest.raises(FormatError, match=f"flags byte 3 is {flags:#04x}: reserved bits "
+                                          f"{reserved:#04x} are set, expected 0"):
         Plan.from_bytes(bytes(data))
+
+
+def test_flags_bit_0_marks_a_probabilistic_plan():                        # [P5], [P13]
+    plan = psm_plan(10**7, 3)
+    data = plan.to_bytes()
+    assert data[3] == PLAN_FLAG_PROBABILISTIC == 1 and len(data) == 4 + 65
+    back = Plan.from_bytes(data)
+    assert back.probabilistic and back == plan
+    assert example_3_1(4).to_bytes()[3] == 0 and not Plan.from_bytes(good_record()).probabilistic
+    # The flag is part of the plan's identity: same table, other meaning.
+    assert Plan(k=3, tables=plan.tables) != plan
+
+
+def test_a_probabilistic_plan_has_one_table():                            # [P13]
+    data = good_record()
+    data[3] = PLAN_FLAG_PROBABILISTIC
+    with pytest.raises(FormatError, match=r"probabilistic \(flags bit 0\) with t=4, expected t=1"):
+        Plan.from_bytes(bytes(data))
+    with pytest.raises(ValueError, match="one table, found 4"):
+        Plan(k=3, tables=example_3_1(4).tables, probabilistic=True)
+
+
+def test_psm_plan_is_one_identity_table_of_psm_header_bits():
+    for n in (1, 1000, 10**6, 10**7, 10**12):
+        plan = psm_plan(n, 3)
+        assert plan.probabilistic and plan.k == 3 and len(plan.tables) == 1
+        assert plan.tables[0].permutation == tuple(range(63, -1, -1))
+        assert plan.tables[0].prefix_bits == psm_header_bits(n)
+        assert "probabilistic" in plan.describe().splitlines()[0]
+    assert psm_plan(10**7, 10, header_bits=17).tables[0].prefix_bits == 17
+    with pytest.raises(ValueError, match="header_bits must be 1..40"):
+        psm_plan(1000, 3, header_bits=0)
+    with pytest.raises(ValueError, match="header_bits must be 1..40"):
+        psm_plan(1000, 3, header_bits=41)
+    with pytest.raises(ValueError, match="planner's limit"):
+        psm_plan(1000, MAX_PLANNER_K + 1)
+
+
+def test_psm_header_bits_expects_psm_entries_per_header():
+    for n in (10**4, 10**6, 10**7, 10**9):
+        p = psm_header_bits(n)
+        assert p == round(math.log2(n / PSM_ENTRIES_PER_HEADER))
+        assert abs(math.log2(n / 2**p / PSM_ENTRIES_PER_HEADER)) <= 0.5
+    assert psm_header_bits(1) == 1 and psm_header_bits(2**60) == 40
+    with pytest.raises(ValueError, match="expected_n must be >= 1"):
+        psm_header_bits(0)
+
+
+def test_psm_max_probes_grows_with_k():
+    assert [psm_max_probes(k) for k in (3, 6, 10)] == [64, 128, 256]
+    assert all(psm_max_probes(k) <= psm_max_probes(k + 1) for k in range(63 - 1))
+    with pytest.raises(ValueError, match="0..63"):
+        psm_max_probes(64)
+
+
+def test_flip_set_count():
+    assert flip_set_count(23, 3) == 1 + 23 + 253 + 1771
+    assert flip_set_count(16, 0) == 1 and flip_set_count(2, 5) == 4
 
 
 def test_from_bytes_rejects_prefix_over_64():                            # [P6]

@@ -103,3 +103,101 @@ def plain_english() -> list[str]:
     """Return the copyright files and license texts (no manual pages): plain
     English prose, one str per file, the benchmark's documents."""
     return [text for path, text in files() if "/man/" not in path]
+
+
+PACKAGES_LISTS = "/var/lib/apt/lists/*_Packages*"
+DPKG_STATUS = "/var/lib/dpkg/status"
+
+
+def _control_descriptions(text: str) -> list[str]:
+    """Return the Description fields of a Debian control file (short line
+    plus extended lines, " ." paragraph marks dropped)."""
+    out = []
+    for stanza in text.split("\n\n"):
+        lines = stanza.split("\n")
+        for i, line in enumerate(lines):
+            if line.startswith("Description:"):
+                body = [line[len("Description:"):].strip()]
+                for cont in lines[i + 1:]:
+                    if not cont.startswith(" "):
+                        break
+                    body.append("" if cont.strip() == "." else cont.strip())
+                out.append("\n".join(body).strip())
+                break
+    return out
+
+
+def _read_packages_list(path: str) -> str:
+    """Return an apt Packages list as text (plain, .gz, .xz or .lz4 through lz4cat)."""
+    import lzma
+    import shutil
+    import subprocess
+    if path.endswith(".lz4"):
+        if not shutil.which("lz4cat"):
+            return ""
+        return subprocess.run(["lz4cat", path], capture_output=True, check=False).stdout \
+            .decode("utf-8", "replace")
+    opener = gzip.open if path.endswith(".gz") else lzma.open if path.endswith(".xz") else open
+    with opener(path, "rb") as fh:
+        return fh.read().decode("utf-8", "replace")
+
+
+def package_descriptions() -> list[str]:
+    """Return Debian package descriptions found on this machine, one text each:
+    the installed packages' full descriptions (/var/lib/dpkg/status) and the
+    one-line descriptions of every package in apt's lists (sentences of 2-20
+    words, full of natural near-duplicates: "debug symbols for X")."""
+    texts = []
+    if os.path.exists(DPKG_STATUS):
+        with open(DPKG_STATUS, encoding="utf-8", errors="replace") as fh:
+            texts += _control_descriptions(fh.read())
+    for path in sorted(glob.glob(PACKAGES_LISTS)):
+        texts += [d.split("\n")[0] for d in _control_descriptions(_read_packages_list(path))]
+    return texts
+
+
+def man_name_lines() -> list[str]:
+    """Return the NAME line of every manual page (sections 1, 5, 8): "ls - list
+    directory contents"; short sentences."""
+    out = []
+    for path in sorted(glob.glob("/usr/share/man/man[158]/*.gz")):
+        text = _read(path)
+        if not text:
+            continue
+        m = re.search(r"^\.SH\s+\"?NAME\"?\s*\n(.*?)(?=^\.SH|\Z)", _raw(path), re.M | re.S)
+        if m:
+            line = " ".join(_ROFF_ESCAPE.sub(" ", _ROFF_REQUEST.sub("", m.group(1))).split())
+            if line:
+                out.append(line)
+    return out
+
+
+def _raw(path: str) -> str:
+    with gzip.open(path, "rb") as fh:
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def changelog_texts() -> tuple[list[str], list[str]]:
+    """Return (items, entries) of the Debian changelogs, READMEs and NEWS files
+    under /usr/share/doc: items are the "* ..." bullets of changelog entries
+    (sentences, with natural near-duplicates: "New upstream release",
+    "Bump Standards-Version to 4.6.2"); entries are whole release entries and
+    README / NEWS files (long texts)."""
+    items, entries = [], []
+    paths = sorted(set(glob.glob("/usr/share/doc/*/changelog*")
+                       + glob.glob("/usr/share/doc/*/NEWS*") + glob.glob("/usr/share/doc/*/README*")))
+    for path in paths:
+        real = os.path.realpath(path)
+        if not os.path.isfile(real):
+            continue
+        text = _read(real)
+        if not text:
+            continue
+        if "/changelog" not in path:
+            entries.append(text)
+            continue
+        for entry in re.split(r"\n(?=\S+ \([^)]*\) )", text):
+            entries.append(entry)
+            for item in re.split(r"\n\s*[*+-] ", "\n" + entry)[1:]:
+                items.append(" ".join(item.split("\n -- ")[0].split()))
+    return items, entries

@@ -1,0 +1,184 @@
+/* Document kernels: see docs.h and format-spec/documents.md. */
+#include "docs.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ndx_features.h"
+
+int docs_band_keys(const uint64_t *features, size_t n, const uint64_t *a,
+                   const uint64_t *b, int bands, int rows, uint64_t *keys) {
+    if (bands < 1 || rows < 1 || rows > DOCS_MAX_ROWS)
+        return DOCS_BAD_ARG;
+    /* Each band keeps its `rows` smallest values so far, sorted; a new value
+     * at or above the largest of a full band is rejected by one compare,
+     * which is the fate of nearly every feature once the bands fill. */
+    uint32_t *low = malloc((size_t)bands * rows * sizeof *low);
+    int *count = calloc((size_t)bands, sizeof *count);
+    if (!low || !count) {
+        free(low);
+        free(count);
+        return DOCS_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t f = (uint32_t)(features[i] ^ (features[i] >> 32));
+        for (int j = 0; j < bands; j++) {
+            uint32_t h = (uint32_t)((a[j] * f + b[j]) >> 32);
+            uint32_t *v = low + (size_t)j * rows;
+            int c = count[j];
+            if (c == rows && h >= v[rows - 1])
+                continue;
+            int pos = c;
+            while (pos > 0 && v[pos - 1] > h)
+                pos--;
+            if (pos > 0 && v[pos - 1] == h)
+                continue; /* already kept: values are distinct */
+            int last = c == rows ? rows - 1 : c;
+            memmove(v + pos + 1, v + pos, (size_t)(last - pos) * sizeof *v);
+            v[pos] = h;
+            if (c < rows)
+                count[j] = c + 1;
+        }
+    }
+    uint8_t buf[4 * DOCS_MAX_ROWS];
+    for (int j = 0; j < bands; j++) {
+        const uint32_t *v = low + (size_t)j * rows;
+        for (int r = 0; r < count[j]; r++) {
+            buf[4 * r] = (uint8_t)v[r];
+            buf[4 * r + 1] = (uint8_t)(v[r] >> 8);
+            buf[4 * r + 2] = (uint8_t)(v[r] >> 16);
+            buf[4 * r + 3] = (uint8_t)(v[r] >> 24);
+        }
+        keys[j] = fp_xxh64(buf, 4 * (size_t)count[j], (uint64_t)j);
+    }
+    free(low);
+    free(count);
+    return DOCS_OK;
+}
+
+static inline uint32_t gap_at(const uint32_t *values, size_t i) {
+    return i ? values[i] - values[i - 1] - 1 : values[0];
+}
+
+uint64_t docs_rice_bits(const uint32_t *values, size_t n, int k) {
+    uint64_t bits = (uint64_t)n * (uint64_t)(k + 1);
+    for (size_t i = 0; i < n; i++)
+        bits += gap_at(values, i) >> k;
+    return bits;
+}
+
+int docs_rice_best(const uint32_t *values, size_t n) {
+    int best = 0;
+    uint64_t best_bits = UINT64_MAX;
+    for (int k = 0; k < 32; k++) {
+        uint64_t bits = docs_rice_bits(values, n, k);
+        if (bits < best_bits) {
+            best = k;
+            best_bits = bits;
+        }
+    }
+    return best;
+}
+
+/* Bits go to the stream least significant first: stream bit i is bit
+ * (i mod 8) of byte i / 8. */
+typedef struct {
+    uint8_t *out;
+    uint64_t pos;
+} bit_writer;
+
+static inline void put_bits(bit_writer *w, uint64_t value, int count) {
+    for (int i = 0; i < count; i++, w->pos++)
+        if ((value >> i) & 1)
+            w->out[w->pos >> 3] |= (uint8_t)(1u << (w->pos & 7));
+}
+
+void docs_rice_encode(const uint32_t *values, size_t n, int k, uint8_t *out) {
+    uint64_t bits = docs_rice_bits(values, n, k);
+    memset(out, 0, (size_t)((bits + 7) / 8));
+    bit_writer w = {out, 0};
+    for (size_t i = 0; i < n; i++) {
+        uint32_t g = gap_at(values, i);
+        uint64_t q = g >> k;
+        for (uint64_t u = 0; u < q; u++, w.pos++) /* q one bits, then a zero */
+            out[w.pos >> 3] |= (uint8_t)(1u << (w.pos & 7));
+        w.pos++;
+        put_bits(&w, g & (((uint64_t)1 << k) - 1), k);
+    }
+}
+
+int docs_rice_decode(const uint8_t *data, size_t len, size_t n, int k, uint32_t *values) {
+    if (k < 0 || k > 31)
+        return DOCS_BAD_ARG;
+    uint64_t pos = 0, end = (uint64_t)len * 8;
+    int64_t prev = -1;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t q = 0;
+        for (;;) {
+            if (pos >= end)
+                return DOCS_TRUNCATED;
+            int bit = (data[pos >> 3] >> (pos & 7)) & 1;
+            pos++;
+            if (!bit)
+                break;
+            if (++q > (UINT64_C(0xFFFFFFFF) >> k))
+                return DOCS_OVERFLOW;
+        }
+        if (pos + (uint64_t)k > end)
+            return DOCS_TRUNCATED;
+        uint64_t low = 0;
+        for (int j = 0; j < k; j++, pos++)
+            low |= (uint64_t)((data[pos >> 3] >> (pos & 7)) & 1) << j;
+        int64_t v = prev + 1 + (int64_t)((q << k) | low);
+        if (v > (int64_t)UINT32_MAX)
+            return DOCS_OVERFLOW;
+        values[i] = (uint32_t)v;
+        prev = v;
+    }
+    if ((pos + 7) / 8 < len)
+        return DOCS_TRAILING;
+    for (; pos < end; pos++)
+        if ((data[pos >> 3] >> (pos & 7)) & 1)
+            return DOCS_PADDING;
+    return DOCS_OK;
+}
+
+void docs_similarity(const uint32_t *values, const int64_t *offsets, const int64_t *left,
+                     const int64_t *right, size_t npairs, size_t k, double threshold,
+                     double *out) {
+    for (size_t p = 0; p < npairs; p++) {
+        const uint32_t *x = values + offsets[left[p]], *y = values + offsets[right[p]];
+        size_t nx = (size_t)(offsets[left[p] + 1] - offsets[left[p]]);
+        size_t ny = (size_t)(offsets[right[p] + 1] - offsets[right[p]]);
+        size_t i = 0, j = 0, united = 0, both = 0;
+        int below = 0;
+        /* Merge the two sorted sketches until k union values are seen.  Every
+         * 64 steps, stop if even matching every value still to come (at most
+         * r = min(what is left of either sketch, of k)) keeps the pair below
+         * the threshold: (both + r) / (united + r) bounds the result, and it
+         * is what is returned then. */
+        while (united < k && i < nx && j < ny) {
+            uint32_t u = x[i], v = y[j];
+            both += u == v;
+            i += u <= v;
+            j += v <= u;
+            united++;
+            if (threshold > 0 && (united & 63) == 0) {
+                size_t r = nx - i < ny - j ? nx - i : ny - j;
+                r = r < k - united ? r : k - united;
+                double bound = (double)(both + r) / (double)(united + r);
+                if (bound < threshold) {
+                    out[p] = bound;
+                    below = 1;
+                    break;
+                }
+            }
+        }
+        if (below)
+            continue;
+        /* One sketch is used up: the rest of the union comes from the other. */
+        size_t rest = (nx - i) + (ny - j);
+        united += rest < k - united ? rest : k - united;
+        out[p] = united ? (double)both / (double)united : 1.0;
+    }
+}

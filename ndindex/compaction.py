@@ -1,0 +1,693 @@
+"""Compaction: the log flushed into runs, runs merged level by level, in small steps.
+
+Each table is a log-structured set of sorted runs (FORMAT.md 7.4).  A
+*flush* turns the append log into one new level-0 run per table (and per
+record space), updates the tombstones and deletes the log records.  A
+*merge* combines runs into one run of the next level, LevelDB-style
+leveling with size ratio ``LEVEL_RATIO``: level 0 runs merge into level 1
+at once; level i merges into level i+1 when it holds more than
+``FLUSH_OPS * LEVEL_RATIO**i`` entries.  Each fingerprint is so rewritten
+about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
+added fingerprint grows with log N, not N.
+
+Why steps: LMDB has one writer at a time, and a file never shrinks, so a
+merge that rewrote a large run in one transaction would stall every add()
+behind it and leave a file twice the size of its data.  A merge instead
+advances a *cursor* through the key space a few megabytes at a time: each
+step decodes the next chunks of its inputs from a snapshot (outside any
+write transaction), encodes the merged values, then in one short
+transaction writes the output chunks, deletes the input chunks it consumed
+and moves the cursor.  Readers see the inputs above the cursor and the
+output up to it, always the same set.  A crash between steps loses
+nothing: the manifest names exactly the chunks that exist.
+
+Steps run in a background thread of the writer (``Index.open(...,
+background_compaction=True)``, the default) or on ``Index.compact()``.  One
+process compacts at a time (a lock on the index file); a step computed
+from a snapshot commits only if the manifest is still the one it read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import itertools
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+from ndindex import _core, chunks as ch, codec, docstore, runs as rn
+from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
+from ndindex.errors import ClosedError, NdindexError
+from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
+                             KIND_RAW,
+                             KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
+                             RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
+                             SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, unframe)
+
+#: Log operations that make a flush worth doing.
+FLUSH_OPS = 1 << 16
+#: A smaller log is flushed once no write came for this long.
+FLUSH_IDLE_SECONDS = 1.0
+#: Size ratio between the small levels.
+LEVEL_RATIO = 8
+#: Levels 0..RAW_LEVELS-1 hold raw blocks (cheap to merge and to probe,
+#: 8 bytes a value); the bottom level holds Huffman-delta blocks (about
+#: 5.5 bytes a value at 10M, but several times dearer to encode).  Keeping
+#: the levels that are rewritten often raw is what lets one core keep up
+#: with a million additions a second.
+RAW_LEVELS = 3
+MAIN_LEVEL = RAW_LEVELS
+#: The last raw level merges into the main level once it holds this
+#: fraction of the main level (or FLUSH_OPS * LEVEL_RATIO**2, if more).
+MAIN_FRACTION = 0.25
+#: Deletion-triggered merge (as RocksDB's compaction on deletions): once the
+#: tombstones that may hide fingerprints of a table's oldest run outnumber
+#: this fraction of its main level, every run of the table merges into the
+#: main level, so removed fingerprints leave the file and their tombstones
+#: can go (the next flush drops them) instead of piling up with churn.
+TOMBSTONE_FRACTION = 0.05
+#: Input chunks read per input run per merge step (about 2 MB each).
+STEP_CHUNKS = 16
+#: The background thread waits this long for work before looking again.
+IDLE_WAIT_SECONDS = 0.5
+#: Backpressure, as RocksDB's write slowdown and stop: a writer whose log
+#: holds more than SLOWDOWN_LOGS x log_limit operations sleeps a little
+#: after each commit; more than STOP_LOGS x log_limit, it waits for the
+#: compactor (at most STOP_WAIT_SECONDS).  Without it a fast writer would
+#: outrun compaction and leave queries probing an ever longer log.
+SLOWDOWN_LOGS = 2
+STOP_LOGS = 6
+#: The same for runs not yet merged: runs below the main level in the table
+#: that has most (two or three in the steady state).
+SLOWDOWN_RUNS = 5
+STOP_RUNS = 8
+#: With this many level-0 runs waiting, the compactor merges before it flushes.
+MERGE_FIRST_RUNS = 2
+SLOWDOWN_SECONDS = 0.002
+STOP_WAIT_SECONDS = 0.04
+#: Byte ranges of the index file locked (Linux OFD locks, else POSIX locks):
+#: the compaction lease, and a shared lock every open index holds so that
+#: vacuum can tell whether another process has the file open.
+LEASE_BYTE = 0
+OPEN_BYTE = 1
+
+#: Test-only (tests/crash/test_kill_compaction.py): with
+#: NDINDEX_KILL_AT_COMPACTION="before:N" or "after:N" in the environment,
+#: the process kills itself (SIGKILL) just before or after its N-th
+#: compaction commit, counted from 0 over the whole process.
+_KILL_AT = os.environ.get("NDINDEX_KILL_AT_COMPACTION", "")
+_COMMITS = itertools.count()
+
+
+def _kill_if(moment: str) -> None:
+    if _KILL_AT == moment:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_F_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
+_F_SETLKW = getattr(fcntl, "F_OFD_SETLKW", fcntl.F_SETLKW)
+
+
+def byte_lock(fd: int, byte: int, kind: int, wait: bool = False) -> bool:
+    """Lock one byte of a file (fcntl F_RDLCK/F_WRLCK/F_UNLCK); False if held elsewhere."""
+    import struct
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (Linux x86-64 layout).
+    lk = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
+    try:
+        fcntl.fcntl(fd, _F_SETLKW if wait else _F_SETLK, lk)
+        return True
+    except OSError:
+        return False
+
+
+class _Conflict(Exception):
+    """The manifest changed since the step's snapshot; the step is dropped."""
+
+
+class Compactor:
+    """Flushes and merges for one open Index; optionally in a background thread."""
+
+    def __init__(self, index, background: bool):
+        self._ix = index
+        self._lock = threading.Lock()  # one step at a time in this process
+        self._wake = threading.Event()
+        self._progress = threading.Event()
+        self._stop = threading.Event()
+        self._last_write = time.monotonic()
+        self._next_space = 0
+        self.error: BaseException | None = None
+        self.steps = 0
+        #: Most runs below the main level any table holds, and the log's
+        #: operations, as of the last commit (for throttle).
+        self.level0_runs = 0
+        self.log_ops = 0
+        self._thread = None
+        workers = min(os.cpu_count() or 1, 4)
+        import concurrent.futures  # here: read-only opens do not pay for it
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "ndindex-merge") \
+            if workers > 1 else None
+        if background:
+            self._thread = threading.Thread(target=self._loop, name="ndindex-compaction",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- scheduling -----------------------------------------------------------
+
+    def notify(self, state=None) -> None:
+        """A commit happened: there may be work."""
+        self._last_write = time.monotonic()
+        if state is not None:
+            self.log_ops = state.log_ops
+        self._wake.set()
+
+    def throttle(self, state, log_limit: int) -> None:
+        """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS)."""
+        if self._thread is None or state is None:
+            return
+        # Wait while the debt is above the stop line, at most STOP_WAIT_SECONDS
+        # in all, so that no single add() stalls for long.
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
+                and time.monotonic() < deadline and not self._stop.is_set():
+            self._progress.clear()
+            self._progress.wait(max(0.0, deadline - time.monotonic()))
+        if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
+            time.sleep(SLOWDOWN_SECONDS)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                did = self.step()
+            except ClosedError:
+                return
+            except NdindexError as exc:
+                self.error = exc  # reported by the next compact(); queries report damage themselves
+                did = False
+            except Exception as exc:  # noqa: BLE001 - never let the thread die silently
+                self.error = exc
+                did = False
+            if not did:
+                self._wake.wait(IDLE_WAIT_SECONDS)
+                self._wake.clear()
+
+    def run(self, force_flush: bool = True, full: bool = False, wait: bool = True) -> int:
+        """Do every step there is to do now; return how many.  Used by Index.compact()."""
+        n = 0
+        while self.step(force_flush=force_flush, full=full, wait=wait):
+            n += 1
+        return n
+
+    # -- one step -------------------------------------------------------------
+
+    def step(self, force_flush: bool = False, full: bool = False, wait: bool = False) -> bool:
+        """Do one unit of work if there is any; return whether something was done."""
+        ix = self._ix
+        if ix.readonly:
+            return False
+        with self._lock:
+            fd = ix._lock_fd
+            import fcntl as _f
+            if not byte_lock(fd, LEASE_BYTE, _f.F_WRLCK, wait=wait):
+                return False  # another process is compacting
+            try:
+                snap = ix._snapshot()
+                try:
+                    return self._step(snap, force_flush, full)
+                except _Conflict:
+                    return True  # something else changed the manifest: look again
+            finally:
+                byte_lock(fd, LEASE_BYTE, _f.F_UNLCK)
+
+    def _step(self, snap, force_flush: bool, full: bool) -> bool:
+        st = snap.state
+        idle = time.monotonic() - self._last_write >= FLUSH_IDLE_SECONDS
+        log_due = st.log_first_seq < st.log_next_seq and \
+            (st.log_ops >= self._ix.log_limit or force_flush or idle)
+        # Flushing first would starve the merges of a busy writer: level-0
+        # runs would pile up.  Merge first once they do, unless the log
+        # itself has grown long.
+        level0 = max((sum(1 for r in snap.manifest.of(t) if r.level == 0)
+                      for t in range(len(self._ix.plan.tables))), default=0)
+        if log_due and (level0 < MERGE_FIRST_RUNS or st.log_ops >= STOP_LOGS * self._ix.log_limit):
+            self._flush(snap)
+            return True
+        if self._merge_round(snap, full):
+            return True
+        if log_due:
+            self._flush(snap)
+            return True
+        # Tombstones no run can hold any more go as soon as the merges that
+        # outdated them are done (not only at the next flush): the first
+        # query after an open reads every tombstone.
+        if len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
+                                                               snap.tombstone_stamps):
+            self._rewrite_tombstones(snap)
+            return True
+        return False
+
+    def _merge_round(self, snap, full: bool) -> bool:
+        """One step of every merge that is due, computed in parallel, committed together.
+
+        Each space's step touches only its own runs, so the steps of a round
+        are independent: their heavy parts (reading, merging, encoding) run
+        in C with the GIL released, on as many threads as there are cores.
+        """
+        man = _copy_manifest(snap.manifest)
+        jobs = []
+        stamps = np.sort(snap.tombstone_stamps) if len(snap.tombstone_stamps) else None
+        spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
+        merges = [(space, m) for space in spaces
+                  for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps)]
+        for space, (output, inputs, level) in merges:
+            inputs = [_find(man, r.run_id) for r in inputs]
+            if output is None:
+                rid = man.new_run_id()
+                kind = KIND_RECORDS if space in RECORD_SPACES else kind_of(level)
+                output = Run(space, kind, level, rid, 0, 0, flags=RUN_MERGE_OUTPUT, merge_into=rid)
+                man.runs.insert(min(man.runs.index(r) for r in inputs), output)
+                for r in inputs:
+                    r.flags, r.merge_into, r.cursor = RUN_MERGE_INPUT, rid, b""
+            else:
+                output = _find(man, output.run_id)
+            step = self._record_merge_step if space in RECORD_SPACES else self._fp_merge_step
+            jobs.append((step, space, output, inputs))
+        if not jobs:
+            return False
+        if len(jobs) > 1 and self._pool is not None:
+            results = list(self._pool.map(lambda j: j[0](snap, man, *j[1:]), jobs))
+        else:
+            results = [j[0](snap, man, *j[1:]) for j in jobs]
+        puts, deletes = [], []
+        for (p, d, gone) in results:
+            puts += p
+            deletes += d
+            for run in gone:
+                man.runs.remove(run)
+        self._commit(snap, puts, deletes, man)
+        return True
+
+    # -- committing ---------------------------------------------------------------
+
+    def _commit(self, snap, puts, deletes, manifest: Manifest, log_done: int | None = None,
+                log_ops_done: int = 0) -> None:
+        def body(wt):
+            raw = wt.view.get(DB_META, KEY_STATE)
+            state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+            if state.manifest_generation != snap.state.manifest_generation or \
+                    state.log_first_seq != snap.state.log_first_seq:
+                raise _Conflict()
+            for key, value in puts:
+                wt.put(DB_CHUNKS, key, value)
+            for key in deletes:
+                wt.delete(DB_CHUNKS, key)
+            if log_done is not None:
+                for seq in range(state.log_first_seq, log_done):
+                    wt.delete(DB_LOG, U64_BE.pack(seq))
+                state.log_first_seq = log_done
+                state.log_ops -= log_ops_done
+            state.manifest_generation += 1
+            manifest.generation = state.manifest_generation
+            state.txnid = wt.txnid
+            wt.put_framed(KEY_MANIFEST, manifest.pack())
+            wt.put_framed(KEY_STATE, state.pack())
+            self.level0_runs = max((sum(1 for r in manifest.of(t) if r.level < MAIN_LEVEL)
+                                    for t in range(len(self._ix.plan.tables))), default=0)
+            self.log_ops = state.log_ops
+
+        # Compaction commits need not reach the disk before returning: a
+        # lost step is redone (LMDB's NOMETASYNC keeps the file whole).
+        n = next(_COMMITS) if _KILL_AT else 0
+        _kill_if(f"before:{n}")
+        self._ix._store.write(body, sync=False)
+        _kill_if(f"after:{n}")
+        self.steps += 1
+        self._progress.set()
+        self._ix._compacted()
+
+    # -- flush ------------------------------------------------------------------
+
+    def _flush(self, snap) -> None:
+        ix = self._ix
+        log = snap.log
+        man = _copy_manifest(snap.manifest)
+        puts, deletes = [], []
+        adds = log.adds
+        first_new = man.next_run_id
+        main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
+                    for t in range(len(ix.plan.tables))), default=0)
+        # A flush is a level-0 run (merged up at once), unless it is larger
+        # than any raw level may hold: then it is a main run of its own.
+        level = 0 if len(adds) <= level_capacity(MAIN_LEVEL - 1, main, ix.log_limit) \
+            else MAIN_LEVEL
+        kind = kind_of(level)
+        for t, design in enumerate(ix.plan.tables):
+            if not len(adds):
+                break
+            values = np.sort(design.apply(adds))
+            code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
+                else None
+            rid = man.new_run_id()
+            pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True)
+            puts += pairs
+            man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
+                                   sum(len(v) for _, v in pairs), int(values[0]), last,
+                                   code=code.to_bytes() if code else b""))
+        for space, (raw, count) in _space_records(log.ops.streams()).items():
+            rid = man.new_run_id()
+            pairs = ch.pack_record_stream(space, rid, raw, None, True)
+            puts += pairs
+            man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, count, len(pairs),
+                                   sum(len(v) for _, v in pairs)))
+        # Tombstones: the log's removals join them, its additions leave them,
+        # and a tombstone no run can hold any more goes (see _droppable).
+        t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
+        keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
+        fps = np.concatenate([t_fps[keep], log.removes])
+        stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
+        order = np.argsort(fps, kind="stable")
+        fps, stamps = fps[order], stamps[order]
+        alive = stamps > _min_fp_run_id(man)
+        fps, stamps = fps[alive], stamps[alive]
+        if not np.array_equal(fps, t_fps):
+            puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps)
+            puts += puts_t
+            deletes += deletes_t
+        self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
+                     log_ops_done=snap.state.log_ops)
+
+    def _tombstone_chunks(self, snap, man: Manifest, fps, stamps):
+        old = man.of(SPACE_TOMBSTONES)
+        deletes = [k for r in old for k in rn.chunk_keys(snap.view, r)]
+        runs = []
+        puts = []
+        if len(fps):
+            rid = man.new_run_id()
+            puts = ch.pack_tombstone_chunks(SPACE_TOMBSTONES, rid, fps, stamps)
+            runs = [Run(SPACE_TOMBSTONES, KIND_TOMBSTONES, 0, rid, len(fps), len(puts),
+                        sum(len(v) for _, v in puts), int(fps[0]), int(fps[-1]))]
+        man.replace(SPACE_TOMBSTONES, runs)
+        return puts, deletes
+
+    def _tombstones_droppable(self, man: Manifest, stamps) -> bool:
+        return bool(len(stamps)) and bool(np.any(stamps <= _min_fp_run_id(man)))
+
+    def _rewrite_tombstones(self, snap) -> None:
+        man = _copy_manifest(snap.manifest)
+        alive = snap.tombstone_stamps > _min_fp_run_id(man)
+        puts, deletes = self._tombstone_chunks(snap, man, snap.tombstones[alive],
+                                               snap.tombstone_stamps[alive])
+        self._commit(snap, puts, deletes, man)
+
+    # -- fingerprint merges ---------------------------------------------------------
+
+    def _fp_merge_step(self, snap, man: Manifest, space: int, output: Run, inputs: list):
+        """Advance a merge of a table's runs by one step; return (puts, deletes, runs gone).
+
+        Changes only the Run objects of this merge (safe beside other spaces'
+        steps on other threads).
+        """
+        cursor = int.from_bytes(output.cursor, "big") if output.cursor else None
+        parts, ends, read_chunks = [], [], []
+        for run in inputs:
+            sl = rn.read_values(snap.view, run, cursor, STEP_CHUNKS)
+            parts.append(sl.values)
+            ends.append(None if sl.exhausted else sl.end)
+            read_chunks.append(sl.chunk_keys)
+        bounds = [e for e in ends if e is not None]
+        final = not bounds
+        bound = min(bounds) if bounds else None
+        if bound is not None:
+            parts = [p[:np.searchsorted(p, np.uint64(bound), side="right")] for p in parts]
+        # Tombstones are dropped as they pass; the log's removals need not be.
+        hidden = np.sort(self._ix.plan.tables[space].apply(snap.tombstones)) \
+            if len(snap.tombstones) else EMPTY_U64
+        merged = merge_runs(parts, hidden)
+        if output.kind == KIND_HUFFMAN and not output.code:
+            # The code is chosen once, from the first values the merge writes:
+            # every part of the key space has the same gap distribution.
+            total = sum(r.entries for r in inputs)
+            output.code = codec.HuffmanCode.from_values(merged, self._ix.coding,
+                                                        expected_n=max(total, 2)).to_bytes()
+        code = rn.run_code(output)
+        # The next chunk's fence is the last value written, which the
+        # cursor (what the inputs gave up) may lie beyond.
+        low = output.last if output.chunks else None
+        pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
+                                                  code, low, final, whole_chunks_only=not final)
+        if not final and not written and len(merged):
+            # Less than a chunk's worth up to the bound: write it as a short
+            # chunk rather than make no progress.
+            pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
+                                                      code, low, False)
+        if final:
+            done = (1 << 64) - 1
+        else:
+            # Input values up to `done` are consumed: up to the last value
+            # written, or up to the bound when the step kept nothing.
+            done = last if written else bound
+            if cursor is not None and done <= cursor:
+                raise RuntimeError(f"merge into run {output.run_id} made no progress")
+        deletes = []
+        for run, keys in zip(inputs, read_chunks):
+            gone = [k for k in keys if int.from_bytes(k[5:], "big") <= done]
+            deletes += gone
+            run.chunks -= len(gone)
+        if written:
+            if not output.chunks:
+                output.first = int(merged[0])
+            output.entries += written
+            output.chunks += len(pairs)
+            output.value_bytes += sum(len(v) for _, v in pairs)
+            output.last = last
+        removed = []
+        if final:
+            seen = set(deletes)
+            for r in inputs:
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
+                removed.append(r)
+            output.flags, output.merge_into, output.cursor = 0, 0, b""
+            if not output.chunks:
+                removed.append(output)
+        else:
+            output.cursor = done.to_bytes(8, "big")
+            for r in inputs:
+                r.cursor = output.cursor
+        return pairs, deletes, removed
+
+    # -- record merges ---------------------------------------------------------
+
+    def _record_merge_step(self, snap, man: Manifest, space: int, output: Run, inputs: list):
+        """Advance a merge of a record space's runs by one step (see _fp_merge_step).
+
+        The inputs' sub-blocks are read raw and merged in C (newest run
+        first wins a key); the output is cut into new chunks.
+        """
+        cursor = output.cursor if output.cursor else None
+        start = cursor + b"\0" if cursor else b""
+        raws, ends, read = [], [], []
+        for run in inputs:
+            cs = rn.record_chunks(snap.view, run, start, STEP_CHUNKS, exclusive=True)
+            raws.append(b"".join(bytes(c.raw_block(i)) for c in cs for i in range(len(c.blocks))))
+            ends.append(None if not cs or cs[-1].flags & ch.FLAG_LAST else cs[-1].separator)
+            read.append(cs)
+        bounds = [e for e in ends if e is not None]
+        final = not bounds
+        bound = min(bounds) if bounds else None
+        # Deletions matter only while an older run might hold the key.
+        bottom = all(r.run_id in {i.run_id for i in inputs} or r.run_id == output.run_id
+                     for r in snap.manifest.of(space))
+        merged, count = _core.records_merge(raws, cursor, bound, bottom)
+        low = output.fence if output.chunks else None
+        pairs = ch.pack_record_stream(space, output.run_id, merged, low, final) if count else []
+        deletes = []
+        for run, cs in zip(inputs, read):
+            gone = [c for c in cs if final or c.separator <= bound]
+            deletes += [c.key for c in gone]
+            run.chunks -= len(gone)
+        output.entries += count
+        output.chunks += len(pairs)
+        output.value_bytes += sum(len(v) for _, v in pairs)
+        if pairs:
+            output.fence = pairs[-1][0][5:]
+        removed = []
+        if final:
+            seen = set(deletes)
+            for r in inputs:
+                deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
+                removed.append(r)
+            output.flags, output.merge_into, output.cursor, output.fence = 0, 0, b"", b""
+            if not output.chunks:
+                removed.append(output)
+        else:
+            # Everything up to the bound is consumed; the output's last
+            # separator lies at or below it.
+            output.cursor = bound
+            for r in inputs:
+                r.cursor = output.cursor
+        return pairs, deletes, removed
+
+
+# -- policy ------------------------------------------------------------------------
+
+
+def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
+    """Entries a run of this level may hold before it merges into the next."""
+    if level >= MAIN_LEVEL:
+        return 1 << 63
+    cap = flush_ops * LEVEL_RATIO ** level
+    if level == MAIN_LEVEL - 1:
+        cap = max(cap, int(main_entries * MAIN_FRACTION))
+    return cap
+
+
+def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
+              flush_ops: int = FLUSH_OPS) -> int:
+    """The lowest level, at least at_least, whose runs may hold this many entries."""
+    level = at_least
+    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries, flush_ops):
+        level += 1
+    return level
+
+
+def kind_of(level: int) -> int:
+    return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
+
+
+def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
+                   stamps: np.ndarray | None = None) -> list:
+    """The merges to advance in a space this round (see _choose_merge).
+
+    Beside a merge of the large levels (level 2 and the main level), which
+    takes hundreds of steps at 10M, the flushes that arrive meanwhile are merged among the small
+    levels (level-0 runs with the free level-1 run), as LevelDB compacts
+    different levels at once: otherwise they pile up as level-0 runs, and
+    every query probes each of them.  Record spaces, whose runs are ordered
+    (newest wins), keep one merge at a time.
+    """
+    runs = man.of(space)
+    busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level)
+            for r in runs if r.merge_output]
+    if not busy:
+        first = _choose_merge(man, space, full, flush_ops, stamps)
+        return [] if first is None else [first]
+    if space in RECORD_SPACES or full or len(busy) > 1 or \
+            any(r.level < 2 for r in busy[0][1]):
+        return busy
+    level0 = [r for r in runs if not r.merge_into and r.level == 0]
+    if not level0:
+        return busy
+    # Into level 1 even past its capacity: a second run at a busy level
+    # would be one more run for every query to probe.
+    return busy + [(None, level0 + [r for r in runs if not r.merge_into and r.level == 1][:1], 1)]
+
+
+def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
+                  stamps: np.ndarray | None = None):
+    """The merge to advance in a space: (output or None, inputs newest first, level) or None.
+
+    stamps: the tombstones' stamps, sorted (for the deletion trigger).
+    """
+    runs = man.of(space)
+    for r in runs:  # a merge in progress goes first
+        if r.merge_output:
+            return r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level
+    free = [r for r in runs if not r.merge_into]
+    if not free:
+        return None
+    record = space in RECORD_SPACES
+    if full:
+        if len(free) > 1 or (not record and free[0].kind != KIND_HUFFMAN):
+            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
+        return None
+    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    if not record and stamps is not None and main and len(free) == len(runs):
+        # A tombstone stamped s hides fingerprints of runs older than s.
+        oldest = min(r.run_id for r in free)
+        hiding = len(stamps) - int(np.searchsorted(stamps, oldest, side="right"))
+        if hiding > TOMBSTONE_FRACTION * main:
+            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
+    # Level-0 runs (flushes) merge up at once, with the free level-1 run.
+    level0 = [r for r in free if r.level == 0]
+    if level0:
+        inputs = level0 + [r for r in free if r.level == 1][:1]
+        level = level_for(sum(r.entries for r in inputs), 1, main, flush_ops)
+        if 1 < level < MAIN_LEVEL:
+            # Into the run already at that level (leveled, as LevelDB), not
+            # beside it: each run at a level is one more probe per query.
+            inputs += [r for r in free if r.level == level][:1]
+            level = level_for(sum(r.entries for r in inputs), level, main, flush_ops)
+        return None, inputs, level
+    for level in sorted({r.level for r in free}):
+        here = [r for r in free if r.level == level]
+        if level >= MAIN_LEVEL:
+            if len(here) > 1:
+                return None, here, level
+            continue
+        total = sum(r.entries for r in here)
+        if total > level_capacity(level, main, flush_ops):
+            inputs = here + [r for r in free if r.level == level + 1][:1]
+            return None, inputs, level_for(sum(r.entries for r in inputs), level + 1, main,
+                                           flush_ops)
+        if len(here) > 1:  # a level holds one run; two appear while one was busy
+            return None, here, level
+    return None
+
+
+def merge_runs(parts: list, hidden: np.ndarray) -> np.ndarray:
+    """Sorted distinct union of sorted distinct arrays, minus hidden (C kernel)."""
+    from ndindex import _core
+    parts = [np.ascontiguousarray(p, dtype=np.uint64) for p in parts if len(p)]
+    if not parts:
+        return EMPTY_U64
+    out = np.empty(sum(len(p) for p in parts), dtype=np.uint64)
+    n = _core.merge_unique(parts, np.ascontiguousarray(hidden, dtype=np.uint64), out)
+    return out[:n]
+
+
+def _min_fp_run_id(man: Manifest) -> int:
+    """The smallest run id among fingerprint runs (tables); tombstones stamped at or
+    below it are held by no run any more."""
+    ids = [r.run_id for r in man.runs if r.space < SPACE_TOMBSTONES]
+    return min(ids) if ids else man.next_run_id
+
+
+def _copy_manifest(man: Manifest) -> Manifest:
+    """A copy a step may change (runs are flat dataclasses of immutable fields)."""
+    return Manifest(man.generation, man.next_run_id, [dataclasses.replace(r) for r in man.runs])
+
+
+def _find(man: Manifest, run_id: int) -> Run:
+    for r in man.runs:
+        if r.run_id == run_id:
+            return r
+    raise KeyError(run_id)
+
+
+def _space_records(streams: dict) -> dict:
+    """The log's record operations as new runs' records: {space: (raw stream, count)}.
+
+    streams: the log's net operations per space (sorted raw record
+    streams).  Lookup-key records are derived from the document records
+    ([D2]).
+    """
+    runs = {space: (raw, len(_core.records_offsets(raw)) // 8)
+            for space, raw in streams.items() if space != SPACE_LOOKUP}
+    docs = streams.get(SPACE_DOCS, b"")
+    lookups = streams.get(SPACE_LOOKUP, b"")
+    if docs or lookups:
+        raw = docstore.lookup_records(_core.records_unpack(docs), _core.records_unpack(lookups))
+        runs[SPACE_LOOKUP] = (raw, len(raw) // (ch.RECORD_HEAD.size + 16))
+    return dict(sorted(runs.items()))

@@ -1,0 +1,394 @@
+"""Operations not yet in the runs: the append log's net effect, and a writer's pending ones.
+
+Both reduce a sequence of operations to its net effect: a fingerprint's
+last operation decides whether it is added or removed; a record's (a
+document key, a document, a lookup key: FORMAT.md 7.9) last operation
+whether it is put or deleted.  ``LogOverlay`` holds the committed log
+(arrays and record layers, extended as records arrive); ``PendingOps``
+holds what one writer has not committed yet (a transaction, or
+durability="normal"), changed one operation at a time, so its additions
+live in a growable buffer the query kernel scans.
+
+Records are found by *group*, the part of the record key a lookup names:
+the fingerprint of a keys-by-fingerprint, document or lookup-key record
+(its first 8 bytes, the lookup key for the last), the document key of a
+fingerprints-by-key record (all but its last 8 bytes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndindex import _core, chunks as ch
+from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted
+from ndindex.records import (LOG_RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
+                             U64_BE, LogRecord)
+
+
+def _union(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Union of two sorted distinct arrays: b's new values inserted into a (O(len a) memmove)."""
+    if not len(b):
+        return a
+    if not len(a):
+        return b
+    return insert_sorted(a, b[~isin_sorted(b, a)])
+
+
+def _minus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if not len(a) or not len(b):
+        return a
+    return a[~isin_sorted(a, b)]
+
+
+def record_group(space: int, key: bytes) -> bytes:
+    """The part of a record key that lookups name (see the module docstring)."""
+    return key[:-8] if space == SPACE_FPS_BY_KEY else key[:8]
+
+
+class RecordOps:
+    """Record operations reduced to their net effect: (space, key) -> (flag, value).
+
+    Indexed by (space, group) so that a lookup costs one dict access.
+    """
+
+    __slots__ = ("groups", "n", "_lookups")
+
+    def __init__(self):
+        self.groups: dict = {}
+        self.n = 0
+        self._lookups = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set(self, space: int, key: bytes, flag: int, value: bytes = b"") -> None:
+        if space == SPACE_DOCS:
+            self._lookups = None
+        group = self.groups.setdefault((space, record_group(space, key)), {})
+        if key not in group:
+            self.n += 1
+        group[key] = (flag, value)
+
+    def set_key(self, fp: int, raw: bytes, put: bool) -> None:
+        """A document key operation: both of its mirror records (7.9)."""
+        flag = ch.RECORD_PUT if put else ch.RECORD_DELETE
+        fpb = U64_BE.pack(fp)
+        self.set(SPACE_KEYS_BY_FP, fpb + raw, flag)
+        self.set(SPACE_FPS_BY_KEY, raw + fpb, flag)
+
+    def get(self, space: int, key: bytes):
+        group = self.groups.get((space, record_group(space, key)))
+        return None if group is None else group.get(key)
+
+    def group(self, space: int, group: bytes) -> dict:
+        """{key: (flag, value)} of one group (empty if none)."""
+        return self.groups.get((space, group), {})
+
+    def items(self, space: int | None = None):
+        """(space, key, flag, value) of every operation (of one space), unordered."""
+        for (sp, _), group in self.groups.items():
+            if space is None or sp == space:
+                for key, (flag, value) in group.items():
+                    yield sp, key, flag, value
+
+    def update(self, newer: "RecordOps") -> None:
+        """Apply newer's operations after these (dict updates, group by group)."""
+        for g, ops in newer.groups.items():
+            mine = self.groups.get(g)
+            if mine is None:
+                self.groups[g] = dict(ops)
+                self.n += len(ops)
+            else:
+                before = len(mine)
+                mine.update(ops)
+                self.n += len(mine) - before
+            if g[0] == SPACE_DOCS:
+                self._lookups = None
+
+    def lookup_hits(self, lookup_key: int) -> list:
+        """Fingerprints of the documents put here that list lookup_key.
+
+        Lookup-key records are derived from document records when the log
+        is flushed; until then lookups use this index of the puts (built on
+        first use, O(documents here)).  Deleted documents are not listed.
+        """
+        if self._lookups is None:
+            from ndindex.docstore import lookup_keys_of
+            index = {}
+            for _, key, flag, value in self.items(SPACE_DOCS):
+                if flag == ch.RECORD_PUT:
+                    fp = U64_BE.unpack_from(key)[0]
+                    for lk in lookup_keys_of(flag, value).tolist():
+                        index.setdefault(lk, set()).add(fp)
+            self._lookups = index
+        return list(self._lookups.get(lookup_key, ()))
+
+    def copy(self) -> "RecordOps":
+        out = RecordOps()
+        out.groups = {g: dict(d) for g, d in self.groups.items()}
+        out.n = self.n
+        return out
+
+    def apply_record(self, record: LogRecord) -> None:
+        for fp, raw in record.key_puts:
+            self.set_key(fp, raw, True)
+        for fp, raw in record.key_deletes:
+            self.set_key(fp, raw, False)
+        for space, key, flag, value in record.records:
+            self.set(space, key, flag, value)
+
+    def to_record_parts(self) -> tuple[list, list, list]:
+        """(key puts, key deletes, other records), sorted, as a LogRecord holds them."""
+        puts, deletes, other = [], [], []
+        for sp, key, flag, value in self.items():
+            if sp == SPACE_KEYS_BY_FP:
+                pair = (U64_BE.unpack_from(key)[0], key[8:])
+                (puts if flag == ch.RECORD_PUT else deletes).append(pair)
+            elif sp in LOG_RECORD_SPACES:
+                other.append((sp, key, flag, value))
+        return sorted(puts), sorted(deletes), sorted(other)
+
+
+class PackedLayer:
+    """Committed record operations of some log records, packed: {space: raw stream}.
+
+    Each space's operations are one sorted raw record stream (the format of
+    record sub-blocks), searched by binary search over record offsets and
+    merged in C: no Python object per operation, so a log of a million
+    key operations costs its bytes, not a million dicts.
+    """
+
+    __slots__ = ("streams", "n", "_offsets", "_lookups")
+
+    def __init__(self, streams: dict, n: int):
+        self.streams = streams
+        self.n = n
+        self._offsets = {}
+        self._lookups = None
+
+    @classmethod
+    def of_record(cls, record: LogRecord) -> "PackedLayer":
+        """The operations of one log record (distinct within it)."""
+        by_space = {}
+        for pairs, flag in ((record.key_puts, ch.RECORD_PUT), (record.key_deletes, ch.RECORD_DELETE)):
+            for fp, raw in pairs:
+                fpb = U64_BE.pack(fp)
+                by_space.setdefault(SPACE_KEYS_BY_FP, []).append((fpb + raw, flag, b""))
+                by_space.setdefault(SPACE_FPS_BY_KEY, []).append((raw + fpb, flag, b""))
+        for space, key, flag, value in record.records:
+            by_space.setdefault(space, []).append((key, flag, value))
+        streams = {space: _core.records_pack(sorted(recs)) for space, recs in by_space.items()}
+        return cls(streams, sum(len(r) for r in by_space.values()))
+
+    @classmethod
+    def merged(cls, older: "PackedLayer", newer: "PackedLayer") -> "PackedLayer":
+        streams = {}
+        n = 0
+        for space in set(older.streams) | set(newer.streams):
+            parts = [x.streams[space] for x in (newer, older) if space in x.streams]
+            raw, count = _core.records_merge(parts, None, None, False)
+            streams[space] = raw
+            n += count
+        return cls(streams, n)
+
+    def group(self, space: int, group: bytes) -> list:
+        """[(key, flag, value)] of the operations whose key begins with group."""
+        raw = self.streams.get(space)
+        if raw is None:
+            return []
+        offsets = self._offsets.get(space)
+        if offsets is None:
+            offsets = self._offsets[space] = _core.records_offsets(raw)
+        return _core.records_prefix(raw, offsets, group)
+
+    def lookup_hits(self, lookup_key: int) -> list:
+        """Fingerprints of the documents put here that list lookup_key (see
+        RecordOps.lookup_hits)."""
+        if self._lookups is None:
+            ops = RecordOps()
+            for key, flag, value in _core.records_unpack(self.streams.get(SPACE_DOCS, b"")):
+                ops.set(SPACE_DOCS, key, flag, value)
+            self._lookups = ops
+        return self._lookups.lookup_hits(lookup_key)
+
+
+class LayeredRecords:
+    """The log's record operations as immutable packed layers, newest last.
+
+    A new snapshot extends its predecessor's log by a few records; copying
+    the operations per snapshot would cost O(log size) per commit.  Layers
+    are merged like a binary counter (a layer joins the one below once it
+    is at least half that size), so a snapshot copies O(log n) references
+    and each operation is merged O(log n) times in all (in C).
+    """
+
+    def __init__(self, layers: tuple = ()):
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return sum(layer.n for layer in self.layers)
+
+    def push(self, layer: PackedLayer) -> "LayeredRecords":
+        layers = list(self.layers)
+        while layers and 2 * layer.n >= layers[-1].n:
+            layer = PackedLayer.merged(layers.pop(), layer)
+        return LayeredRecords(tuple(layers) + (layer,))
+
+    def group(self, space: int, group: bytes) -> dict:
+        """{key: (flag, value)} of one group, newest operation winning."""
+        out = {}
+        for layer in reversed(self.layers):
+            for key, flag, value in layer.group(space, group):
+                if space == SPACE_FPS_BY_KEY and len(key) != len(group) + 8:
+                    continue
+                out.setdefault(key, (flag, value))
+        return out
+
+    def lookup_hits(self, lookup_key: int) -> set:
+        out = set()
+        for layer in self.layers:
+            out.update(layer.lookup_hits(lookup_key))
+        return out
+
+    def streams(self) -> dict:
+        """{space: one raw stream of the net operations}, all layers merged (C)."""
+        if not self.layers:
+            return {}
+        layer = self.layers[0]
+        for newer in self.layers[1:]:
+            layer = PackedLayer.merged(layer, newer)
+        return layer.streams
+
+    def flattened(self) -> RecordOps:
+        out = RecordOps()
+        for space, raw in self.streams().items():
+            for key, flag, value in _core.records_unpack(raw):
+                out.set(space, key, flag, value)
+        return out
+
+
+class LogOverlay:
+    """The net effect of the log records of a snapshot, in order.
+
+    adds and removes are sorted, distinct and disjoint; ``ops`` holds the
+    record operations (document keys, documents, lookup keys).
+    """
+
+    def __init__(self):
+        self.adds = EMPTY_U64
+        self.removes = EMPTY_U64
+        self.ops = LayeredRecords()
+        self.records = 0
+
+    def copy(self) -> "LogOverlay":
+        out = LogOverlay()
+        out.adds, out.removes, out.ops, out.records = self.adds, self.removes, self.ops, \
+            self.records
+        return out
+
+    def apply(self, record: LogRecord) -> None:
+        """Apply one record after everything applied so far."""
+        self.adds = _union(_minus(self.adds, record.removes), record.adds)
+        self.removes = _union(_minus(self.removes, record.adds), record.removes)
+        layer = PackedLayer.of_record(record)
+        if layer.n:
+            self.ops = self.ops.push(layer)
+        self.records += 1
+
+
+class PendingOps:
+    """One writer's uncommitted operations, in order, reduced to their net effect."""
+
+    def __init__(self):
+        self._buf = np.empty(64, dtype=np.uint64)
+        self._n = 0
+        self._where: dict = {}      # fingerprint -> index in _buf
+        self._removes: set = set()
+        self._removes_sorted = EMPTY_U64
+        self._removes_dirty = False
+        self.ops = RecordOps()
+
+    def __len__(self) -> int:
+        return self._n + len(self._removes) + len(self.ops)
+
+    def add(self, fps) -> None:
+        """Add fingerprints (an iterable of ints)."""
+        for fp in fps:
+            fp = int(fp)
+            if fp in self._removes:
+                self._removes.discard(fp)
+                self._removes_dirty = True
+            if fp not in self._where:
+                if self._n == len(self._buf):
+                    self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint64)])
+                self._buf[self._n] = fp
+                self._where[fp] = self._n
+                self._n += 1
+
+    def add_array(self, fps: np.ndarray) -> None:
+        """Add sorted distinct fingerprints in bulk."""
+        if len(fps) < 16:  # check_and_add's one item: the array path's set-up costs more
+            self.add(fps.tolist())
+            return
+        if self._removes:
+            hit = [int(v) for v in fps if int(v) in self._removes]
+            if hit:
+                self._removes.difference_update(hit)
+                self._removes_dirty = True
+        fresh = fps if not self._where else np.array(
+            [v for v in fps.tolist() if v not in self._where], dtype=np.uint64)
+        need = self._n + len(fresh)
+        if need > len(self._buf):
+            grown = np.empty(max(need, 2 * len(self._buf)), np.uint64)
+            grown[:self._n] = self._buf[:self._n]
+            self._buf = grown
+        self._buf[self._n:need] = fresh
+        self._where.update(zip(fresh.tolist(), range(self._n, need)))
+        self._n = need
+
+    def remove(self, fps) -> None:
+        """Remove fingerprints (an iterable of ints)."""
+        for fp in fps:
+            fp = int(fp)
+            i = self._where.pop(fp, None)
+            if i is not None:
+                last = self._n - 1
+                if i != last:
+                    moved = int(self._buf[last])
+                    self._buf[i] = moved
+                    self._where[moved] = i
+                self._n = last
+            if fp not in self._removes:
+                self._removes.add(fp)
+                self._removes_dirty = True
+
+    def apply(self, record: LogRecord) -> None:
+        """Apply a record's operations after everything pending so far."""
+        self.remove(record.removes.tolist())
+        self.add_array(record.adds)
+        self.ops.apply_record(record)
+
+    def adds(self) -> np.ndarray:
+        """The pending additions (unsorted view; valid until the next change)."""
+        return self._buf[:self._n]
+
+    def removes(self) -> np.ndarray:
+        """The pending removals, sorted."""
+        if self._removes_dirty:
+            self._removes_sorted = np.array(sorted(self._removes), dtype=np.uint64)
+            self._removes_dirty = False
+        return self._removes_sorted
+
+    def is_added(self, fp: int) -> bool:
+        return fp in self._where
+
+    def is_removed(self, fp: int) -> bool:
+        return fp in self._removes
+
+    def to_record(self) -> LogRecord:
+        """The net effect as one log record (disjoint sorted arrays and key lists)."""
+        puts, deletes, other = self.ops.to_record_parts()
+        return LogRecord(np.sort(self.adds()), self.removes().copy(), puts, deletes, other)
+
+    def clear(self) -> None:
+        self.__init__()

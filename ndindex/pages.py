@@ -1,0 +1,162 @@
+"""Reading the index file's LMDB pages in place, never trusting a byte.
+
+Format v2 reads every record of the index itself, from a read-only mapping
+of the file, through the C page reader (``ndindex/_core/lmdbpage.c``):
+LMDB's own tree code asserts (aborting the process) or reads past the file
+on some damaged pages, ours reports ``CorruptionError``.  LMDB still does
+what it is best at: transactions, the reader table, page allocation and
+crash-safe commits.  FORMAT.md section 8 lists the LMDB fields read here.
+
+A ``PageView`` is one committed snapshot: the mapping, the page geometry
+and the roots of the named trees as of one LMDB transaction id.  It stays
+valid while the LMDB read transaction that pinned that snapshot is open
+(LMDB never reuses a page a live reader can reach).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+from typing import NamedTuple
+
+from ndindex import _core
+from ndindex.errors import CorruptionError
+
+#: The largest mapping of the file.  Mappings reserve address space ahead
+#: of the file (as LMDB reserves its own) and double when the file outgrows
+#: them, so a growing file is remapped O(log size) times and a small index
+#: takes little of the process's address space.
+MAP_RESERVE_BYTES = (1 << 40) if hasattr(_core, "FileMapping") and sys.maxsize > 2**32 else 0
+#: The smallest mapping: most indexes never remap.
+MAP_MIN_BYTES = 1 << 30
+#: The largest page size LMDB writes; meta page 1 starts one page in.
+MAX_PAGE_BYTES = 65536
+#: Where a meta page keeps mm_txnid: the page header (16), magic, version,
+#: address and map size (24), two tree records (96), mm_last_pg (8).
+META_TXNID_OFFSET = 144
+
+
+class Tree(NamedTuple):
+    """A B-tree's root page (None when empty), depth and LMDB flags."""
+
+    root: int | None
+    depth: int
+    flags: int = 0
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "Tree":
+        root = rec["root"]
+        return cls(None if root == (1 << 64) - 1 else root, rec["depth"], rec["flags"])
+
+
+class FileMap:
+    """A read-only mapping of the index file that follows its growth.
+
+    ``geometry()`` returns the current mapping and the number of whole
+    pages the file holds; readers never look past them.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._map = None
+        self._map_bytes = 0
+        self.psize = 0
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        self._map = None
+        if fd >= 0:
+            os.close(fd)
+
+    def file_bytes(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def buffer(self, need_bytes: int):
+        """A mapping covering at least need_bytes of the file (which must hold them)."""
+        if self._map is None or need_bytes > self._map_bytes:
+            if MAP_RESERVE_BYTES:
+                size = max(MAP_MIN_BYTES, self._map_bytes)
+                while size < 2 * need_bytes and size < MAP_RESERVE_BYTES:
+                    size *= 2
+                size = max(min(size, MAP_RESERVE_BYTES), need_bytes)
+                self._map = _core.FileMapping(self._fd, size)
+                self._map_bytes = size
+            else:
+                size = self.file_bytes()
+                self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ)
+                self._map_bytes = size
+        return self._map
+
+    def metas(self) -> list:
+        """Both meta pages as dicts (lmdb_meta), or the CorruptionError each raised."""
+        with open(self.path, "rb") as fh:  # pread: the mapping may not exist yet
+            head = fh.read(2 * MAX_PAGE_BYTES)
+        out = []
+        psize = 0
+        for slot in (0, 1):
+            try:
+                meta = _core.lmdb_meta(head, slot, psize)
+                psize = meta["psize"]
+                out.append(meta)
+            except CorruptionError as exc:
+                out.append(exc)
+        if psize:
+            self.psize = psize
+        return out
+
+
+class PageView:
+    """One committed snapshot's pages: lookups and scans of its named trees."""
+
+    def __init__(self, buf, psize: int, npages: int, txnid: int, trees: dict):
+        self.buf = buf
+        self.psize = psize
+        self.npages = npages
+        self.txnid = txnid
+        self.trees = trees
+
+    def get(self, tree: str, key: bytes):
+        """The value stored under key (a memoryview into the map), or None."""
+        hit = _core.lmdb_get(self.buf, self.psize, self.npages, self.trees[tree], key)
+        if hit is None:
+            return None
+        off, length, flags = hit
+        if flags & 0x06:  # F_SUBDATA / F_DUPDATA: not a plain value in any v2 tree
+            raise CorruptionError(f"{tree}: value of key {key.hex()} has node flags {flags:#x}",
+                                  database=tree, key=key)
+        return memoryview(self.buf)[off:off + length]
+
+    def scan(self, tree: str, start: bytes = b"", prefix: bytes = b"", limit: int = -1,
+             check_all: bool = False) -> list:
+        """[(key, value)] from the first key >= start while keys begin with prefix."""
+        rows = _core.lmdb_scan(self.buf, self.psize, self.npages, self.trees[tree], start,
+                               prefix, limit, check_all)
+        mv = memoryview(self.buf)
+        out = []
+        # The main tree's values are named-database records (F_SUBDATA).
+        bad_flags = 0x04 if tree == "main" else 0x06
+        for key, off, length, flags in rows:
+            if flags & bad_flags:
+                raise CorruptionError(f"{tree}: value of key {key.hex()} has node flags "
+                                      f"{flags:#x}", database=tree, key=key)
+            out.append((key, mv[off:off + length]))
+        return out
+
+
+def named_trees(buf, psize: int, npages: int, main: Tree, names) -> dict:
+    """The trees of the named databases, read from the main tree's records."""
+    trees = {}
+    for name in names:
+        hit = _core.lmdb_get(buf, psize, npages, tuple(main), name.encode())
+        if hit is None:
+            trees[name] = Tree(None, 0, 0)
+            continue
+        off, length, flags = hit
+        if flags != 0x02:  # F_SUBDATA, inline
+            raise CorruptionError(f"main database record {name!r} has node flags {flags:#x}",
+                                  database="lmdb", key=name.encode())
+        rec = _core.lmdb_tree(buf, psize, npages, bytes(memoryview(buf)[off:off + length]))
+        trees[name] = Tree.from_record(rec)
+    return trees

@@ -1,0 +1,453 @@
+"""Reading an index: snapshots of the committed state, queries, keys, iteration.
+
+A ``Snapshot`` is one committed state: an LMDB read transaction (which pins
+its pages), the page view of it, the state and manifest records, the
+tombstones, the net effect of the append log, and the query kernel's
+capsule over all of that.  Building one reads O(runs + log + tombstones),
+never O(N): the runs' chunks are found by the kernel in the chunks tree at
+query time.  A new snapshot reuses what did not change since the previous
+one (the manifest and tombstones by generation, the log by extending it
+with only the new records).
+
+Concurrency follows LMDB: any number of reader threads and processes, one
+writer at a time; each call works on the snapshot current when it starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import threading
+
+import numpy as np
+
+from ndindex import _core, chunks as ch, runs as rn
+from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, sorted_unique
+from ndindex.errors import CorruptionError
+from ndindex.overlay import LogOverlay, PendingOps
+from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
+                             SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_LOOKUP,
+                             SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, unframe)
+from ndindex.records import DB_CHUNKS, decode_doc_key
+
+
+#: Runs of at most this many chunks are listed once (a run directory) and
+#: probed without the chunks tree; larger ones are looked up in the tree,
+#: so that nothing on the open path reads in proportion to N.  A listed
+#: run's probe is cheaper (no tree search, its blocks prefetched), which
+#: matters most while a table has several runs.  2048 chunks list about
+#: 130,000 blocks (2 MB) from 2048 pages, read once per run and kept while
+#: the run lasts: a 10M index's main runs (about 830 chunks each) are
+#: listed, 10% off its p50.  A merge output grows and is listed again by
+#: every snapshot, so it is listed only while small (DIRECTORY_COLD_CHUNKS).
+DIRECTORY_MAX_CHUNKS = 2048
+#: The same limit for a probabilistic plan's table: a PSM query probes it
+#: tens to hundreds of times, and a listed run saves each probe its tree
+#: search and, after the first visit, its block checksum (a fifth of a probe
+#: at 10M fingerprints).  2^14 chunks list about 10^6 blocks (16 MB) from
+#: their headers alone, read once per run.
+DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
+#: Listing reads one page per chunk, so until an index has answered
+#: WARM_QUERIES queries only runs of at most DIRECTORY_COLD_CHUNKS are
+#: listed: with 256, the first query on a cold 1M index read 354 pages
+#: (37 ms) where the tree reads about 20 (3 ms; tools/bench/bench_open.py).
+DIRECTORY_COLD_CHUNKS = 32
+WARM_QUERIES = 256
+
+
+class DirectoryCache(dict):
+    """Run directories by run id, kept across snapshots; warm once the index
+    has answered WARM_QUERIES queries (then larger runs are listed too)."""
+
+    warm = False
+
+
+class Snapshot:
+    """One committed state of the index, as queries see it."""
+
+    def __init__(self, store, plan, txn, view, prev: "Snapshot | None" = None,
+                 directories: dict | None = None):
+        self._directories = directories if directories is not None else {}
+        self.txn = txn
+        self.view = view
+        self.plan = plan
+        self.txnid = view.txnid
+        raw = view.get(DB_META, KEY_STATE)
+        if raw is None:
+            raise CorruptionError("state record is missing", database=DB_META, key=KEY_STATE)
+        self.state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+        if self.state.txnid != self.txnid:
+            # Every commit rewrites the state with its own transaction id: a
+            # mismatch means LMDB opened a meta page that no commit of ours
+            # wrote as it stands ([F9]).
+            raise CorruptionError(f"{store.path}: the state record was written by transaction "
+                                  f"{self.state.txnid}, but the meta page names {self.txnid}: a "
+                                  "meta page is damaged", database="lmdb")
+        same_manifest = prev is not None and \
+            prev.state.manifest_generation == self.state.manifest_generation
+        self.manifest = prev.manifest if same_manifest else self._load_manifest()
+        tomb = self.manifest.of(SPACE_TOMBSTONES)
+        tomb_run = tomb[0] if tomb else None
+        if prev is not None and prev.tombstone_run_id == (tomb_run.run_id if tomb_run else 0):
+            self.tombstones, self.tombstone_stamps = prev.tombstones, prev.tombstone_stamps
+        else:
+            self.tombstones, self.tombstone_stamps = rn.load_tombstones(view, tomb_run)
+        self.tombstone_run_id = tomb_run.run_id if tomb_run else 0
+        self.table_runs = [self.manifest.of(t) for t in range(len(plan.tables))]
+        # The log and the kernel are built on first use: compaction steps
+        # take snapshots too and need neither.  Only the previous log is
+        # kept, never the previous snapshot (its read transaction must end).
+        self._prev = (prev.state, prev.log, prev.log_tables) \
+            if prev is not None and "log" in prev.__dict__ else None
+        self._build_lock = threading.Lock()
+        self._count = None
+        #: Serialises lookups that share this snapshot's pages with threads.
+        self.lock = threading.Lock()
+
+    @functools.cached_property
+    def log(self) -> LogOverlay:
+        with self._build_lock:
+            if "log" not in self.__dict__:
+                self._load_log(self._prev)
+                self._prev = None
+            return self.__dict__["log"]
+
+    @functools.cached_property
+    def log_tables(self) -> list:
+        self.log  # noqa: B018 - builds both
+        return self.__dict__["log_tables"]
+
+    @functools.cached_property
+    def hide_runs(self) -> np.ndarray:
+        """Values never reported from a run: tombstones and the log's removals."""
+        removes = self.log.removes
+        return sorted_unique(np.concatenate([self.tombstones, removes])) if len(removes) \
+            else self.tombstones
+
+    @functools.cached_property
+    def kernel(self):
+        view, plan = self.view, self.plan
+        return _core.make_snapshot(
+            view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
+            [(d.prefix_bits, d.runs(), _inverse(d),
+              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], self.log_tables[i])
+             for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
+            self.hide_runs)
+
+    def _directory(self, run):
+        """The run's directory, or None (runs too large are found through the tree).
+
+        Cached across snapshots while the run lasts: its chunks are never
+        rewritten, and a merge input only loses chunks below its cursor.
+        Not cached: merge outputs (they grow), and runs with a chunk small
+        enough to live inside a leaf page (it moves with the page).
+        """
+        if not getattr(self._directories, "warm", True) or run.merge_output:
+            limit = DIRECTORY_COLD_CHUNKS
+        else:
+            limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
+        if run.chunks > limit:
+            return None
+        cache = self._directories
+        if not run.merge_output and run.run_id in cache:
+            return cache[run.run_id]
+        start = int.from_bytes(run.cursor, "big") + 1 if run.merge_input and run.cursor else 0
+        view = self.view
+        cap, _, inline = _core.run_directory(view.buf, view.psize, view.npages,
+                                             tuple(view.trees[DB_CHUNKS]), run.space,
+                                             run.run_id, run.kind, start)
+        if not run.merge_output and not inline:
+            live = {r.run_id for r in self.manifest.runs}
+            for stale in [rid for rid in cache if rid not in live]:
+                del cache[stale]
+            cache[run.run_id] = cap
+        return cap
+
+    def _load_manifest(self) -> Manifest:
+        raw = self.view.get(DB_META, KEY_MANIFEST)
+        if raw is None:
+            raise CorruptionError("manifest record is missing", database=DB_META, key=KEY_MANIFEST)
+        return Manifest.unpack(unframe(raw, DB_META, KEY_MANIFEST))
+
+    def _read_log(self, first: int, end: int) -> list:
+        if first == end:
+            return []
+        rows = self.view.scan(DB_LOG, U64_BE.pack(first), limit=end - first)
+        out = []
+        for i, (key, value) in enumerate(rows):
+            if key != U64_BE.pack(first + i):
+                raise CorruptionError(f"log record {first + i} is missing", database=DB_LOG,
+                                      key=key)
+            out.append(LogRecord.unpack(unframe(value, DB_LOG, key), key))
+        if len(out) != end - first:
+            raise CorruptionError(f"log records {first + len(out)}..{end - 1} are missing",
+                                  database=DB_LOG)
+        return out
+
+    def _load_log(self, prev) -> None:
+        """Set self.log and self.log_tables, extending prev's when only records were added.
+
+        prev: (state, log, log_tables) of an earlier snapshot, or None.
+        """
+        st = self.state
+        if prev is not None:
+            prev_state, prev_log, prev_tables = prev
+        extend = prev is not None and prev_state.log_first_seq == st.log_first_seq and \
+            prev_state.log_next_seq <= st.log_next_seq
+        d = self.__dict__
+        if not extend:
+            log = LogOverlay()
+            for record in self._read_log(st.log_first_seq, st.log_next_seq):
+                log.apply(record)
+            d["log_tables"] = [np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64
+                               for t in self.plan.tables]
+            d["log"] = log
+            return
+        fresh = self._read_log(prev_state.log_next_seq, st.log_next_seq)
+        if not fresh:
+            d["log_tables"], d["log"] = prev_tables, prev_log
+            return
+        log = prev_log.copy()
+        before = log.adds
+        for record in fresh:
+            log.apply(record)
+        new = log.adds[~isin_sorted(log.adds, before)] if len(before) else log.adds
+        if len(log.adds) == len(before) + len(new):
+            # Only additions: merge them into the sorted per-table copies
+            # (a memmove each) instead of sorting the whole log again.
+            d["log_tables"] = [insert_sorted(t, np.sort(p.apply(new))) if len(new) else t
+                               for t, p in zip(prev_tables, self.plan.tables)]
+        else:
+            d["log_tables"] = [np.sort(p.apply(log.adds)) if len(log.adds) else EMPTY_U64
+                               for p in self.plan.tables]
+        d["log"] = log
+
+    def close(self) -> None:
+        txn, self.txn = self.txn, None
+        if txn is not None:
+            try:
+                txn.abort()
+            except Exception:  # noqa: BLE001 - the environment may be closed already
+                pass
+
+    # -- queries ---------------------------------------------------------------
+
+    def query(self, q: int, k: int, pending: PendingOps | None = None) -> list:
+        if pending is not None and len(pending):
+            return _core.query(self.kernel, q, k, pending.adds(), pending.removes())
+        return _core.query(self.kernel, q, k)
+
+    def query_many(self, qs: np.ndarray, k: int, pending: PendingOps | None = None):
+        if pending is not None and len(pending):
+            return _core.query_many(self.kernel, qs, k, pending.adds(), pending.removes())
+        return _core.query_many(self.kernel, qs, k)
+
+    def query_psm(self, q: int, k: int, probabilities: np.ndarray, max_probes: int,
+                  pending: PendingOps | None = None) -> list:
+        """PSM on table 0: its runs, log and pending operations at the prefixes of
+        pi_0(q) XOR the first max_probes flip sets, in VOSH order of the 64
+        probabilities (p_j of bit j); (value, distance) within k of q."""
+        if pending is not None and len(pending):
+            return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes,
+                                   pending.adds(), pending.removes())
+        return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes)
+
+    def query_psm_many(self, qs: np.ndarray, k: int, probabilities: np.ndarray,
+                       max_probes: int, pending: PendingOps | None = None):
+        """query_psm for each query (probabilities: (n, 64)), as query_many returns."""
+        if pending is not None and len(pending):
+            return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes,
+                                        pending.adds(), pending.removes())
+        return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes)
+
+    def __del__(self):
+        self.close()
+
+    # -- keys ------------------------------------------------------------------
+
+    def record_group(self, space: int, group: bytes,
+                     pending: PendingOps | None = None) -> dict:
+        """The live records of one group of a record space: {key: value}.
+
+        group is what the lookup names (``overlay.record_group``): a
+        fingerprint (8 bytes BE) or lookup key for the fingerprint-keyed
+        spaces, a typed document key for fingerprints-by-key.  The newest
+        operation on a record decides it: pending, then the log, then the
+        runs newest first.
+        """
+        return self.record_groups(space, [group], pending)[0]
+
+    def record_groups(self, space: int, groups: list, pending: PendingOps | None = None) -> list:
+        """record_group() of many groups at once: [{key: value}] in the order given.
+
+        Runs are probed with all groups in one C call each (seeks, chunk
+        checks and filters), so groups the filters rule out cost a few
+        microseconds.
+        """
+        decided = [{} for _ in groups]
+        if space == SPACE_LOOKUP:
+            for i, group in enumerate(groups):
+                lk = U64_BE.unpack(group)[0]
+                hits = self.log.ops.lookup_hits(lk)
+                if pending is not None:
+                    hits.update(pending.ops.lookup_hits(lk))
+                for fp in hits:
+                    decided[i][group + U64_BE.pack(fp)] = (ch.RECORD_PUT, b"")
+        else:
+            for i, group in enumerate(groups):
+                if pending is not None:
+                    decided[i].update(pending.ops.group(space, group))
+                for key, op in self.log.ops.group(space, group).items():
+                    decided[i].setdefault(key, op)
+        exact = space == SPACE_FPS_BY_KEY
+        runs = [r for r in self.manifest.of(space) if r.chunks]
+        with self.lock:
+            for run in runs:  # newest first
+                for i, found in rn.record_lookup_many(self.view, run, groups).items():
+                    for key, flag, value in found:
+                        if not exact or len(key) == len(groups[i]) + 8:
+                            decided[i].setdefault(key, (flag, value))
+        return [{key: value for key, (flag, value) in d.items() if flag == ch.RECORD_PUT}
+                for d in decided]
+
+    def raw_keys(self, fp: int, pending: PendingOps | None = None) -> set:
+        """The typed document keys of one fingerprint."""
+        return self.raw_keys_many([fp], pending)[0]
+
+    def raw_keys_many(self, fps, pending: PendingOps | None = None) -> list[set]:
+        """The typed document keys of each fingerprint (one batched lookup)."""
+        groups = [U64_BE.pack(fp) for fp in fps]
+        return [{key[8:] for key in found}
+                for found in self.record_groups(SPACE_KEYS_BY_FP, groups, pending)]
+
+    def keys_of(self, fps, pending: PendingOps | None = None) -> list[tuple]:
+        """The document keys of each fingerprint, as sorted tuples."""
+        out = []
+        groups = [U64_BE.pack(fp) for fp in fps]
+        for found in self.record_groups(SPACE_KEYS_BY_FP, groups, pending):
+            keys = [decode_doc_key(key[8:]) for key in found]
+            out.append(tuple(sorted(keys, key=lambda v: (isinstance(v, str), v))))
+        return out
+
+    def fps_of_key(self, raw: bytes, pending: PendingOps | None = None) -> list[int]:
+        """The fingerprints a typed document key is stored with."""
+        return sorted(U64_BE.unpack_from(key, len(raw))[0]
+                      for key in self.record_group(SPACE_FPS_BY_KEY, raw, pending))
+
+    def space_records(self, space: int, pending: PendingOps | None = None):
+        """Yield (key, value) of every live record of a record space, in key order.
+
+        A k-way merge of the runs (newest first) under the log and pending
+        operations: the newest operation on a key decides it.  Reads the
+        runs a few chunks at a time.
+        """
+        ops = self.log.ops.flattened()
+        if pending is not None:
+            ops.update(pending.ops)
+        if space == SPACE_LOOKUP:
+            from ndindex.docstore import lookup_records
+            derived = lookup_records([(k, f, v) for _, k, f, v in ops.items(SPACE_DOCS)],
+                                     [(k, f, v) for _, k, f, v in ops.items(SPACE_LOOKUP)])
+            over = {key: (flag, value) for key, flag, value in _core.records_unpack(derived)}
+        else:
+            over = {key: (flag, value) for _, key, flag, value in ops.items(space)}
+        sources = [iter([(key, flag, value) for key, (flag, value) in sorted(over.items())])]
+        sources += [self._run_records(run) for run in self.manifest.of(space) if run.chunks]
+        merged = heapq.merge(*[_ranked(src, rank) for rank, src in enumerate(sources)])
+        last = None
+        for key, _, flag, value in merged:
+            if key != last:
+                last = key
+                if flag == ch.RECORD_PUT:
+                    yield key, value
+
+    def _run_records(self, run):
+        above = None
+        while True:
+            with self.lock:
+                recs, end, exhausted = rn.all_records(self.view, run, above, 16)
+            yield from recs
+            if exhausted or end is None:
+                return
+            above = end
+
+    # -- counting and iterating ----------------------------------------------
+
+    def table_values(self, table: int = 0, chunk_target: int = 1 << 20):
+        """Yield the live permuted values of one table, sorted, in order, in pieces.
+
+        Runs overlap (a fingerprint added twice lives in two runs until they
+        merge), so pieces are cut on the largest run's chunk boundaries and
+        every run contributes its values in the same range.  Tombstones and
+        the log's removals are dropped; the log's additions are merged in.
+        """
+        runs = [r for r in self.table_runs[table] if r.chunks]
+        design = self.plan.tables[table]
+        hidden = np.sort(design.apply(self.hide_runs)) if len(self.hide_runs) else EMPTY_U64
+        log = self.log_tables[table]
+        spine = max(runs, key=lambda r: r.entries) if runs else None
+        others = [r for r in runs if r is not spine]
+        pending_others = {r.run_id: (EMPTY_U64, None, False) for r in others}
+        per_chunk = max(1, chunk_target // (63 * 150))
+        lo = -1
+        while True:
+            if spine is not None:
+                vals, end, exhausted, _ = rn.read_values(self.view, spine, lo if lo >= 0 else None,
+                                                         per_chunk)
+            else:
+                vals, end, exhausted = EMPTY_U64, None, True
+            hi = (1 << 64) - 1 if exhausted or end is None else end
+            parts = [vals]
+            for r in others:
+                have, have_end, done = pending_others[r.run_id]
+                while not done and (have_end is None or have_end < hi):
+                    more, have_end, done, _ = rn.read_values(
+                        self.view, r, have_end if have_end is not None else None, per_chunk)
+                    have = np.concatenate([have, more])
+                cut = np.searchsorted(have, np.uint64(hi), side="right")
+                parts.append(have[:cut])
+                pending_others[r.run_id] = (have[cut:], have_end, done)
+            a = np.searchsorted(log, np.uint64(lo), side="right") if lo >= 0 else 0
+            b = np.searchsorted(log, np.uint64(hi), side="right")
+            merged = sorted_unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+            if len(hidden):
+                merged = merged[~isin_sorted(merged, hidden)]
+            if b > a:
+                merged = sorted_unique(np.concatenate([merged, log[a:b]]))
+            if len(merged):
+                yield merged
+            if hi == (1 << 64) - 1:
+                return
+            lo = hi
+
+    def count(self) -> int:
+        """Number of distinct live fingerprints (cached per snapshot).
+
+        One run per table (a compacted index): the run's entries plus exact
+        probes for the log and tombstones.  Several runs: a pass over table
+        0's values, O(N).
+        """
+        if self._count is None:
+            self._count = sum(len(v) for v in self.table_values(0))
+        return self._count
+
+
+def _ranked(records, rank: int):
+    """(key, rank, flag, value) of each record: equal keys merge newest (lowest rank) first."""
+    for key, flag, value in records:
+        yield key, rank, flag, value
+
+
+def _inverse(design) -> tuple:
+    return tuple((dst, src, n) for src, dst, n in design.runs())
+
+
+def _kernel_run(run, directory=None) -> tuple:
+    """The query kernel's view of a run: space, kind, id, code, last, live range, directory."""
+    lo = hi = None
+    if run.merge_input and run.cursor:
+        lo = int.from_bytes(run.cursor, "big")
+    if run.merge_output:
+        hi = int.from_bytes(run.cursor, "big") if run.cursor else None
+    code = rn.code_of(run.code).compiled if run.kind == KIND_HUFFMAN else None
+    return (run.space, run.kind, run.run_id, code, run.last, lo, hi, directory)

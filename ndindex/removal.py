@@ -1,0 +1,44 @@
+"""What a removal deletes: the keys that go with fingerprints, and which of them are stored.
+
+Shared by :meth:`Index.remove` and the document methods (a document added
+under a key that holds one replaces it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndindex.arrays import EMPTY_U64
+
+
+def key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
+    """What removing fingerprints and document keys deletes.
+
+    Returns ({fingerprint: typed keys going}, fingerprints going): every key
+    of a removed fingerprint goes; a removed key goes from every fingerprint
+    holding it, and a fingerprint whose last key goes goes too.
+    """
+    gone = set(fps)
+    have = dict(zip(gone, snap.raw_keys_many(gone, pend)))
+
+    def keys_of(fp):
+        if fp not in have:
+            have[fp] = snap.raw_keys(fp, pend)
+        return have[fp]
+    deletes = {fp: set(keys_of(fp)) for fp in gone}
+    for raw in raw_keys:
+        for fp in snap.fps_of_key(raw, pend):
+            deletes.setdefault(fp, set()).add(raw)
+    for fp, raws in deletes.items():
+        if fp not in gone and not keys_of(fp) - raws:
+            gone.add(fp)
+    return {fp: raws for fp, raws in deletes.items() if raws}, gone
+
+
+def live(snap, pend, fps) -> np.ndarray:
+    """The fingerprints among fps that are stored (sorted)."""
+    candidates = np.array(sorted(fps), dtype=np.uint64)
+    if not len(candidates):
+        return EMPTY_U64
+    return candidates[np.unique(np.frombuffer(snap.query_many(candidates, 0, pend)[0],
+                                              dtype=np.int64))]

@@ -1,0 +1,288 @@
+"""Writing an index: add, remove, transactions, durability and the journal.
+
+Every write reaches the file as one *log record* (FORMAT.md 7.5) appended
+in one LMDB transaction, with the state record rewritten beside it; nothing
+in a write depends on the size of the index, and compaction never runs
+inside one (it runs in the background, :mod:`ndindex.compaction`).
+
+Three ways a write reaches the log:
+
+- durability="full" (the default), no transaction: each call commits its
+  own record and returns when it is on disk.
+- ``with ix.transaction():`` any number of calls gather into one pending
+  record, seen by this index's queries at once and committed (durably, in
+  full mode) when the block ends; an exception discards them.
+- durability="normal": calls gather into the pending record and are
+  appended to this writer's journal (:mod:`ndindex.journal`) with one
+  write() each; a checkpoint commits them every ``CHECKPOINT_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import numpy as np
+
+from ndindex import journal as jr
+from ndindex.arrays import EMPTY_U64, sorted_unique
+from ndindex.errors import ClosedError, CorruptionError
+from ndindex.overlay import PendingOps, RecordOps
+from ndindex.records import (DB_LOG, DB_META, KEY_STATE, U64_BE, LogRecord, State, frame,
+                             unframe)
+from ndindex.store import translate_error
+
+
+def log_ops(record: LogRecord) -> int:
+    return record.ops()
+
+
+def commit_record(wt, record: LogRecord, extra=()) -> State:
+    """Append record to the log inside write transaction wt; rewrite the state.
+
+    extra: more (key, payload) meta records to write in the same commit.
+    """
+    raw = wt.view.get(DB_META, KEY_STATE)
+    if raw is None:
+        raise CorruptionError("state record is missing", database=DB_META, key=KEY_STATE)
+    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    key = U64_BE.pack(state.log_next_seq)
+    wt.put(DB_LOG, key, frame(key, record.pack()))
+    state.log_next_seq += 1
+    state.log_ops += log_ops(record)
+    state.txnid = wt.txnid
+    for k, payload in extra:
+        wt.put_framed(k, payload)
+    wt.put_framed(KEY_STATE, state.pack())
+    return state
+
+
+class Writer:
+    """The write side of one open Index (thread-safe; one writer lock)."""
+
+    def __init__(self, index, durability: str):
+        self._ix = index
+        self.durability = durability
+        self.lock = threading.RLock()
+        self.pending: PendingOps | None = PendingOps() if durability == "normal" else None
+        self._txn_depth = 0
+        self._undo = None
+        self.journal = None
+        self._stop = threading.Event()
+        self._thread = None
+        if durability == "normal":
+            self.journal = jr.Journal(index.path, index.file_id)
+            self._thread = threading.Thread(target=self._checkpoint_loop, name="ndindex-checkpoint",
+                                            daemon=True)
+            self._thread.start()
+
+    # -- what readers see --------------------------------------------------------
+
+    def visible_pending(self) -> PendingOps | None:
+        p = self.pending
+        return p if p is not None and len(p) else None
+
+    # -- operations ------------------------------------------------------------
+
+    def apply(self, record: LogRecord) -> None:
+        """Make record's operations happen: commit now, or pend (transaction / normal)."""
+        if not log_ops(record):
+            return
+        with self.lock:
+            if self.pending is None:
+                self._commit(record)
+                return
+            journaled = self.journal is not None and self._txn_depth == 0
+            if journaled:
+                # The journal first: an operation it did not take (a full
+                # disk) is not acknowledged, so it must not join the
+                # pending operations, which the next checkpoint commits.
+                self._append_journal(record)
+            p = self.pending
+            p.apply(record)
+            if journaled and len(p) >= 1 << 16:
+                self.checkpoint()
+
+    def _append_journal(self, record: LogRecord) -> None:
+        try:
+            self.journal.append(record.pack())
+        except OSError as exc:
+            raise translate_error(exc, self.journal.path) from exc
+
+    def _commit(self, record: LogRecord, extra=()) -> None:
+        state = self._ix._store.write(lambda wt: commit_record(wt, record, extra), sync=True)
+        self._ix._wrote(state)
+
+    @contextlib.contextmanager
+    def transaction(self):
+        """Group the calls made inside the block into one commit (see Index.transaction)."""
+        with self.lock:
+            if self._txn_depth == 0:
+                if self.pending is None:
+                    self.pending = PendingOps()
+                    self._undo = None
+                else:
+                    self._undo = _copy_pending(self.pending)
+            self._txn_depth += 1
+            try:
+                yield
+            except BaseException:
+                self._txn_depth -= 1
+                if self._txn_depth == 0:
+                    self._discard()
+                raise
+            self._txn_depth -= 1
+            if self._txn_depth == 0:
+                self._end_transaction()
+
+    def _discard(self) -> None:
+        if self.journal is None:
+            self.pending = None
+        else:
+            self.pending = self._undo
+        self._undo = None
+
+    def _end_transaction(self) -> None:
+        if self.journal is None:
+            # Commit before letting go of the pending set: a query in
+            # another thread reads the pending set, then the snapshot.
+            try:
+                self._commit(self.pending.to_record())
+            finally:
+                self.pending = None
+            return
+        # Normal durability: the transaction's net effect is one journal record.
+        delta = _difference(self._undo, self.pending)
+        undo, self._undo = self._undo, None
+        if log_ops(delta):
+            try:
+                self._append_journal(delta)
+            except BaseException:
+                self.pending = undo  # not journaled, not acknowledged: discarded
+                raise
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._txn_depth > 0
+
+    # -- checkpoints (normal durability) -----------------------------------------
+
+    def checkpoint(self) -> None:
+        """Commit the journaled operations into the index file, durably."""
+        with self.lock:
+            if self.journal is None or self._txn_depth:
+                return
+            p = self.pending
+            if not len(p):
+                return
+            record = p.to_record()
+            self._commit(record, extra=[(jr.journal_key(self.journal.journal_id),
+                                         self.journal.position())])
+            self.pending = PendingOps()
+            self.journal.rotate_if_large()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(jr.CHECKPOINT_SECONDS):
+            try:
+                self.checkpoint()
+            except ClosedError:
+                return
+            except Exception:  # noqa: BLE001 - the next call reports it; the journal keeps the data
+                continue
+
+    def sync(self) -> None:
+        """Make every acknowledged operation durable (checkpoint, then flush)."""
+        self.checkpoint()
+        self._ix._store.sync()
+
+    def close(self) -> None:
+        """Stop checkpointing; commit what the journal holds and delete it."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.journal is not None:
+            try:
+                with self.lock:
+                    self._txn_depth = 0
+                    self.checkpoint()
+                    key = jr.journal_key(self.journal.journal_id)
+                    self._ix._store.write(lambda wt: _drop_meta(wt, key), sync=True)
+                self.journal.close(delete=True)
+            except Exception:
+                self.journal.close(delete=False)  # replayed by the next writer
+                raise
+
+
+def _drop_meta(wt, key: bytes) -> None:
+    raw = wt.view.get(DB_META, KEY_STATE)
+    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    wt.delete(DB_META, key)
+    state.txnid = wt.txnid
+    wt.put_framed(KEY_STATE, state.pack())
+
+
+def _copy_pending(p: PendingOps) -> PendingOps:
+    out = PendingOps()
+    out.add_array(np.sort(p.adds()))
+    out.remove(p.removes().tolist())
+    out.ops = p.ops.copy()
+    return out
+
+
+def _difference(before: PendingOps, after: PendingOps) -> LogRecord:
+    """The operations that turn `before` into `after` (a transaction's net effect)."""
+    a_before, a_after = set(before.adds().tolist()), set(after.adds().tolist())
+    r_before, r_after = set(before.removes().tolist()), set(after.removes().tolist())
+    adds = sorted(a_after - a_before)
+    removes = sorted((r_after - r_before) | (a_before - a_after - r_after))
+    changed = RecordOps()
+    for space, key, flag, value in after.ops.items():
+        if before.ops.get(space, key) != (flag, value):
+            changed.set(space, key, flag, value)
+    puts, deletes, records = changed.to_record_parts()
+    return LogRecord(np.array(adds, dtype=np.uint64), np.array(removes, dtype=np.uint64),
+                     puts, deletes, records)
+
+
+def replay_journals(index) -> int:
+    """Commit the journals of dead normal-durability writers; return operations replayed."""
+    store = index._store
+    total = 0
+    for path, journal_id, generation, records in jr.orphans(index.path, index.file_id):
+        if journal_id is None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            continue
+        key = jr.journal_key(journal_id)
+
+        def body(wt, key=key, generation=generation, records=records):
+            raw = wt.view.get(DB_META, key)
+            done_gen, done_off = jr.unpack_position(unframe(raw, DB_META, key)) if raw is not None \
+                else (-1, 0)
+            acc = PendingOps()
+            for end, payload in records:
+                if generation == done_gen and end <= done_off:
+                    continue
+                acc.apply(LogRecord.unpack(payload, key))
+            record = acc.to_record()
+            n = log_ops(record)
+            if n:
+                commit_record(wt, record)
+            else:
+                raw_state = wt.view.get(DB_META, KEY_STATE)
+                state = State.unpack(unframe(raw_state, DB_META, KEY_STATE))
+                state.txnid = wt.txnid
+                wt.put_framed(KEY_STATE, state.pack())
+            if raw is not None:
+                wt.delete(DB_META, key)
+            return n
+
+        total += store.write(body, sync=True)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return total
+
+
+def distinct(fps: np.ndarray) -> np.ndarray:
+    return sorted_unique(fps) if len(fps) else EMPTY_U64
