@@ -543,11 +543,11 @@ def _candidates(k: int) -> tuple[Plan, ...]:
 def candidate_designs(k: int) -> list[Plan]:
     """Return every design the planner considers for k, fewest tables first.
 
-    For k = 0 that is the identity with p = 64.  For 1 <= k <= 7: every one-
+    For k = 0 that is the identity with p = 64.  For 1 <= k <= MAX_PLANNER_K (12): every one-
     and two-level block design (see block_design) with at most 255 tables
     whose shortest prefix is at most MAX_PLANNED_PREFIX_BITS (48) bits.  Each
     one covers every set of at most k flipped bits by the pigeonhole argument.
-    Raises: ValueError for k outside 0..7.  Cost: built once per k (under 0.1 s).
+    Raises: ValueError for k outside 0..MAX_PLANNER_K.  Cost: built once per k (under 0.1 s).
     """
     return list(_candidates(_check_k(k)))
 
@@ -590,9 +590,10 @@ def choose_plan(expected_n: int, k: int, *, max_tables: int | None = None,
     * neither: the cheapest query.
     Remaining ties go to fewer tables, then to the longer shortest prefix.
 
-    Parameters: expected_n >= 1; k in 0..7; max_tables >= 1; max_probe_entries > 0.
+    Parameters: expected_n >= 1; k in 0..MAX_PLANNER_K (12); max_tables >= 1;
+    max_probe_entries > 0.
     Returns: the Plan.
-    Raises: ValueError for k < 0, k > 7 (the planner's limit), expected_n < 1,
+    Raises: ValueError for k < 0, k > MAX_PLANNER_K (the planner's limit), expected_n < 1,
     a non-positive budget, or a budget no candidate meets.
     Cost: a few milliseconds (the candidates are built once per k).
     """

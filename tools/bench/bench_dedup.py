@@ -5,8 +5,9 @@ vocabulary of pseudo-words in sentences and paragraphs) with planted
 duplicates -- exact copies, a few words changed, a header and footer added,
 white space reflowed -- then runs, on the same files and in the same run:
 
-* ``ndindex.dedup`` (a fresh index; simhash candidates within k = 10
-  verified by bottom-256 Jaccard of word 3-shingles >= 0.8), and
+* ``ndindex.dedup`` (a fresh index; candidates that share a lookup key of
+  the bottom-k sketch, verified by its estimate of the Jaccard similarity
+  of word 3-shingles >= 0.8; docs/documents.md), and
 * a datasketch pipeline: read, BLAKE2b for exact copies, MinHash (128
   permutations) of the same word 3-shingles, MinHashLSH(threshold=0.8),
   candidates verified by the MinHash Jaccard estimate >= 0.8, union-find.
