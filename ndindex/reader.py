@@ -50,8 +50,10 @@ DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
 #: Listing reads one page per chunk, so until an index has answered
 #: WARM_QUERIES queries only runs of at most DIRECTORY_COLD_CHUNKS are
 #: listed: with 256, the first query on a cold 1M index read 354 pages
-#: (37 ms) where the tree reads about 20 (3 ms; tools/bench/bench_open.py).
-DIRECTORY_COLD_CHUNKS = 32
+#: (37 ms) where the tree reads about 20 (3 ms); with 32, a streamed 10M
+#: index (3 runs a table) read 125 pages (11 ms), with 8, 62 (6.6 ms;
+#: tools/bench/bench_open.py).
+DIRECTORY_COLD_CHUNKS = 8
 WARM_QUERIES = 256
 
 
