@@ -12,29 +12,6 @@
 #define P_DIRTY 0x10u
 #define P_SUBP 0x40u
 
-/* Little-endian hosts only, as lmdbpage.c (FORMAT.md / lmdb.md conventions). */
-static inline uint16_t ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t ld64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static int fail(mdbp_error *e, uint64_t pgno, const char *what) {
-    e->pgno = pgno;
-    e->what = what;
-    return MDBP_CORRUPT;
-}
-
 /* A free-list record: its ID list (count, then page numbers) and the page
  * holding it, kept until every tree has been walked. */
 typedef struct {
@@ -86,13 +63,13 @@ static int grow(void **buf, size_t *cap, size_t need, size_t item) {
  * a page of the snapshot that nothing reached before. */
 static int claim(walker *w, uint64_t from, uint64_t pgno, unsigned kind, int tree) {
     if (pgno < 2)
-        return fail(w->e, from, "page number names a meta page");
+        return mdbp_fail(w->e, from, "page number names a meta page");
     if (pgno > w->last_pg)
-        return fail(w->e, from, "page number past the meta page's last page");
+        return mdbp_fail(w->e, from, "page number past the meta page's last page");
     if (pgno >= w->file_pages)
-        return fail(w->e, from, "page number past the end of the file");
+        return mdbp_fail(w->e, from, "page number past the end of the file");
     if (w->kind[pgno] != MDBC_UNSEEN)
-        return fail(w->e, pgno, "page reachable twice");
+        return mdbp_fail(w->e, pgno, "page reachable twice");
     w->kind[pgno] = (uint8_t)kind;
     w->owner[pgno] = (uint8_t)tree;
     return 0;
@@ -106,21 +83,21 @@ static const uint8_t *overflow_value(walker *w, tree_walk *t, uint64_t leaf, con
         return NULL;
     const uint8_t *p = w->map.base + pgno * w->map.psize;
     if (ld64(p) != pgno)
-        return fail(w->e, pgno, "overflow page does not name itself"), NULL;
+        return mdbp_fail(w->e, pgno, "overflow page does not name itself"), NULL;
     if (ld16(p + 10) != MDBP_P_OVERFLOW)
-        return fail(w->e, pgno, "expected an overflow page"), NULL;
+        return mdbp_fail(w->e, pgno, "expected an overflow page"), NULL;
     uint64_t pages = ld32(p + 12);
     if (pages < 1)
-        return fail(w->e, pgno, "overflow run of zero pages"), NULL;
+        return mdbp_fail(w->e, pgno, "overflow run of zero pages"), NULL;
     if (pages - 1 > w->last_pg - pgno)
-        return fail(w->e, pgno, "overflow run past the meta page's last page"), NULL;
+        return mdbp_fail(w->e, pgno, "overflow run past the meta page's last page"), NULL;
     if (pages > w->file_pages - pgno)
-        return fail(w->e, pgno, "overflow run past the end of the file"), NULL;
+        return mdbp_fail(w->e, pgno, "overflow run past the end of the file"), NULL;
     /* LMDB's OVPAGES: the fewest pages holding the header and the data.  A
      * run may be longer: LMDB rewrites a value in place when a smaller one
      * replaces it in the same transaction, keeping the run. */
     if ((MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / w->map.psize + 1 > pages)
-        return fail(w->e, pgno, "overflow run too short for its value"), NULL;
+        return mdbp_fail(w->e, pgno, "overflow run too short for its value"), NULL;
     for (uint64_t j = 1; j < pages; j++)
         if (claim(w, pgno, pgno + j, MDBC_OVERFLOW_MORE, t->tree) < 0)
             return NULL;
@@ -132,31 +109,31 @@ static const uint8_t *overflow_value(walker *w, tree_walk *t, uint64_t leaf, con
  * node, holding the sorted values of one key as data-less nodes. */
 static int check_subpage(walker *w, tree_walk *t, uint64_t leaf, const uint8_t *sp, size_t size) {
     if (size < MDBP_PAGE_HEADER)
-        return fail(w->e, leaf, "duplicate sub-page smaller than a page header");
+        return mdbp_fail(w->e, leaf, "duplicate sub-page smaller than a page header");
     if ((ld16(sp + 10) & ~P_DIRTY) != (MDBP_P_LEAF | P_SUBP))
-        return fail(w->e, leaf, "duplicate sub-page flags are not P_LEAF|P_SUBP");
+        return mdbp_fail(w->e, leaf, "duplicate sub-page flags are not P_LEAF|P_SUBP");
     unsigned lower = ld16(sp + 12), upper = ld16(sp + 14);
     if (lower < MDBP_PAGE_HEADER || lower > upper || upper > size ||
         ((lower - MDBP_PAGE_HEADER) & 1))
-        return fail(w->e, leaf, "duplicate sub-page free-space bounds impossible");
+        return mdbp_fail(w->e, leaf, "duplicate sub-page free-space bounds impossible");
     unsigned n = (lower - MDBP_PAGE_HEADER) / 2;
     if (n < 1)
-        return fail(w->e, leaf, "duplicate sub-page holds no values");
+        return mdbp_fail(w->e, leaf, "duplicate sub-page holds no values");
     const uint8_t *prev = NULL;
     size_t prev_len = 0;
     for (unsigned i = 0; i < n; i++) {
         size_t off = ld16(sp + MDBP_PAGE_HEADER + 2 * i);
         if (off < upper || off + MDBP_NODE_HEADER > size)
-            return fail(w->e, leaf, "duplicate sub-page node offset outside its node area");
+            return mdbp_fail(w->e, leaf, "duplicate sub-page node offset outside its node area");
         const uint8_t *nd = sp + off;
         size_t ksize = ld16(nd + 6);
         if (ksize > MDBP_MAX_KEY || off + MDBP_NODE_HEADER + ksize > size)
-            return fail(w->e, leaf, "duplicate sub-page value runs past the sub-page");
+            return mdbp_fail(w->e, leaf, "duplicate sub-page value runs past the sub-page");
         if (ld16(nd) || ld16(nd + 2) || ld16(nd + 4))
-            return fail(w->e, leaf, "duplicate value node carries data or flags");
+            return mdbp_fail(w->e, leaf, "duplicate value node carries data or flags");
         const uint8_t *k = nd + MDBP_NODE_HEADER;
         if (prev && mdbp_compare(prev, prev_len, k, ksize) >= 0)
-            return fail(w->e, leaf, "duplicate values on the sub-page do not increase");
+            return mdbp_fail(w->e, leaf, "duplicate values on the sub-page do not increase");
         prev = k;
         prev_len = ksize;
         w->r->tree[t->tree].value_bytes += ksize;
@@ -173,15 +150,15 @@ static int walk_tree(walker *w, int tree, enum role role, const mdbp_db *db, tre
 static int parse_record(walker *w, uint64_t leaf, const uint8_t *data, size_t dsize,
                         unsigned allowed_flags, mdbp_db *db) {
     if (dsize != MDBP_DB_BYTES)
-        return fail(w->e, leaf, "tree record is not 48 bytes");
+        return mdbp_fail(w->e, leaf, "tree record is not 48 bytes");
     if (mdbp_parse_db(&w->map, data, db, w->e) < 0) {
         w->e->pgno = leaf;
         return MDBP_CORRUPT;
     }
     if (db->pad != 0)
-        return fail(w->e, leaf, "tree record's pad field is not zero");
+        return mdbp_fail(w->e, leaf, "tree record's pad field is not zero");
     if (db->flags & ~allowed_flags)
-        return fail(w->e, leaf, "tree record has flags the checker does not support");
+        return mdbp_fail(w->e, leaf, "tree record has flags the checker does not support");
     return 0;
 }
 
@@ -194,7 +171,7 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
     if (t->role == ROLE_DUPS) {
         /* The keys of a sub-database of duplicates are the owner's values. */
         if (flags || dsize)
-            return fail(w->e, pgno, "duplicate value node carries data or flags");
+            return mdbp_fail(w->e, pgno, "duplicate value node carries data or flags");
         owner->value_bytes += ksize;
         t->entries++;
         return 0;
@@ -202,21 +179,21 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
     owner->key_bytes += ksize;
     if (t->role == ROLE_FREE) {
         if (ksize != 8)
-            return fail(w->e, pgno, "free-list key is not an 8-byte transaction id");
+            return mdbp_fail(w->e, pgno, "free-list key is not an 8-byte transaction id");
         uint64_t txnid = ld64(key);
         if (txnid < 1 || txnid > w->r->meta.txnid)
-            return fail(w->e, pgno, "free-list key is not a transaction id up to the snapshot's");
+            return mdbp_fail(w->e, pgno, "free-list key is not a transaction id up to the snapshot's");
     } else if ((t->flags & DB_INTEGERKEY) && ksize != 4 && ksize != 8)
-        return fail(w->e, pgno, "integer key is not 4 or 8 bytes");
+        return mdbp_fail(w->e, pgno, "integer key is not 4 or 8 bytes");
     if (flags & MDBP_F_BIGDATA) {
         if (flags != MDBP_F_BIGDATA)
-            return fail(w->e, pgno, "overflow value node has other flags");
+            return mdbp_fail(w->e, pgno, "overflow value node has other flags");
         if (!(val = overflow_value(w, t, pgno, val, dsize)))
             return MDBP_CORRUPT;
     }
     if (flags & MDBP_F_DUPDATA) {
         if (!(t->flags & DB_DUPSORT))
-            return fail(w->e, pgno, "duplicates in a tree without sorted duplicates");
+            return mdbp_fail(w->e, pgno, "duplicates in a tree without sorted duplicates");
         if (!(flags & MDBP_F_SUBDATA))
             return check_subpage(w, t, pgno, val, dsize);
         mdbp_db db;
@@ -232,9 +209,9 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
     t->entries++;
     if (flags & MDBP_F_SUBDATA) {
         if (t->role != ROLE_MAIN)
-            return fail(w->e, pgno, "named-database record outside the main database");
+            return mdbp_fail(w->e, pgno, "named-database record outside the main database");
         if (w->r->ntrees == MDBC_MAX_TREES)
-            return fail(w->e, pgno, "more named databases than the checker supports");
+            return mdbp_fail(w->e, pgno, "more named databases than the checker supports");
         mdbc_tree *named = &w->r->tree[w->r->ntrees];
         if (parse_record(w, pgno, val, dsize, DB_FLAGS_WALKED, &named->db) < 0)
             return MDBP_CORRUPT;
@@ -248,10 +225,10 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
         /* An ID list: a count, then that many page numbers (mdb.c, midl.h);
          * LMDB may reserve a longer value than the list fills. */
         if (dsize < 8 || dsize % 8)
-            return fail(w->e, pgno, "free-list value is not a whole number of 8-byte words");
+            return mdbp_fail(w->e, pgno, "free-list value is not a whole number of 8-byte words");
         uint64_t count = ld64(val);
         if (count > dsize / 8 - 1)
-            return fail(w->e, pgno, "free-list count exceeds its value");
+            return mdbp_fail(w->e, pgno, "free-list count exceeds its value");
         if (grow((void **)&w->free, &w->free_cap, w->nfree + 1, sizeof *w->free) < 0)
             return MDBC_NOMEM;
         uint64_t holder = (flags & MDBP_F_BIGDATA) ? ld64(key + ksize) : pgno;
@@ -316,13 +293,13 @@ static int walk_tree(walker *w, int tree, enum role role, const mdbp_db *db, tre
     /* LMDB keeps the page counts of a tree with sorted duplicates only
      * roughly (see lmdbpage.c, check_db); its entries are exact. */
     if (!(t->flags & DB_DUPSORT) && t->branch != db->branch_pages)
-        return fail(w->e, db->root, "tree record's branch page count disagrees with its pages");
+        return mdbp_fail(w->e, db->root, "tree record's branch page count disagrees with its pages");
     if (!(t->flags & DB_DUPSORT) && t->leaf != db->leaf_pages)
-        return fail(w->e, db->root, "tree record's leaf page count disagrees with its pages");
+        return mdbp_fail(w->e, db->root, "tree record's leaf page count disagrees with its pages");
     if (t->overflow != db->overflow_pages)
-        return fail(w->e, db->root, "tree record's overflow page count disagrees with its pages");
+        return mdbp_fail(w->e, db->root, "tree record's overflow page count disagrees with its pages");
     if (t->entries != db->entries)
-        return fail(w->e, db->root, "tree record's entry count disagrees with its entries");
+        return mdbp_fail(w->e, db->root, "tree record's entry count disagrees with its entries");
     return 0;
 }
 
@@ -341,10 +318,10 @@ static int mark_free(walker *w) {
         for (uint64_t j = 1; j <= f->count; j++) {
             uint64_t pg = ld64(f->ids + 8 * j);
             if (j > 1 && pg >= prev)
-                return fail(w->e, f->pgno, "free-list page numbers do not decrease");
+                return mdbp_fail(w->e, f->pgno, "free-list page numbers do not decrease");
             prev = pg;
             if (pg < 2 || pg > w->last_pg)
-                return fail(w->e, f->pgno, "free-list page number outside the snapshot's pages");
+                return mdbp_fail(w->e, f->pgno, "free-list page number outside the snapshot's pages");
             r->free_pages++;
             if (pg >= w->file_pages) {
                 if (grow((void **)&w->past_end, &w->past_cap, w->npast + 1, sizeof(uint64_t)) < 0)
@@ -353,10 +330,10 @@ static int mark_free(walker *w) {
                 continue;
             }
             if (w->kind[pg] == MDBC_FREE)
-                return fail(w->e, pg, "page listed free twice");
+                return mdbp_fail(w->e, pg, "page listed free twice");
             if (w->kind[pg] != MDBC_UNSEEN) {
                 r->error_tree = w->owner[pg];
-                return fail(w->e, pg, "page listed free is in use");
+                return mdbp_fail(w->e, pg, "page listed free is in use");
             }
             w->kind[pg] = MDBC_FREE;
         }
@@ -367,14 +344,14 @@ static int mark_free(walker *w) {
         qsort(w->past_end, w->npast, sizeof(uint64_t), cmp_u64);
     for (size_t i = 1; i < w->npast; i++)
         if (w->past_end[i] == w->past_end[i - 1])
-            return fail(w->e, w->past_end[i], "page listed free twice");
+            return mdbp_fail(w->e, w->past_end[i], "page listed free twice");
     r->free_past_end = w->npast;
     if (w->last_pg >= w->file_pages) {
         for (size_t i = 0; i < w->npast; i++)
             if (w->past_end[i] != w->file_pages + i)
-                return fail(w->e, w->file_pages + i, "page past the end of the file is not free");
+                return mdbp_fail(w->e, w->file_pages + i, "page past the end of the file is not free");
         if (w->npast != w->last_pg + 1 - w->file_pages)
-            return fail(w->e, w->file_pages + w->npast, "page past the end of the file is not free");
+            return mdbp_fail(w->e, w->file_pages + w->npast, "page past the end of the file is not free");
     }
     return 0;
 }
@@ -385,17 +362,17 @@ int mdbc_check_metas(const uint8_t *file, size_t avail, uint32_t psize, mdbp_met
         mdbp_read_meta(file, avail, 1, meta[0].psize, &meta[1], e) < 0)
         return MDBP_CORRUPT;
     if (avail / meta[0].psize < 2)
-        return fail(e, 1, "file shorter than its two meta pages");
+        return mdbp_fail(e, 1, "file shorter than its two meta pages");
     /* Transaction n writes meta page n % 2; a new file has 0 in both. */
     for (int s = 0; s < 2; s++)
         if (meta[s].txnid != 0 && (meta[s].txnid & 1) != (uint64_t)s)
-            return fail(e, (uint64_t)s, "meta page holds a transaction id of the other page's parity");
+            return mdbp_fail(e, (uint64_t)s, "meta page holds a transaction id of the other page's parity");
     int cur = meta[1].txnid > meta[0].txnid;
     const mdbp_meta *now = &meta[cur], *before = &meta[!cur];
     if (now->txnid != before->txnid + 1 && now->txnid != 0)
-        return fail(e, (uint64_t)cur, "meta pages' transaction ids are not consecutive");
+        return mdbp_fail(e, (uint64_t)cur, "meta pages' transaction ids are not consecutive");
     if (now->last_pg < before->last_pg)
-        return fail(e, (uint64_t)cur, "newer meta page has fewer pages than the older one");
+        return mdbp_fail(e, (uint64_t)cur, "newer meta page has fewer pages than the older one");
     return cur;
 }
 
@@ -425,7 +402,7 @@ int mdbc_check(const uint8_t *file, size_t avail, uint32_t psize, int slot, mdbc
     r->tree[MDBC_TREE_MAIN].db = r->meta.main_db;
     if (r->meta.main_db.flags & ~DB_FLAGS_WALKED) {
         r->error_tree = MDBC_TREE_MAIN;
-        return fail(e, (uint64_t)r->slot, "main database has flags the checker does not support");
+        return mdbp_fail(e, (uint64_t)r->slot, "main database has flags the checker does not support");
     }
     int rc = 0;
     for (unsigned i = 0; i < r->ntrees && rc == 0; i++) {
@@ -448,7 +425,7 @@ int mdbc_check(const uint8_t *file, size_t avail, uint32_t psize, int slot, mdbc
         r->error_tree = -1;
         for (uint64_t pg = 2; pg < w.map.npages && rc == 0; pg++)
             if (kind[pg] == MDBC_UNSEEN)
-                rc = fail(e, pg, "page neither in a tree nor free");
+                rc = mdbp_fail(e, pg, "page neither in a tree nor free");
         for (uint64_t pg = w.map.npages; pg < w.file_pages; pg++)
             kind[pg] = MDBC_TAIL;
         r->tail_pages = w.file_pages - w.map.npages;

@@ -11,30 +11,6 @@
 #define DB_DUPSORT 0x04u
 #define DB_INTEGERKEY 0x08u
 
-/* Fixed-width loads: LMDB writes host order, and ndindex supports
- * little-endian hosts only (FORMAT.md section 8.1). */
-static inline uint16_t ld16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t ld64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
-static int fail(mdbp_error *e, uint64_t pgno, const char *what) {
-    e->pgno = pgno;
-    e->what = what;
-    return MDBP_CORRUPT;
-}
-
 int mdbp_compare(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
     size_t n = alen < blen ? alen : blen;
     int d = n ? memcmp(a, b, n) : 0;
@@ -63,19 +39,19 @@ static int check_db(uint64_t pages_limit, const mdbp_db *d, uint64_t where, mdbp
     if (d->root == MDBP_INVALID_PGNO) {
         if (d->depth != 0 || d->entries != 0 ||
             (counted && (d->branch_pages || d->leaf_pages || d->overflow_pages)))
-            return fail(e, where, "empty tree with nonzero counts");
+            return mdbp_fail(e, where, "empty tree with nonzero counts");
         return 0;
     }
     if (d->root < 2 || d->root >= pages_limit)
-        return fail(e, where, "tree root page out of range");
+        return mdbp_fail(e, where, "tree root page out of range");
     if (d->depth < 1 || d->depth > MDBP_MAX_DEPTH)
-        return fail(e, where, "tree depth out of range");
+        return mdbp_fail(e, where, "tree depth out of range");
     if (d->entries < 1 || (counted && d->leaf_pages < 1))
-        return fail(e, where, "non-empty tree without leaves or entries");
+        return mdbp_fail(e, where, "non-empty tree without leaves or entries");
     if (counted && d->branch_pages + d->leaf_pages + d->overflow_pages >= pages_limit)
-        return fail(e, where, "tree page counts exceed the file");
+        return mdbp_fail(e, where, "tree page counts exceed the file");
     if (counted && (d->depth > 1) != (d->branch_pages > 0))
-        return fail(e, where, "tree depth disagrees with its branch page count");
+        return mdbp_fail(e, where, "tree depth disagrees with its branch page count");
     return 0;
 }
 
@@ -86,25 +62,25 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
         /* mm_psize is the free database's md_pad: page header, then magic,
          * version, address and mapsize (24 bytes), then the MDB_db. */
         if (avail < MDBP_PAGE_HEADER + MDBP_META_BYTES)
-            return fail(e, 0, "file too short for a meta page");
+            return mdbp_fail(e, 0, "file too short for a meta page");
         psize = ld32(file + MDBP_PAGE_HEADER + 24);
     }
     if (psize < 512 || psize > 65536 || (psize & (psize - 1)))
-        return fail(e, (uint64_t)slot, "meta page size is not a power of two in 512..65536");
+        return mdbp_fail(e, (uint64_t)slot, "meta page size is not a power of two in 512..65536");
     size_t off = (size_t)slot * psize;
     if (avail < off + MDBP_PAGE_HEADER + MDBP_META_BYTES)
-        return fail(e, (uint64_t)slot, "file too short for a meta page");
+        return mdbp_fail(e, (uint64_t)slot, "file too short for a meta page");
     const uint8_t *p = file + off;
     if (ld64(p) != (uint64_t)slot)
-        return fail(e, (uint64_t)slot, "meta page does not name itself");
+        return mdbp_fail(e, (uint64_t)slot, "meta page does not name itself");
     if ((ld16(p + 10) & ~0x10u) != MDBP_P_META) /* P_DIRTY may linger from a write */
-        return fail(e, (uint64_t)slot, "meta page flags are not P_META");
+        return mdbp_fail(e, (uint64_t)slot, "meta page flags are not P_META");
     const uint8_t *m = p + MDBP_PAGE_HEADER;
     if (ld32(m) != MDB_MAGIC)
-        return fail(e, (uint64_t)slot, "meta page magic is not LMDB's");
+        return mdbp_fail(e, (uint64_t)slot, "meta page magic is not LMDB's");
     out->version = ld32(m + 4);
     if (out->version != MDB_DATA_VERSION)
-        return fail(e, (uint64_t)slot, "LMDB data version is not 1");
+        return mdbp_fail(e, (uint64_t)slot, "LMDB data version is not 1");
     out->mapsize = ld64(m + 16);
     parse_db_raw(m + 24, &out->free_db);
     parse_db_raw(m + 24 + MDBP_DB_BYTES, &out->main_db);
@@ -113,13 +89,13 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
     out->psize = out->free_db.pad;
     out->env_flags = out->free_db.flags;
     if (out->psize != psize)
-        return fail(e, (uint64_t)slot, "meta pages disagree on the page size");
+        return mdbp_fail(e, (uint64_t)slot, "meta pages disagree on the page size");
     if (!(out->env_flags & DB_INTEGERKEY))
-        return fail(e, (uint64_t)slot, "free database lacks its integer-key flag");
+        return mdbp_fail(e, (uint64_t)slot, "free database lacks its integer-key flag");
     if (out->last_pg < 1 || out->last_pg >= ((uint64_t)1 << 48))
-        return fail(e, (uint64_t)slot, "meta page's last page out of range");
+        return mdbp_fail(e, (uint64_t)slot, "meta page's last page out of range");
     if (out->mapsize % psize)
-        return fail(e, (uint64_t)slot, "map size is not a whole number of pages");
+        return mdbp_fail(e, (uint64_t)slot, "map size is not a whole number of pages");
     mdbp_db free_db = out->free_db;
     free_db.pad = 0;
     free_db.flags = 0;
@@ -127,14 +103,14 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
         check_db(out->last_pg + 1, &out->main_db, (uint64_t)slot, e) < 0)
         return MDBP_CORRUPT;
     if (out->main_db.flags & ~DB_FLAGS_KNOWN)
-        return fail(e, (uint64_t)slot, "main database has unknown flags");
+        return mdbp_fail(e, (uint64_t)slot, "main database has unknown flags");
     return 0;
 }
 
 int mdbp_parse_db(const mdbp_map *map, const uint8_t *raw, mdbp_db *out, mdbp_error *e) {
     parse_db_raw(raw, out);
     if (out->flags & ~DB_FLAGS_KNOWN)
-        return fail(e, out->root, "database record has unknown flags");
+        return mdbp_fail(e, out->root, "database record has unknown flags");
     return check_db(map->npages, out, out->root, e);
 }
 
@@ -143,20 +119,20 @@ int mdbp_parse_db(const mdbp_map *map, const uint8_t *raw, mdbp_db *out, mdbp_er
 static int get_page(const mdbp_map *map, uint64_t pgno, unsigned kind, const uint8_t **out,
                     unsigned *nkeys, mdbp_error *e) {
     if (pgno < 2 || pgno >= map->npages)
-        return fail(e, pgno, "page number out of range");
+        return mdbp_fail(e, pgno, "page number out of range");
     const uint8_t *p = map->base + pgno * map->psize;
     if (ld64(p) != pgno)
-        return fail(e, pgno, "page does not name itself");
+        return mdbp_fail(e, pgno, "page does not name itself");
     unsigned flags = ld16(p + 10);
     if (flags != kind)
-        return fail(e, pgno, kind == MDBP_P_LEAF ? "expected a leaf page" : "expected a branch page");
+        return mdbp_fail(e, pgno, kind == MDBP_P_LEAF ? "expected a leaf page" : "expected a branch page");
     unsigned lower = ld16(p + 12), upper = ld16(p + 14);
     if (lower < MDBP_PAGE_HEADER || lower > upper || upper > map->psize ||
         ((lower - MDBP_PAGE_HEADER) & 1))
-        return fail(e, pgno, "page free-space bounds impossible");
+        return mdbp_fail(e, pgno, "page free-space bounds impossible");
     unsigned n = (lower - MDBP_PAGE_HEADER) / 2;
     if (n < (kind == MDBP_P_BRANCH ? 2u : 1u))
-        return fail(e, pgno, "page holds too few nodes");
+        return mdbp_fail(e, pgno, "page holds too few nodes");
     *out = p;
     *nkeys = n;
     return 0;
@@ -170,19 +146,19 @@ static int get_node(const mdbp_map *map, const uint8_t *page, unsigned i, const 
     unsigned upper = ld16(page + 14);
     unsigned off = ld16(page + MDBP_PAGE_HEADER + 2 * i);
     if (off < upper || off + MDBP_NODE_HEADER > map->psize)
-        return fail(e, pgno, "node offset outside the page's node area");
+        return mdbp_fail(e, pgno, "node offset outside the page's node area");
     const uint8_t *nd = page + off;
     unsigned ksize = ld16(nd + 6);
     size_t end = (size_t)off + MDBP_NODE_HEADER + ksize;
     if (ksize > MDBP_MAX_KEY || end > map->psize)
-        return fail(e, pgno, "node key runs past the page");
+        return mdbp_fail(e, pgno, "node key runs past the page");
     if (ld16(page + 10) == MDBP_P_LEAF) {
         unsigned nflags = ld16(nd + 4);
         if (nflags & ~(unsigned)(MDBP_F_BIGDATA | MDBP_F_SUBDATA | MDBP_F_DUPDATA))
-            return fail(e, pgno, "leaf node has unknown flags");
+            return mdbp_fail(e, pgno, "leaf node has unknown flags");
         size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
         if (end + ((nflags & MDBP_F_BIGDATA) ? 8 : dsize) > map->psize)
-            return fail(e, pgno, "leaf node data runs past the page");
+            return mdbp_fail(e, pgno, "leaf node data runs past the page");
     }
     *node = nd;
     return 0;
@@ -241,9 +217,9 @@ int mdbp_check_page_by(const mdbp_map *map, uint64_t pgno, unsigned kind, mdbp_c
             continue; /* a branch's first key is implicit: everything below the second */
         node_key(nd, &k, &klen);
         if (!in_fences_by(cmp, k, klen, lo, lo_len, hi, hi_len))
-            return fail(e, pgno, "key outside the range its parent gives the page");
+            return mdbp_fail(e, pgno, "key outside the range its parent gives the page");
         if (prev && cmp(prev, prev_len, k, klen) >= 0)
-            return fail(e, pgno, "keys on the page do not increase");
+            return mdbp_fail(e, pgno, "keys on the page do not increase");
         prev = k;
         prev_len = klen;
     }
@@ -273,7 +249,7 @@ static int load_level(mdbp_cursor *c, int lvl, uint64_t pgno, int total_depth, m
             node_key(nd, &k, &klen);
             if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
                               c->hi_len[lvl]))
-                return fail(e, pgno, "leaf key outside the range its parent gives it");
+                return mdbp_fail(e, pgno, "leaf key outside the range its parent gives it");
         }
     }
     return 0;
@@ -293,7 +269,7 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
         node_key(nd, &k, &klen);
         if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
                           c->hi_len[lvl]))
-            return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
+            return mdbp_fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->lo[lvl + 1] = k;
         c->lo_len[lvl + 1] = (uint16_t)klen;
     }
@@ -302,10 +278,10 @@ static int child_fences(mdbp_cursor *c, int lvl, unsigned i, mdbp_error *e) {
             return MDBP_CORRUPT;
         node_key(nd, &k, &klen);
         if (c->lo[lvl + 1] && c->cmp(k, klen, c->lo[lvl + 1], c->lo_len[lvl + 1]) <= 0)
-            return fail(e, ld64(c->page[lvl]), "branch keys do not increase");
+            return mdbp_fail(e, ld64(c->page[lvl]), "branch keys do not increase");
         if (!in_fences_by(c->cmp, k, klen, c->lo[lvl], c->lo_len[lvl], c->hi[lvl],
                           c->hi_len[lvl]))
-            return fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
+            return mdbp_fail(e, ld64(c->page[lvl]), "branch key outside its page's range");
         c->hi[lvl + 1] = k;
         c->hi_len[lvl + 1] = (uint16_t)klen;
     }
@@ -337,7 +313,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
     if (db->root == MDBP_INVALID_PGNO)
         return MDBP_END;
     if (db->depth < 1 || db->depth > MDBP_MAX_DEPTH)
-        return fail(e, db->root, "tree depth out of range");
+        return mdbp_fail(e, db->root, "tree depth out of range");
     c->lo[0] = c->hi[0] = NULL;
     c->lo_len[0] = c->hi_len[0] = 0;
     if (load_level(c, 0, db->root, db->depth, e) < 0)
@@ -377,7 +353,7 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
             load_level(c, lvl + 1, node_child(nd), db->depth, e) < 0)
             return MDBP_CORRUPT;
     }
-    return fail(e, db->root, "tree descent ended without a leaf");
+    return mdbp_fail(e, db->root, "tree descent ended without a leaf");
 }
 
 int mdbp_next(mdbp_cursor *c, mdbp_error *e) {
@@ -419,20 +395,20 @@ int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned
     uint64_t pgno = ld64(data);
     const mdbp_map *map = c->map;
     if (pgno < 2 || pgno >= map->npages)
-        return fail(e, ld64(c->page[leaf]), "overflow page number out of range");
+        return mdbp_fail(e, ld64(c->page[leaf]), "overflow page number out of range");
     const uint8_t *op = map->base + pgno * map->psize;
     if (ld64(op) != pgno)
-        return fail(e, pgno, "overflow page does not name itself");
+        return mdbp_fail(e, pgno, "overflow page does not name itself");
     if (ld16(op + 10) != MDBP_P_OVERFLOW)
-        return fail(e, pgno, "expected an overflow page");
+        return mdbp_fail(e, pgno, "expected an overflow page");
     uint64_t pages = ld32(op + 12);
     if (pages < 1 || pages > map->npages - pgno)
-        return fail(e, pgno, "overflow run runs past the file");
+        return mdbp_fail(e, pgno, "overflow run runs past the file");
     /* LMDB's OVPAGES: the fewest pages holding the header and the data.  A
      * run may be longer: a smaller value that replaces a larger one in the
      * same transaction is written over it in place (mdb.c, mdb_cursor_put). */
     if ((MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / map->psize + 1 > pages)
-        return fail(e, pgno, "overflow run too short for its value");
+        return mdbp_fail(e, pgno, "overflow run too short for its value");
     *val = op + MDBP_PAGE_HEADER;
     *vlen = dsize;
     return 0;

@@ -14,6 +14,7 @@
 #define NDINDEX_LMDBPAGE_H
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MDBP_PAGE_HEADER 16
 #define MDBP_NODE_HEADER 8
@@ -64,6 +65,32 @@ typedef struct {
     uint64_t pgno;
     const char *what;
 } mdbp_error;
+
+/* Fixed-width loads: LMDB writes host order, and ndindex supports
+ * little-endian hosts only (FORMAT.md section 8.1).  Shared by the page
+ * reader and the checker. */
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Record what is wrong where; returns MDBP_CORRUPT. */
+static inline int mdbp_fail(mdbp_error *e, uint64_t pgno, const char *what) {
+    e->pgno = pgno;
+    e->what = what;
+    return MDBP_CORRUPT;
+}
 
 /* A key order: negative, zero or positive as a sorts before, with or after b. */
 typedef int (*mdbp_compare_fn)(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen);
