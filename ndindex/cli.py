@@ -487,30 +487,29 @@ def _parse_line(raw: bytes):
     return fp, (parts[1] if len(parts) > 1 else None)
 
 
-def _read_fingerprint_lines(source: str, skip_invalid: bool):
-    """Return (fingerprints, keys, invalid count) of a fingerprint list.
+def _read_lines(source: str, skip_invalid: bool, parse) -> tuple[list, int]:
+    """Return (the parsed items, invalid count) of an input file (or - for stdin).
 
-    Every line is checked before anything is added.  The first
+    parse(raw line) returns an item, None for a line to skip, or raises
+    ValueError.  Every line is checked before anything is added: the first
     MAX_REPORTED_LINES invalid lines are printed on stderr as
-    ``ndindex: FILE:LINE: problem``; without skip_invalid any invalid line
-    raises _InvalidInput.  Memory: the whole list (8 bytes per fingerprint
-    plus its key).
+    ``ndindex: FILE:LINE: problem``, and without skip_invalid any invalid
+    line raises _InvalidInput.  Memory: the whole list.
     """
     name = "<stdin>" if source == "-" else source
     fh = sys.stdin.buffer if source == "-" else open(source, "rb")
-    fps, keys, invalid = [], [], 0
+    items, invalid = [], 0
     try:
         for number, raw in enumerate(fh, 1):
             try:
-                item = _parse_line(raw)
+                item = parse(raw)
             except ValueError as exc:
                 invalid += 1
                 if invalid <= MAX_REPORTED_LINES:
                     print(f"ndindex: {name}:{number}: {exc}", file=sys.stderr)
                 continue
             if item is not None:
-                fps.append(item[0])
-                keys.append(item[1])
+                items.append(item)
     finally:
         if fh is not sys.stdin.buffer:
             fh.close()
@@ -519,7 +518,13 @@ def _read_fingerprint_lines(source: str, skip_invalid: bool):
             else ""
         raise _InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
                             f"{more}; nothing added (--skip-invalid adds the valid ones)")
-    return fps, keys, invalid
+    return items, invalid
+
+
+def _read_fingerprint_lines(source: str, skip_invalid: bool):
+    """Return (fingerprints, keys, invalid count) of a fingerprint list (see _read_lines)."""
+    items, invalid = _read_lines(source, skip_invalid, _parse_line)
+    return [fp for fp, _ in items], [key for _, key in items], invalid
 
 
 def _document_paths(paths):
@@ -1011,35 +1016,15 @@ def _parse_document_line(raw: bytes):
 
 
 def _read_document_lines(source: str, skip_invalid: bool) -> tuple[dict, int]:
-    """Return ({key: text}, invalid count) of a JSON-lines file (or - for stdin).
+    """Return ({key: text}, invalid count) of a JSON-lines file (see _read_lines).
 
-    Checked as fingerprint lists are (_read_fingerprint_lines): the first
-    MAX_REPORTED_LINES invalid lines are printed, and without skip_invalid any
-    raises _InvalidInput.  A key given again replaces its text.
+    A key given again replaces its text (and moves to its new place).
     """
-    name = "<stdin>" if source == "-" else source
-    fh = sys.stdin.buffer if source == "-" else open(source, "rb")
-    docs, invalid = {}, 0
-    try:
-        for number, raw in enumerate(fh, 1):
-            try:
-                item = _parse_document_line(raw)
-            except ValueError as exc:
-                invalid += 1
-                if invalid <= MAX_REPORTED_LINES:
-                    print(f"ndindex: {name}:{number}: {exc}", file=sys.stderr)
-                continue
-            if item is not None:
-                docs.pop(item[0], None)
-                docs[item[0]] = item[1]
-    finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
-    if invalid and not skip_invalid:
-        more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
-            else ""
-        raise _InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
-                            f"{more}; nothing added (--skip-invalid adds the valid ones)")
+    items, invalid = _read_lines(source, skip_invalid, _parse_document_line)
+    docs = {}
+    for key, text in items:
+        docs.pop(key, None)
+        docs[key] = text
     return docs, invalid
 
 
