@@ -515,25 +515,6 @@ static PyObject *py_run_directory_blocks(PyObject *self, PyObject *arg) {
 }
 
 /* A tree (root or None, depth, flags) into db; -1 with an exception. */
-static int parse_tree(PyObject *obj, mdbp_db *db) {
-    PyObject *root;
-    int depth;
-    unsigned int flags;
-    if (!PyArg_ParseTuple(obj, "OiI", &root, &depth, &flags))
-        return -1;
-    memset(db, 0, sizeof *db);
-    db->root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
-    if (PyErr_Occurred())
-        return -1;
-    if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
-        PyErr_SetString(PyExc_ValueError, "tree depth or flags out of range");
-        return -1;
-    }
-    db->depth = (uint16_t)depth;
-    db->flags = (uint16_t)flags;
-    return 0;
-}
-
 PyDoc_STRVAR(run_read_doc,
              "run_read(file, psize, npages, chunks_tree, space, run_id, kind, code, start,\n"
              "         max_chunks) -> (values, keys, end, exhausted, last_seen)\n\n"
@@ -560,7 +541,7 @@ static PyObject *py_run_read(PyObject *self, PyObject *args) {
     if (kind == RUN_KIND_HUFFMAN && ndx_get_code(code, &c) < 0)
         return NULL;
     mdbp_db tree;
-    if (parse_tree(chunks, &tree) < 0)
+    if (ndx_tree_of(chunks, &tree) < 0)
         return NULL;
     Py_buffer fb;
     if (PyObject_GetBuffer(file, &fb, PyBUF_SIMPLE) < 0)
