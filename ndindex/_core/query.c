@@ -52,6 +52,18 @@ static inline void store_be64(uint8_t *p, uint64_t v) {
     memcpy(p, &v, 8);
 }
 
+/* The chunks-tree key of a fingerprint chunk (FORMAT.md 7.7): space, run id
+ * (u32 BE), value (u64 BE). */
+static inline void chunk_key(uint8_t key[CHUNK_KEY_BYTES], uint8_t space, uint32_t run_id,
+                             uint64_t value) {
+    key[0] = space;
+    key[1] = (uint8_t)(run_id >> 24);
+    key[2] = (uint8_t)(run_id >> 16);
+    key[3] = (uint8_t)(run_id >> 8);
+    key[4] = (uint8_t)run_id;
+    store_be64(key + 5, value);
+}
+
 /* First index i with a[i] >= v (n if none). */
 static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     size_t lo = 0, hi = n;
@@ -298,12 +310,7 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
     if (run->dir)
         return probe_directory(s, t, run, q, qp, lo, hi, k, out, err);
     uint8_t key[CHUNK_KEY_BYTES];
-    key[0] = run->space;
-    key[1] = (uint8_t)(run->run_id >> 24);
-    key[2] = (uint8_t)(run->run_id >> 16);
-    key[3] = (uint8_t)(run->run_id >> 8);
-    key[4] = (uint8_t)run->run_id;
-    store_be64(key + 5, lo);
+    chunk_key(key, run->space, run->run_id, lo);
     mdbp_cursor c;
     mdbp_error pe;
     int rc = mdbp_seek(&s->map, &s->chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
@@ -366,12 +373,7 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
                         query_error *err) {
     memset(out, 0, sizeof *out);
     uint8_t key[CHUNK_KEY_BYTES];
-    key[0] = space;
-    key[1] = (uint8_t)(run_id >> 24);
-    key[2] = (uint8_t)(run_id >> 16);
-    key[3] = (uint8_t)(run_id >> 8);
-    key[4] = (uint8_t)run_id;
-    store_be64(key + 5, start);
+    chunk_key(key, space, run_id, start);
     err->run_id = run_id;
     mdbp_cursor c;
     mdbp_error pe;
@@ -456,12 +458,7 @@ int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t
              run_slice *out, query_error *err) {
     memset(out, 0, sizeof *out);
     uint8_t key[CHUNK_KEY_BYTES];
-    key[0] = space;
-    key[1] = (uint8_t)(run_id >> 24);
-    key[2] = (uint8_t)(run_id >> 16);
-    key[3] = (uint8_t)(run_id >> 8);
-    key[4] = (uint8_t)run_id;
-    store_be64(key + 5, start);
+    chunk_key(key, space, run_id, start);
     err->run_id = run_id;
     mdbp_cursor c;
     mdbp_error pe;
