@@ -126,19 +126,6 @@ fail:
     return NULL;
 }
 
-static PyObject *pairs_to_python(const batch_pairs *r) {
-    PyObject *q = PyBytes_FromStringAndSize((const char *)r->q, (Py_ssize_t)(r->n * 8));
-    PyObject *f = PyBytes_FromStringAndSize((const char *)r->f, (Py_ssize_t)(r->n * 8));
-    PyObject *d = PyBytes_FromStringAndSize((const char *)r->dist, (Py_ssize_t)r->n);
-    PyObject *res = NULL;
-    if (q && f && d)
-        res = PyTuple_Pack(3, q, f, d);
-    Py_XDECREF(q);
-    Py_XDECREF(f);
-    Py_XDECREF(d);
-    return res;
-}
-
 PyDoc_STRVAR(batch_probe_doc,
              "batch_probe(tables, fingerprints, k, self_join) -> (q: bytes, f: bytes, "
              "distance: bytes)\n\n"
@@ -171,7 +158,7 @@ static PyObject *py_batch_probe(PyObject *self, PyObject *args) {
         } else {
             rc = batch_probe(box->tables, box->ntables, fps.buf, nf, k, self_join, sort_bits, &r);
         }
-        res = rc < 0 ? PyErr_NoMemory() : pairs_to_python(&r);
+        res = rc < 0 ? PyErr_NoMemory() : ndx_pairs_to_bytes(r.q, r.f, r.dist, r.n);
         batch_pairs_free(&r);
     }
     PyBuffer_Release(&fps);

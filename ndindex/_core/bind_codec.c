@@ -310,6 +310,21 @@ static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(c);
 }
 
+/* Pairs as three bytes objects: (q, fingerprint, distance), n 8-byte query
+ * entries (ids or values), n uint64 fingerprints, n uint8 distances. */
+PyObject *ndx_pairs_to_bytes(const void *q, const uint64_t *fp, const uint8_t *dist, size_t n) {
+    PyObject *qb = PyBytes_FromStringAndSize((const char *)q, (Py_ssize_t)(n * 8));
+    PyObject *fb = PyBytes_FromStringAndSize((const char *)fp, (Py_ssize_t)(n * 8));
+    PyObject *db = PyBytes_FromStringAndSize((const char *)dist, (Py_ssize_t)n);
+    PyObject *res = NULL;
+    if (qb && fb && db)
+        res = PyTuple_Pack(3, qb, fb, db);
+    Py_XDECREF(qb);
+    Py_XDECREF(fb);
+    Py_XDECREF(db);
+    return res;
+}
+
 int ndx_get_u64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *what) {
     if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS
                                                : PyBUF_C_CONTIGUOUS) < 0)

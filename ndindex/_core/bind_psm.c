@@ -81,20 +81,6 @@ static PyObject *matches_to_list(const psm_results *r, size_t start) {
     return res;
 }
 
-/* (q, fp, dist) as bytes: uint64, uint64, uint8. */
-static PyObject *results_to_bytes(const psm_results *r) {
-    PyObject *q = PyBytes_FromStringAndSize((const char *)r->q, (Py_ssize_t)(r->n * 8));
-    PyObject *f = PyBytes_FromStringAndSize((const char *)r->fp, (Py_ssize_t)(r->n * 8));
-    PyObject *d = PyBytes_FromStringAndSize((const char *)r->dist, (Py_ssize_t)r->n);
-    PyObject *res = NULL;
-    if (q && f && d)
-        res = PyTuple_Pack(3, q, f, d);
-    Py_XDECREF(q);
-    Py_XDECREF(f);
-    Py_XDECREF(d);
-    return res;
-}
-
 PyDoc_STRVAR(vosh_masks_doc,
              "vosh_masks(probabilities, positions, k, exact, out) -> int\n\n"
              "Write the flip sets of at most k (exactly k if exact) of the bits named by\n"
@@ -385,7 +371,7 @@ static PyObject *py_psm_query_many(PyObject *self, PyObject *args) {
     if (rc < 0) {
         PyErr_NoMemory();
     } else {
-        PyObject *triple = results_to_bytes(&r);
+        PyObject *triple = ndx_pairs_to_bytes(r.q, r.fp, r.dist, r.n);
         PyObject *pb = PyBytes_FromStringAndSize((const char *)probes, (Py_ssize_t)(nq * 8));
         if (triple && pb)
             res = Py_BuildValue("(OOOO)", PyTuple_GET_ITEM(triple, 0), PyTuple_GET_ITEM(triple, 1),
@@ -435,7 +421,7 @@ static PyObject *py_psm_join(PyObject *self, PyObject *args) {
             } else {
                 rc = psm_join(h, eq.buf, ne, f, nf, p, k, skip_equal, &r);
             }
-            res = rc < 0 ? PyErr_NoMemory() : results_to_bytes(&r);
+            res = rc < 0 ? PyErr_NoMemory() : ndx_pairs_to_bytes(r.q, r.fp, r.dist, r.n);
             psm_results_free(&r);
         }
     }

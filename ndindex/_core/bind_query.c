@@ -277,19 +277,6 @@ static PyObject *raise_query_error(int rc, const query_error *err) {
                                    CHUNK_KEY_BYTES, -1);
 }
 
-static PyObject *results_to_python(query_results *r) {
-    PyObject *fp = PyBytes_FromStringAndSize((const char *)r->fp, (Py_ssize_t)(r->n * 8));
-    PyObject *dist = PyBytes_FromStringAndSize((const char *)r->dist, (Py_ssize_t)r->n);
-    PyObject *qidx = PyBytes_FromStringAndSize((const char *)r->qidx, (Py_ssize_t)(r->n * 8));
-    PyObject *res = NULL;
-    if (fp && dist && qidx)
-        res = PyTuple_Pack(3, qidx, fp, dist);
-    Py_XDECREF(fp);
-    Py_XDECREF(dist);
-    Py_XDECREF(qidx);
-    return res;
-}
-
 /* Optional pending (adds, removes) buffers; both None for none. */
 typedef struct {
     query_pending p;
@@ -414,7 +401,8 @@ static PyObject *py_query_many(PyObject *self, PyObject *args) {
     if (ts)
         PyEval_RestoreThread(ts);
     release_pending(&pa);
-    PyObject *res = rc < 0 ? raise_query_error(rc, &err) : results_to_python(&r);
+    PyObject *res = rc < 0 ? raise_query_error(rc, &err)
+                           : ndx_pairs_to_bytes(r.qidx, r.fp, r.dist, r.n);
     query_results_free(&r);
     PyBuffer_Release(&qs);
     return res;
@@ -788,7 +776,8 @@ static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
             if (ts)
                 PyEval_RestoreThread(ts);
             release_pending(&pa);
-            res = rc < 0 ? raise_query_error(rc, &err) : results_to_python(&r);
+            res = rc < 0 ? raise_query_error(rc, &err)
+                         : ndx_pairs_to_bytes(r.qidx, r.fp, r.dist, r.n);
             query_results_free(&r);
         }
         PyBuffer_Release(&probs);

@@ -29,6 +29,8 @@ PyObject *ndx_raise_corruption_at(PyObject *message, const char *database, const
 /* Words for a negative codec status. */
 const char *ndx_status_text(long rc);
 
+/* (q, fingerprint, distance) of n pairs as three bytes objects (bind_codec.c). */
+PyObject *ndx_pairs_to_bytes(const void *q, const uint64_t *fp, const uint8_t *dist, size_t n);
 extern PyMethodDef batch_methods[];
 extern PyMethodDef docs_methods[];
 
