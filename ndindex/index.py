@@ -354,11 +354,14 @@ class Index(DocumentMethods):
         k = validate.query_k(k, self._header.k)
         probs = self._flip_probabilities(probabilities, margins, None, max_probes)
         snap, pend = self._view()
+        return _matches(snap, pend, self._found(snap, pend, q, k, probs, max_probes), keys)
+
+    def _found(self, snap, pend, q: int, k: int, probs, max_probes) -> list:
+        """(fingerprint, distance) within k of q: the tables' exact query, or PSM
+        with flip probabilities probs."""
         if probs is None:
-            found = snap.query(q, k, pend)
-        else:
-            found = snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
-        return _matches(snap, pend, found, keys)
+            return snap.query(q, k, pend)
+        return snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
 
     def query_many(self, fingerprints, k: int | None = None, *, probabilities=None,
                    margins=None, max_probes: int | None = None) -> np.ndarray:
@@ -565,11 +568,8 @@ class Index(DocumentMethods):
         # the per-item call, thousands a second inside a transaction.
         with self._writer.lock:
             snap, pend = self._view()
-            if self.plan.probabilistic:
-                found = snap.query_psm(fp, k, self._flip_probabilities(None, None, None, None),
-                                       self._probe_budget(k, None), pend)
-            else:
-                found = snap.query(fp, k, pend)
+            found = self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
+                                None)
             if not found:
                 self._writer.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
                 return []
