@@ -79,7 +79,6 @@ class Index(DocumentMethods):
         self._snap_lock = threading.Lock()
         self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
-        self._fpr = None  # the stored Fingerprinter, parsed on first use (query_text)
         self._pool = None
         self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
         self._psize = store.filemap.psize
@@ -416,18 +415,14 @@ class Index(DocumentMethods):
         return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)
 
     def _fingerprinter(self, required: bool = True):
-        """The stored Fingerprinter (parsed once); if there is none, ValueError
-        when required, else None."""
-        if self._fpr is None:
-            from ndindex.fingerprint import Fingerprinter
-            raw = self.fingerprinter
-            if raw is None:
-                if not required:
-                    return None
-                raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
-                                 "fingerprints, or pass probabilities")
-            self._fpr = Fingerprinter.from_bytes(raw)
-        return self._fpr
+        """The stored Fingerprinter (parsed once, with the document configuration);
+        if there is none, ValueError when required, else None."""
+        if self.fingerprinter is None:
+            if not required:
+                return None
+            raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
+                             "fingerprints, or pass probabilities")
+        return self._doc_config.fingerprinter
 
     def _flip_probabilities(self, probabilities, margins, rows: int | None, max_probes):
         """The flip probabilities a PSM query uses, or None for the tables' exact query.
