@@ -354,3 +354,106 @@ HOT_KERNEL long codec_probe_verified(const codec_code *c, const uint8_t *block, 
         return probe_loop(c, s, count, first, q, mask, k, out, cap, 1);
     return probe_loop(c, s, count, first, q, mask, k, out, cap, 0);
 }
+
+/* One lane's decoding state in codec_probe_lanes. */
+typedef struct {
+    const codec_code *c;
+    const uint8_t *s;
+    uint64_t v, q, qp, mask;
+    size_t pos, found, cap;
+    unsigned i, count;
+    int k, delta;
+    uint64_t *out;
+} lane_state;
+
+HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
+    uint8_t buf[CODEC_LANES][BLOCK_BYTES - BLOCK_HEADER_BYTES + PROBE_PAD_BYTES];
+    lane_state st[CODEC_LANES];
+    int live[CODEC_LANES], nlive = 0;
+    for (int j = 0; j < n && j < CODEC_LANES; j++) {
+        codec_lane *l = &lanes[j];
+        unsigned count;
+        l->n = 0;
+        int rc = l->verified ? CODEC_OK : check_header(l->block, &count);
+        if (rc < 0) {
+            l->n = rc;
+            continue;
+        }
+        if (l->verified) {
+            count = load_le16(l->block + 4);
+            if (count < 1 || count > 1 + BLOCK_PAYLOAD_BITS) {
+                l->n = CODEC_BAD_COUNT;
+                continue;
+            }
+        }
+        const uint64_t mask = l->p <= 0 ? 0 : (l->p >= 64 ? ~0ull : ~0ull << (64 - l->p));
+        uint64_t first = load_le64(l->block + 6);
+        if ((first & mask) > (l->q & mask))
+            continue;
+        memcpy(buf[j], l->block + BLOCK_HEADER_BYTES, BLOCK_BYTES - BLOCK_HEADER_BYTES);
+        memset(buf[j] + BLOCK_BYTES - BLOCK_HEADER_BYTES, 0, PROBE_PAD_BYTES);
+        st[j] = (lane_state){.c = l->code, .s = buf[j], .v = first, .q = l->q,
+                             .qp = l->q & mask, .mask = mask, .cap = l->cap, .count = count,
+                             .k = l->k, .delta = l->code->coding == CODING_DELTA, .out = l->out};
+        live[nlive++] = j;
+    }
+    /* Each round advances every live lane by one entry: the step is
+     * probe_loop's, with its exits ending the lane instead of the loop. */
+    while (nlive) {
+        for (int a = 0; a < nlive;) {
+            const int j = live[a];
+            lane_state *L = &st[j];
+            int go = 1;   /* the lane goes on */
+            long end = 0; /* else its result */
+            uint64_t v = L->v;
+            if ((v & L->mask) > L->qp) {
+                go = 0, end = (long)L->found;
+            } else {
+                if ((v & L->mask) == L->qp && __builtin_popcountll(v ^ L->q) <= L->k) {
+                    if (L->found >= L->cap)
+                        go = 0, end = CODEC_OUT_FULL;
+                    else
+                        L->out[L->found++] = v;
+                }
+                if (go && ++L->i >= L->count)
+                    go = 0, end = (long)L->found;
+            }
+            if (go) {
+                uint64_t w;
+                size_t pos = L->pos;
+                memcpy(&w, L->s + (pos >> 3), 8);
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+                w = __builtin_bswap64(w);
+#endif
+                w <<= pos & 7;
+                unsigned len = L->c->lut[w >> (64 - CODE_MAX_BITS)].len;
+                unsigned h = L->c->lut[w >> (64 - CODE_MAX_BITS)].h;
+                pos += len;
+                if (pos + h > BLOCK_PAYLOAD_BITS) {
+                    go = 0, end = CODEC_OVERRUN;
+                } else {
+                    uint64_t low = h + len <= 57 ? ((w << len) >> 1) >> (63 - h)
+                                                 : read_bits(L->s, BLOCK_BYTES - BLOCK_HEADER_BYTES,
+                                                             pos, h);
+                    L->pos = pos + h;
+                    if (L->delta) {
+                        uint64_t next = v + ((1ull << h) | low);
+                        if (next <= v)
+                            go = 0, end = CODEC_NOT_SORTED;
+                        L->v = next;
+                    } else {
+                        if ((v >> h) & 1)
+                            go = 0, end = CODEC_NOT_SORTED;
+                        L->v = (((v >> h) | 1) << h) | low;
+                    }
+                }
+            }
+            if (!go) {
+                lanes[j].n = end;
+                live[a] = live[--nlive];
+                continue;
+            }
+            a++;
+        }
+    }
+}

@@ -34,6 +34,7 @@ enum codec_status {
     CODEC_BAD_PADDING = -6,
     CODEC_UNSORTED_INPUT = -7, /* encode: input not strictly increasing */
     CODEC_BAD_BLOCK_SIZE = -8,
+    CODEC_OUT_FULL = -9, /* codec_probe_lanes: more matches than the lane's cap */
 };
 
 /* A compiled code: what the kernels need, built once per table. */
@@ -79,6 +80,22 @@ long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, i
  * nonzero skips it; the decoder's bounds checks still run). */
 long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                           uint64_t *out, size_t cap, int verified);
+
+/* Several codec_probe_verified at once: the probes of different tables are
+ * independent, and one probe's decode is a chain of dependent loads (each
+ * codeword's position comes from the last one's length), so decoding them
+ * in lockstep lets the CPU overlap the chains. */
+#define CODEC_LANES 4
+typedef struct {
+    const codec_code *code;
+    const uint8_t *block;
+    uint64_t q;
+    int p, k, verified;
+    uint64_t *out;
+    size_t cap;
+    long n; /* out: what codec_probe_verified would return, or CODEC_OUT_FULL */
+} codec_lane;
+void codec_probe_lanes(codec_lane *lanes, int n);
 
 /* Count of a block without decoding (after checking its checksum). */
 long codec_block_count(const uint8_t *block);

@@ -6,6 +6,9 @@
 #include "arrays.h"
 #include "crc32c.h"
 
+/* A run's block not located ahead (see locate_listed). */
+#define NOT_LOCATED ((size_t)-1)
+
 static int reserve(query_results *r, size_t extra) {
     if (r->n + extra <= r->cap)
         return 0;
@@ -235,12 +238,12 @@ static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uin
     return 0;
 }
 
-/* First block of a directory whose last value is >= lo (nblocks if none). */
-static inline size_t directory_block(const run_directory *d, uint64_t lo) {
-    size_t a = 0, z = d->nblocks;
+/* First group of a directory whose last value is >= lo (ntop if none). */
+static inline size_t directory_group(const run_directory *d, uint64_t lo) {
+    size_t a = 0, z = d->ntop;
     while (a < z) {
         size_t mid = (a + z) / 2;
-        if (d->last[mid] < lo)
+        if (d->top[mid] < lo)
             a = mid + 1;
         else
             z = mid;
@@ -248,15 +251,30 @@ static inline size_t directory_block(const run_directory *d, uint64_t lo) {
     return a;
 }
 
+/* First block of group g whose last value is >= lo (the group's last is). */
+static inline size_t group_block(const run_directory *d, size_t g, uint64_t lo) {
+    if (g >= d->ntop)
+        return d->nblocks;
+    size_t b = g * DIRECTORY_GROUP;
+    while (d->last[b] < lo)
+        b++;
+    return b;
+}
+
+/* First block of a directory whose last value is >= lo (nblocks if none). */
+static inline size_t directory_block(const run_directory *d, uint64_t lo) {
+    return group_block(d, directory_group(d, lo), lo);
+}
+
 /* Probe a listed run's blocks for values in [lo, hi] (already clipped to the
  * run's live range). */
 static int probe_directory(const query_snapshot *s, int t, const query_run *run, uint64_t q,
-                           uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
-                           query_error *err) {
+                           uint64_t qp, uint64_t lo, uint64_t hi, int k, size_t at,
+                           query_results *out, query_error *err) {
     const query_table *tb = &s->tables[t];
     const run_directory *d = run->dir;
     uint64_t found[1 + BLOCK_PAYLOAD_BITS];
-    size_t b = directory_block(d, lo);
+    size_t b = at != NOT_LOCATED ? at : directory_block(d, lo);
     if (b == d->nblocks)
         return corrupt(err, "no block covers a value inside the run");
     for (; b < d->nblocks; b++) {
@@ -285,30 +303,37 @@ static int probe_directory(const query_snapshot *s, int t, const query_run *run,
     return 0;
 }
 
-/* Probe one run of table t for permuted values in [lo, hi] within k of qp. */
-static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
-                     uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out,
-                     query_error *err) {
+/* Clip [*lo, *hi] to what run holds live; 0 if nothing of it is left. */
+static inline int clip_to_run(const query_run *run, uint64_t *lo, uint64_t *hi) {
     if (run->has_lo) {
-        if (hi <= run->lo)
+        if (*hi <= run->lo)
             return 0;
-        if (lo <= run->lo)
-            lo = run->lo + 1;
+        if (*lo <= run->lo)
+            *lo = run->lo + 1;
     }
     if (run->has_hi) {
-        if (lo > run->hi)
+        if (*lo > run->hi)
             return 0;
-        if (hi > run->hi)
-            hi = run->hi;
+        if (*hi > run->hi)
+            *hi = run->hi;
     }
-    if (lo > run->last)
+    return *lo <= run->last;
+}
+
+/* Probe one run of table t for permuted values in [lo, hi] within k of qp.
+ * at: for a listed run, the directory's first block for the clipped lo
+ * (located ahead, see locate_listed), or NOT_LOCATED. */
+static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
+                     uint64_t qp, uint64_t lo, uint64_t hi, int k, size_t at,
+                     query_results *out, query_error *err) {
+    if (!clip_to_run(run, &lo, &hi))
         return 0;
     err->table = t;
     err->run_id = run->run_id;
     err->has_key = 0;
     int done = 0;
     if (run->dir)
-        return probe_directory(s, t, run, q, qp, lo, hi, k, out, err);
+        return probe_directory(s, t, run, q, qp, lo, hi, k, at, out, err);
     uint8_t key[CHUNK_KEY_BYTES];
     chunk_key(key, run->space, run->run_id, lo);
     mdbp_cursor c;
@@ -362,6 +387,7 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
 }
 
 void run_directory_free(run_directory *d) {
+    free(d->top);
     free(d->last);
     free(d->block);
     free(d->verified);
@@ -435,9 +461,15 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
         goto bad_tree;
     }
     out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
-    if (!out->verified) {
+    out->ntop = (out->nblocks + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
+    out->top = malloc((out->ntop ? out->ntop : 1) * sizeof *out->top);
+    if (!out->verified || !out->top) {
         run_directory_free(out);
         return QUERY_NOMEM;
+    }
+    for (size_t g = 0; g < out->ntop; g++) {
+        size_t b = (g + 1) * DIRECTORY_GROUP - 1;
+        out->top[g] = out->last[b < out->nblocks ? b : out->nblocks - 1];
     }
     return 0;
 bad_tree:
@@ -610,6 +642,62 @@ static void prefetch_listed(const query_table *tb, uint64_t lo) {
     }
 }
 
+/* query_one locates the blocks of this many tables' listed runs (the first
+ * LOCATE_RUNS of each) before probing any of them. */
+#define LOCATE_TABLES 8
+#define LOCATE_RUNS 16
+
+/* For tables [t0, t1) probed at prefixes lo[]: at[t - t0][r], the first
+ * block of each listed run r for its clipped lo, NOT_LOCATED for the
+ * others.  In three passes over all the runs -- the group search in each
+ * directory's top array, then the group's last[] values, then the block --
+ * each pass prefetching what the next one reads, so the misses of every
+ * table and run overlap instead of queueing one behind another. */
+static void locate_listed(const query_snapshot *s, int t0, int t1, const uint64_t *lo,
+                          size_t at[][LOCATE_RUNS]) {
+    for (int t = t0; t < t1; t++) {
+        const query_table *tb = &s->tables[t];
+        for (int r = 0; r < LOCATE_RUNS; r++) {
+            at[t - t0][r] = NOT_LOCATED;
+            if (r >= tb->nruns)
+                continue;
+            const query_run *run = &tb->runs[r];
+            uint64_t v = lo[t - t0];
+            if (!run->dir || v > run->last || (run->has_hi && v > run->hi))
+                continue;
+            if (run->has_lo && v <= run->lo)
+                v = run->lo + 1;
+            size_t g = directory_group(run->dir, v);
+            if (g < run->dir->ntop) {
+                const uint64_t *group = run->dir->last + g * DIRECTORY_GROUP;
+                __builtin_prefetch(group);
+                __builtin_prefetch(group + 8);
+                __builtin_prefetch(run->dir->block + g * DIRECTORY_GROUP);
+                __builtin_prefetch(run->dir->block + g * DIRECTORY_GROUP + 8);
+            }
+            at[t - t0][r] = g;
+        }
+    }
+    for (int t = t0; t < t1; t++) {
+        const query_table *tb = &s->tables[t];
+        for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++) {
+            if (at[t - t0][r] == NOT_LOCATED)
+                continue;
+            const query_run *run = &tb->runs[r];
+            uint64_t v = lo[t - t0];
+            if (run->has_lo && v <= run->lo)
+                v = run->lo + 1;
+            size_t b = group_block(run->dir, at[t - t0][r], v);
+            at[t - t0][r] = b;
+            if (b < run->dir->nblocks) {
+                const uint8_t *blk = run->dir->block[b];
+                for (int line = 0; line < BLOCK_BYTES; line += 64)
+                    __builtin_prefetch(blk + line);
+            }
+        }
+    }
+}
+
 /* A value can be found in several runs of one table, its log and the
  * pending additions: sort out[start..], drop repeats, then order by
  * distance to q (values ascending within one) and tag them with qidx. */
@@ -661,35 +749,128 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
     return 0;
 }
 
+/* Matches a lane of probe_lanes holds before it hands the block back to
+ * the one-lane probe (whose buffer takes a whole block). */
+#define LANE_CAP 256
+
+/* Probe every run of tables [t0, t1) (located by locate_listed): the
+ * listed Huffman runs' blocks through codec_probe_lanes, CODEC_LANES at a
+ * time, the others one by one. */
+static int probe_tables(const query_snapshot *s, int t0, int t1, uint64_t q, int k,
+                        size_t at[][LOCATE_RUNS], query_results *out, query_error *err) {
+    struct job {
+        int t;
+        const query_run *run;
+        size_t b;
+        uint64_t lo, hi, qp;
+    } jobs[LOCATE_TABLES * LOCATE_RUNS];
+    int njobs = 0;
+    for (int t = t0; t < t1; t++) {
+        const query_table *tb = &s->tables[t];
+        uint64_t qp = perm_apply(&tb->fwd, q);
+        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        for (int r = 0; r < tb->nruns; r++) {
+            const query_run *run = &tb->runs[r];
+            uint64_t lo = qp & mask, hi = lo | ~mask;
+            size_t b = r < LOCATE_RUNS ? at[t - t0][r] : NOT_LOCATED;
+            if (run->dir && run->kind == RUN_KIND_HUFFMAN && b < run->dir->nblocks) {
+                if (clip_to_run(run, &lo, &hi))
+                    jobs[njobs++] = (struct job){t, run, b, lo, hi, qp};
+                continue;
+            }
+            int rc = probe_run(s, t, run, q, qp, lo, hi, k, b, out, err);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    uint64_t found[CODEC_LANES][LANE_CAP];
+    while (njobs) {
+        codec_lane lane[CODEC_LANES];
+        int n = njobs < CODEC_LANES ? njobs : CODEC_LANES;
+        for (int j = 0; j < n; j++) {
+            const struct job *jb = &jobs[njobs - 1 - j];
+            const run_directory *d = jb->run->dir;
+            lane[j] = (codec_lane){.code = jb->run->code, .block = d->block[jb->b], .q = jb->qp,
+                                   .p = s->tables[jb->t].p, .k = k, .verified = d->verified[jb->b],
+                                   .out = found[j], .cap = LANE_CAP};
+        }
+        codec_probe_lanes(lane, n);
+        for (int j = 0; j < n; j++) {
+            struct job *jb = &jobs[njobs - 1 - j];
+            run_directory *d = (run_directory *)jb->run->dir;
+            const query_table *tb = &s->tables[jb->t];
+            long m = lane[j].n;
+            const uint64_t *got = found[j];
+            uint64_t whole[1 + BLOCK_PAYLOAD_BITS];
+            if (m == CODEC_OUT_FULL) {
+                m = codec_probe_verified(jb->run->code, lane[j].block, jb->qp, tb->p, k, whole,
+                                         sizeof whole / sizeof *whole, lane[j].verified);
+                got = whole;
+            }
+            if (m < 0) {
+                err->table = jb->t;
+                err->run_id = jb->run->run_id;
+                err->has_key = 0;
+                return corrupt(err, block_status_text(m));
+            }
+            d->verified[jb->b] = 1; /* a benign race: another thread may set it too */
+            for (long i = 0; i < m; i++)
+                if (got[i] >= jb->lo && got[i] <= jb->hi &&
+                    add_candidate(s, jb->t, q, out, perm_apply(&tb->inv, got[i])) < 0)
+                    return QUERY_NOMEM;
+            /* Blocks past the first: the job stays, on the next block. */
+            if (d->last[jb->b] < jb->hi && jb->b + 1 < d->nblocks) {
+                jb->b++;
+                __builtin_prefetch(d->block[jb->b]);
+            } else {
+                jb->t = -1;
+            }
+        }
+        int kept = njobs - n;
+        for (int j = njobs - n; j < njobs; j++)
+            if (jobs[j].t >= 0)
+                jobs[kept++] = jobs[j];
+        njobs = kept;
+    }
+    return 0;
+}
+
 HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
                          int64_t qidx, query_results *out, query_error *err) {
     size_t start = out->n;
     /* Every table holds every fingerprint: an exact lookup (k = 0) needs one. */
     const int ntables = k == 0 ? 1 : s->ntables;
+    uint64_t los[LOCATE_TABLES];
+    size_t at[LOCATE_TABLES][LOCATE_RUNS];
+    for (int t0 = 0; t0 < ntables; t0 += LOCATE_TABLES) {
+        int t1 = t0 + LOCATE_TABLES < ntables ? t0 + LOCATE_TABLES : ntables;
+        for (int t = t0; t < t1; t++) {
+            const query_table *tb = &s->tables[t];
+            uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+            los[t - t0] = perm_apply(&tb->fwd, q) & mask;
+        }
+        locate_listed(s, t0, t1, los, at);
+        int rc = probe_tables(s, t0, t1, q, k, at, out, err);
+        if (rc < 0) {
+            out->n = start;
+            return rc;
+        }
+    }
+    /* Drop what the runs found but tombstones or later removals hide, then
+     * add what the logs find, then drop what pending removals hide. */
+    drop_hidden(out, start, s->hide_runs, s->nhide_runs);
     for (int t = 0; t < ntables; t++) {
         const query_table *tb = &s->tables[t];
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
-        size_t run_start = out->n;
-        prefetch_listed(tb, lo);
-        for (int r = 0; r < tb->nruns; r++) {
-            int rc = probe_run(s, t, &tb->runs[r], q, qp, lo, hi, k, out, err);
-            if (rc < 0) {
-                out->n = start;
-                return rc;
-            }
-        }
-        /* Drop what the runs found but tombstones or later removals hide,
-         * then what the log found but pending removals hide. */
-        drop_hidden(out, run_start, s->hide_runs, s->nhide_runs);
         for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
             if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
                 if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
                     return QUERY_NOMEM;
-        if (pend)
-            drop_hidden(out, run_start, pend->removes, pend->nremoves);
     }
+    if (pend)
+        drop_hidden(out, start, pend->removes, pend->nremoves);
     for (size_t i = 0; pend && i < pend->nadds; i++)
         if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
             if (reserve(out, 1) < 0)
@@ -732,7 +913,8 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
                 continue;
             uint64_t qf = lo | (qp & ~mask);
             for (int r = 0; r < tb->nruns; r++) {
-                int rc = probe_run(&one, 0, &tb->runs[r], q, qf, lo, hi, k - flips, out, err);
+                int rc = probe_run(&one, 0, &tb->runs[r], q, qf, lo, hi, k - flips, NOT_LOCATED,
+                                   out, err);
                 if (rc < 0) {
                     err->table = t;
                     out->n = start;

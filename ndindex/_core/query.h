@@ -47,7 +47,15 @@ typedef struct {
     const uint8_t **block;
     uint8_t *verified;
     size_t nchunks, inline_chunks;
+    /* last[] of every DIRECTORY_GROUP-th block (the last of each group): a
+     * search of a 10M run's 130,000 blocks stays in this 64 KB array, in the
+     * cache, and then reads one group of last[], two cache lines, instead
+     * of a binary search's dozen misses across 1 MB. */
+    uint64_t *top;
+    size_t ntop;
 } run_directory;
+
+#define DIRECTORY_GROUP 16
 
 typedef struct {
     uint8_t space;

@@ -87,9 +87,19 @@ def put_in_state(ix, fps, state):
 STATES = ["log", "one-run", "several-runs", "mid-merge", "main"]
 
 
+@pytest.fixture(params=["tree", "listed"])
+def listing(request, monkeypatch):
+    """How queries find a run's blocks: through the chunks tree, or through
+    run directories listed at once (the kernel's two probe paths)."""
+    from ndindex import reader
+    monkeypatch.setattr(reader, "DIRECTORY_COLD_CHUNKS", 0 if request.param == "tree" else 1 << 30)
+    monkeypatch.setattr(reader, "DIRECTORY_MAX_CHUNKS", 0 if request.param == "tree" else 1 << 30)
+    return request.param
+
+
 @pytest.mark.parametrize("data", ["random", "clustered"])
 @pytest.mark.parametrize("state", STATES)
-def test_queries_match_brute_force(path, data, state, small_steps):
+def test_queries_match_brute_force(path, data, state, small_steps, listing):
     rng = np.random.default_rng(1)
     if data == "random":
         fps = rng.integers(0, 2**64, size=30000, dtype=np.uint64)
@@ -126,6 +136,25 @@ def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch):
         assert len(ix) == len(np.unique(fps))
         assert max(r.level for r in ix._snapshot().manifest.runs) >= 2
         ix.verify()
+
+
+@pytest.mark.parametrize("state", ["one-run", "main"])
+def test_more_matches_in_a_block_than_a_probe_lane_holds(path, listing, state):
+    # Every value within 3 bits of q in its low 16 bits (697 of them): in a
+    # table that keeps those bits low they are one dense block, more matches
+    # than the kernel's interleaved probe keeps per lane (256), which hands
+    # such a block to the one-lane probe.
+    import itertools
+    rng = np.random.default_rng(3)
+    q = int(rng.integers(0, 2**64, dtype=np.uint64))
+    masks = [sum(1 << b for b in bits) for r in range(4) for bits in itertools.combinations(range(16), r)]
+    fps = np.concatenate([np.array([q ^ m for m in masks], dtype=np.uint64),
+                          rng.integers(0, 2**64, 20000, dtype=np.uint64)])
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        queries = np.array([q, q ^ 1, q ^ (1 << 63)], dtype=np.uint64)
+        check_queries(ix, fps, queries, 3)
+        assert len(ix.query(q, 3)) >= len(masks)
 
 
 def test_results_survive_reopen(path):
