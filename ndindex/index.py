@@ -563,10 +563,11 @@ class Index(DocumentMethods):
         # the per-item call, thousands a second inside a transaction.
         with self._writer.lock:
             snap, pend = self._view()
-            found = self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
-                                None)
+            found = snap.query(fp, k, pend) if not self.plan.probabilistic else \
+                self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
+                            None)
             if not found:
-                self._writer.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
+                self._writer.add_one(fp, pairs)
                 return []
         return _matches(snap, pend, found, True)
 
