@@ -38,6 +38,8 @@ typedef struct {
 } snapshot_box;
 
 static void box_free(snapshot_box *box) {
+    for (int t = 0; box->tables && t < box->s.ntables; t++)
+        free(box->tables[t].log_top);
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
@@ -246,9 +248,14 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
             }
         }
         Py_DECREF(runs);
+        box->s.ntables = (int)t + 1; /* box_free frees the log tops of these */
         tb->log = take_u64(box, PyTuple_GET_ITEM(item, 4), &tb->nlog, "log");
         if (!tb->log)
             goto fail;
+        if (log_top_build(tb) < 0) {
+            PyErr_NoMemory();
+            goto fail;
+        }
     }
     box->s.ntables = (int)nt;
     box->s.tables = box->tables;

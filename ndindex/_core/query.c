@@ -80,6 +80,29 @@ static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     return lo;
 }
 
+int log_top_build(query_table *tb) {
+    tb->nlog_top = (tb->nlog + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
+    tb->log_top = malloc((tb->nlog_top ? tb->nlog_top : 1) * sizeof *tb->log_top);
+    if (!tb->log_top)
+        return QUERY_NOMEM;
+    for (size_t g = 0; g < tb->nlog_top; g++) {
+        size_t i = (g + 1) * DIRECTORY_GROUP - 1;
+        tb->log_top[g] = tb->log[i < tb->nlog ? i : tb->nlog - 1];
+    }
+    return 0;
+}
+
+/* First index i of the table's log with log[i] >= v (nlog if none). */
+static inline size_t log_lower_bound(const query_table *tb, uint64_t v) {
+    size_t g = lower_bound(tb->log_top, tb->nlog_top, v);
+    if (g == tb->nlog_top)
+        return tb->nlog;
+    size_t i = g * DIRECTORY_GROUP;
+    while (tb->log[i] < v)
+        i++;
+    return i;
+}
+
 static int contains(const uint64_t *a, size_t n, uint64_t v) {
     size_t i = lower_bound(a, n, v);
     return i < n && a[i] == v;
@@ -864,7 +887,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
-        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+        for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
             if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
                 if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
                     return QUERY_NOMEM;
@@ -926,7 +949,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
     drop_hidden(out, start, s->hide_runs, s->nhide_runs);
     for (size_t j = 0; j < nprefixes; j++) {
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
-        for (size_t i = lower_bound(tb->log, tb->nlog, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+        for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
             if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
                 add_candidate(&one, 0, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
                 return QUERY_NOMEM;

@@ -76,7 +76,14 @@ typedef struct {
     const query_run *runs;
     size_t nlog;
     const uint64_t *log; /* permuted log additions, sorted */
+    /* log[] of every DIRECTORY_GROUP-th value, as run_directory.top: a log
+     * of 100,000 additions is searched in cache (log_top_build). */
+    uint64_t *log_top;
+    size_t nlog_top;
 } query_table;
+
+/* Build tb->log_top from tb->log (0, or QUERY_NOMEM); free with free(). */
+int log_top_build(query_table *tb);
 
 typedef struct {
     mdbp_map map;
