@@ -38,8 +38,8 @@ from ndindex.records import DB_CHUNKS, decode_doc_key
 #: matters most while a table has several runs.  2048 chunks list about
 #: 130,000 blocks (2 MB) from 2048 pages, read once per run and kept while
 #: the run lasts: a 10M index's main runs (about 830 chunks each) are
-#: listed, 10% off its p50.  A merge output grows and is listed again by
-#: every snapshot, so it is listed only while small (DIRECTORY_COLD_CHUNKS).
+#: listed, 10% off its p50.  A merge output grows: its directory is
+#: extended as it does (Snapshot._output_directory).
 DIRECTORY_MAX_CHUNKS = 2048
 #: The same limit for a probabilistic plan's table: a PSM query probes it
 #: tens to hundreds of times, and a listed run saves each probe its tree
@@ -59,9 +59,15 @@ WARM_QUERIES = 256
 
 class DirectoryCache(dict):
     """Run directories by run id, kept across snapshots; warm once the index
-    has answered WARM_QUERIES queries (then larger runs are listed too)."""
+    has answered WARM_QUERIES queries (then larger runs are listed too).
+    outputs: merge outputs' directories by run id, with the cursor each was
+    listed at (see Snapshot._output_directory)."""
 
     warm = False
+
+    def __init__(self):
+        super().__init__()
+        self.outputs = {}
 
 
 class Snapshot:
@@ -141,29 +147,52 @@ class Snapshot:
 
         Cached across snapshots while the run lasts: its chunks are never
         rewritten, and a merge input only loses chunks below its cursor.
-        Not cached: merge outputs (they grow), and runs with a chunk small
-        enough to live inside a leaf page (it moves with the page).
+        Not cached: runs with a chunk small enough to live inside a leaf page
+        (it moves with the page).  Merge outputs grow: see _output_directory.
         """
-        if not getattr(self._directories, "warm", True) or run.merge_output:
-            limit = DIRECTORY_COLD_CHUNKS
-        else:
+        if getattr(self._directories, "warm", True):
             limit = DIRECTORY_MAX_CHUNKS_PSM if self.plan.probabilistic else DIRECTORY_MAX_CHUNKS
+        else:
+            limit = DIRECTORY_COLD_CHUNKS
         if run.chunks > limit:
             return None
         cache = self._directories
-        if not run.merge_output and run.run_id in cache:
+        if run.merge_output:
+            return self._output_directory(run)
+        if run.run_id in cache:
             return cache[run.run_id]
         start = int.from_bytes(run.cursor, "big") + 1 if run.merge_input and run.cursor else 0
-        view = self.view
-        cap, _, inline = _core.run_directory(view.buf, view.psize, view.npages,
-                                             tuple(view.trees[DB_CHUNKS]), run.space,
-                                             run.run_id, run.kind, start)
-        if not run.merge_output and not inline:
+        cap, _, inline, _ = self._list_chunks(run, start)
+        if not inline:
             live = {r.run_id for r in self.manifest.runs}
             for stale in [rid for rid in cache if rid not in live]:
                 del cache[stale]
             cache[run.run_id] = cap
         return cap
+
+    def _output_directory(self, run):
+        """A merge output's directory.  The output grows by a merge step's
+        chunks at a time and never changes below its cursor, so its directory
+        is the one listed at an earlier cursor extended by the chunks written
+        since, not the whole output listed again (a 10M index's main merge
+        writes about 800 chunks a table, over hundreds of steps)."""
+        outputs = getattr(self._directories, "outputs", None)
+        hit = outputs.get(run.run_id) if outputs is not None else None
+        if hit is not None and hit[0] == run.cursor:
+            return hit[1]
+        prev, start = (hit[1], hit[2] + 1) if hit is not None and hit[2] is not None else (None, 0)
+        cap, _, inline, last = self._list_chunks(run, start, prev)
+        if outputs is not None and not inline:
+            live = {r.run_id for r in self.manifest.runs if r.merge_output}
+            for stale in [rid for rid in outputs if rid not in live]:
+                del outputs[stale]
+            outputs[run.run_id] = (run.cursor, cap, last)
+        return cap
+
+    def _list_chunks(self, run, start: int, prev=None):
+        view = self.view
+        return _core.run_directory(view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
+                                   run.space, run.run_id, run.kind, start, prev)
 
     def _load_manifest(self) -> Manifest:
         raw = self.view.get(DB_META, KEY_MANIFEST)

@@ -10,19 +10,47 @@
 #define SNAPSHOT_CAPSULE "ndindex._core.snapshot"
 #define DIRECTORY_CAPSULE "ndindex._core.run_directory"
 
-/* A run directory and the buffer (the file's mapping) its pointers lie in. */
+/* A run directory and the buffer (the file's mapping) its pointers lie in;
+ * a directory that extends another (run_directory's prev) took over its
+ * block pointers, and so holds the mappings they lie in too (older, smaller
+ * mappings of the same file: a few, as the file doubles). */
+#define DIRECTORY_MAPPINGS 16
 typedef struct {
     run_directory d;
     Py_buffer file;
+    int nolder;
+    Py_buffer older[DIRECTORY_MAPPINGS];
 } directory_box;
+
+static void directory_box_free(directory_box *box) {
+    run_directory_free(&box->d);
+    PyBuffer_Release(&box->file);
+    for (int i = 0; i < box->nolder; i++)
+        PyBuffer_Release(&box->older[i]);
+    PyMem_Free(box);
+}
 
 static void directory_free(PyObject *cap) {
     directory_box *box = PyCapsule_GetPointer(cap, DIRECTORY_CAPSULE);
-    if (box) {
-        run_directory_free(&box->d);
-        PyBuffer_Release(&box->file);
-        PyMem_Free(box);
+    if (box)
+        directory_box_free(box);
+}
+
+/* Hold, in box, a view of the mapping that exports v (unless box holds it). */
+static int hold_mapping(directory_box *box, const Py_buffer *v) {
+    if (v->obj == box->file.obj)
+        return 0;
+    for (int i = 0; i < box->nolder; i++)
+        if (box->older[i].obj == v->obj)
+            return 0;
+    if (box->nolder == DIRECTORY_MAPPINGS) {
+        PyErr_SetString(PyExc_RuntimeError, "a run directory spans too many mappings");
+        return -1;
     }
+    if (PyObject_GetBuffer(v->obj, &box->older[box->nolder], PyBUF_SIMPLE) < 0)
+        return -1;
+    box->nolder++;
+    return 0;
 }
 /* Release the GIL for batches of at least this many queries. */
 #define GIL_RELEASE_QUERIES 8
@@ -416,21 +444,31 @@ static PyObject *py_query_many(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(run_directory_doc,
-             "run_directory(file, psize, npages, chunks_tree, space, run_id, kind, start)\n"
-             "    -> (capsule, chunks, inline_chunks)\n\n"
+             "run_directory(file, psize, npages, chunks_tree, space, run_id, kind, start,\n"
+             "              prev=None) -> (capsule, chunks, inline_chunks, last)\n\n"
              "List the chunks of a run that hold values >= start, checking each header\n"
              "and their fences, for make_snapshot.  A chunk stored in its own overflow\n"
              "pages stays put until it is deleted; one stored inside a leaf page\n"
              "(inline_chunks counts them) moves when the page is copied, so a directory\n"
-             "with inline chunks serves its own snapshot only.  Raises CorruptionError.");
+             "with inline chunks serves its own snapshot only.  prev: a directory of the\n"
+             "same run that this one extends (start is then just past prev's last value,\n"
+             "and the first chunk listed must continue where prev ends).  last: the last\n"
+             "value listed, or None.  Raises CorruptionError.");
 static PyObject *py_run_directory(PyObject *self, PyObject *args) {
-    PyObject *file, *chunks;
+    PyObject *file, *chunks, *prev = Py_None;
     unsigned long psize, run_id;
     unsigned long long npages, start;
     int space, kind;
-    if (!PyArg_ParseTuple(args, "OkKOikiK", &file, &psize, &npages, &chunks, &space, &run_id,
-                          &kind, &start))
+    if (!PyArg_ParseTuple(args, "OkKOikiK|O", &file, &psize, &npages, &chunks, &space, &run_id,
+                          &kind, &start, &prev))
         return NULL;
+    const run_directory *prev_d = NULL;
+    if (prev != Py_None) {
+        directory_box *pb = PyCapsule_GetPointer(prev, DIRECTORY_CAPSULE);
+        if (!pb)
+            return NULL;
+        prev_d = &pb->d;
+    }
     if (space < 0 || space > 255 || run_id > 0xFFFFFFFFul ||
         (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)) {
         PyErr_SetString(PyExc_ValueError, "space, run id or kind out of range");
@@ -465,7 +503,7 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
     if (ndx_get_map(&box->file, psize, npages, &map) == 0) {
         Py_BEGIN_ALLOW_THREADS rc = run_directory_build(&map, &tree, (uint8_t)space,
                                                         (uint32_t)run_id, (uint8_t)kind, start,
-                                                        &box->d, &err);
+                                                        prev_d, &box->d, &err);
         Py_END_ALLOW_THREADS if (rc < 0) {
             err.table = space;
             raise_query_error(rc, &err);
@@ -476,16 +514,29 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
         PyMem_Free(box);
         return NULL;
     }
+    if (prev_d) {
+        const directory_box *pb = PyCapsule_GetPointer(prev, DIRECTORY_CAPSULE);
+        int bad = hold_mapping(box, &pb->file) < 0;
+        for (int i = 0; !bad && i < pb->nolder; i++)
+            bad = hold_mapping(box, &pb->older[i]) < 0;
+        if (bad) {
+            directory_box_free(box);
+            return NULL;
+        }
+    }
     PyObject *cap = PyCapsule_New(box, DIRECTORY_CAPSULE, directory_free);
     if (!cap) {
-        run_directory_free(&box->d);
-        PyBuffer_Release(&box->file);
-        PyMem_Free(box);
+        directory_box_free(box);
         return NULL;
     }
-    PyObject *res = Py_BuildValue("(Nnn)", cap, (Py_ssize_t)box->d.nchunks,
-                                  (Py_ssize_t)box->d.inline_chunks);
-    return res;
+    PyObject *last = box->d.nblocks ? PyLong_FromUnsignedLongLong(box->d.last[box->d.nblocks - 1])
+                                    : Py_NewRef(Py_None);
+    if (!last) {
+        Py_DECREF(cap);
+        return NULL;
+    }
+    return Py_BuildValue("(NnnN)", cap, (Py_ssize_t)box->d.nchunks,
+                         (Py_ssize_t)box->d.inline_chunks, last);
 }
 
 PyDoc_STRVAR(run_directory_blocks_doc,

@@ -418,8 +418,8 @@ void run_directory_free(run_directory *d) {
 }
 
 int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t space,
-                        uint32_t run_id, uint8_t kind, uint64_t start, run_directory *out,
-                        query_error *err) {
+                        uint32_t run_id, uint8_t kind, uint64_t start,
+                        const run_directory *prev, run_directory *out, query_error *err) {
     memset(out, 0, sizeof *out);
     uint8_t key[CHUNK_KEY_BYTES];
     chunk_key(key, space, run_id, start);
@@ -428,6 +428,23 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
     mdbp_error pe;
     size_t cap = 0;
     uint64_t prev_last = 0;
+    if (prev && prev->nblocks) {
+        /* Start with prev's blocks: the chunks listed next must continue
+         * where its last one ended (the fence check below). */
+        cap = prev->nblocks + 256;
+        out->last = malloc(cap * sizeof *out->last);
+        out->block = malloc(cap * sizeof *out->block);
+        if (!out->last || !out->block) {
+            run_directory_free(out);
+            return QUERY_NOMEM;
+        }
+        memcpy(out->last, prev->last, prev->nblocks * sizeof *out->last);
+        memcpy(out->block, prev->block, prev->nblocks * sizeof *out->block);
+        out->nblocks = prev->nblocks;
+        out->nchunks = prev->nchunks;
+        out->inline_chunks = prev->inline_chunks;
+        prev_last = prev->last[prev->nblocks - 1];
+    }
     int rc = mdbp_seek(map, chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
     while (rc == MDBP_FOUND) {
         const uint8_t *k8, *val;
@@ -484,6 +501,8 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
         goto bad_tree;
     }
     out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
+    if (out->verified && prev && prev->nblocks)
+        memcpy(out->verified, prev->verified, prev->nblocks);
     out->ntop = (out->nblocks + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
     out->top = malloc((out->ntop ? out->ntop : 1) * sizeof *out->top);
     if (!out->verified || !out->top) {

@@ -163,8 +163,8 @@ void query_results_free(query_results *r);
  * each header and the chain of fences.  Returns 0, QUERY_CORRUPT with err
  * set, or QUERY_NOMEM.  Free with run_directory_free. */
 int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t space,
-                        uint32_t run_id, uint8_t kind, uint64_t start, run_directory *out,
-                        query_error *err);
+                        uint32_t run_id, uint8_t kind, uint64_t start,
+                        const run_directory *prev, run_directory *out, query_error *err);
 void run_directory_free(run_directory *d);
 
 /* A slice of a run read whole: its values and the keys of its chunks. */

@@ -116,9 +116,22 @@ def test_queries_match_brute_force(path, data, state, small_steps, listing):
         check_queries(ix, fps, queries[:60], 3)
 
 
-def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch):
+def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch, listing):
     # Small flushes and levels: many merges, each stopped after every step.
+    # Listed, a merge output's directory is extended step by step (chunks
+    # of two blocks: one block would fit inside a leaf page, and a directory
+    # of such chunks serves one snapshot only).
     monkeypatch.setattr(compaction, "LEVEL_RATIO", 2)
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
+    from ndindex import _core
+    extended = []
+    real = _core.run_directory
+
+    def counting(*args):
+        extended.append(len(args) > 8 and args[8] is not None)
+        return real(*args)
+
+    monkeypatch.setattr(_core, "run_directory", counting)
     rng = np.random.default_rng(2)
     fps = clustered(rng, 300, 40, 4)
     queries = near(rng, fps, 60, 3)
@@ -136,6 +149,7 @@ def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch):
         assert len(ix) == len(np.unique(fps))
         assert max(r.level for r in ix._snapshot().manifest.runs) >= 2
         ix.verify()
+    assert any(extended) == (listing == "listed")
 
 
 @pytest.mark.parametrize("state", ["one-run", "main"])
