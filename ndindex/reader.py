@@ -55,6 +55,11 @@ DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
 #: tools/bench/bench_open.py).
 DIRECTORY_COLD_CHUNKS = 8
 WARM_QUERIES = 256
+#: A snapshot's log additions gather in a small "recent" array per table,
+#: folded into the main one once larger than this fraction of it (or than
+#: LOG_RECENT_MIN): see Snapshot._load_log.
+LOG_RECENT_FRACTION = 0.125
+LOG_RECENT_MIN = 4096
 
 
 class DirectoryCache(dict):
@@ -138,7 +143,7 @@ class Snapshot:
         return _core.make_snapshot(
             view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
             [(d.prefix_bits, d.runs(), _inverse(d),
-              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], self.log_tables[i])
+              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *self.log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
             self.hide_runs)
 
@@ -218,6 +223,11 @@ class Snapshot:
     def _load_log(self, prev) -> None:
         """Set self.log and self.log_tables, extending prev's when only records were added.
 
+        log_tables: per table, (log, recent), the log's additions permuted and
+        sorted in two disjoint arrays: the records added since the last fold
+        go into recent, which is folded into log once it outgrows
+        LOG_RECENT_FRACTION of it, so that a commit costs O(its records)
+        here, not O(log), amortised.
         prev: (state, log, log_tables) of an earlier snapshot, or None.
         """
         st = self.state
@@ -230,8 +240,8 @@ class Snapshot:
             log = LogOverlay()
             for record in self._read_log(st.log_first_seq, st.log_next_seq):
                 log.apply(record)
-            d["log_tables"] = [np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64
-                               for t in self.plan.tables]
+            d["log_tables"] = [(np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64,
+                                EMPTY_U64) for t in self.plan.tables]
             d["log"] = log
             return
         fresh = self._read_log(prev_state.log_next_seq, st.log_next_seq)
@@ -242,15 +252,17 @@ class Snapshot:
         before = log.adds
         for record in fresh:
             log.apply(record)
-        new = log.adds[~isin_sorted(log.adds, before)] if len(before) else log.adds
+        # The values the fresh records brought in, found among their own
+        # additions (a commit's thousand), not by searching the whole log.
+        added = sorted_unique(np.concatenate([r.adds for r in fresh]))
+        new = added[~isin_sorted(added, before)] if len(before) else added
         if len(log.adds) == len(before) + len(new):
-            # Only additions: merge them into the sorted per-table copies
-            # (a memmove each) instead of sorting the whole log again.
-            d["log_tables"] = [insert_sorted(t, np.sort(p.apply(new))) if len(new) else t
+            # Only additions: merged into the recent part of each table's log.
+            d["log_tables"] = [_log_with(t, np.sort(p.apply(new))) if len(new) else t
                                for t, p in zip(prev_tables, self.plan.tables)]
         else:
-            d["log_tables"] = [np.sort(p.apply(log.adds)) if len(log.adds) else EMPTY_U64
-                               for p in self.plan.tables]
+            d["log_tables"] = [(np.sort(p.apply(log.adds)) if len(log.adds) else EMPTY_U64,
+                                EMPTY_U64) for p in self.plan.tables]
         d["log"] = log
 
     def close(self) -> None:
@@ -415,7 +427,7 @@ class Snapshot:
         runs = [r for r in self.table_runs[table] if r.chunks]
         design = self.plan.tables[table]
         hidden = np.sort(design.apply(self.hide_runs)) if len(self.hide_runs) else EMPTY_U64
-        log = self.log_tables[table]
+        log = insert_sorted(*self.log_tables[table])
         spine = max(runs, key=lambda r: r.entries) if runs else None
         others = [r for r in runs if r is not spine]
         pending_others = {r.run_id: (EMPTY_U64, None, False) for r in others}
@@ -461,6 +473,15 @@ class Snapshot:
         if self._count is None:
             self._count = sum(len(v) for v in self.table_values(0))
         return self._count
+
+
+def _log_with(table_log: tuple, new: np.ndarray) -> tuple:
+    """A table's (log, recent) with sorted new values (in neither) added."""
+    log, recent = table_log
+    recent = insert_sorted(recent, new)
+    if len(recent) > max(LOG_RECENT_MIN, LOG_RECENT_FRACTION * len(log)):
+        return insert_sorted(log, recent), EMPTY_U64
+    return log, recent
 
 
 def _ranked(records, rank: int):

@@ -176,11 +176,11 @@ PyDoc_STRVAR(make_snapshot_doc,
              "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs) -> capsule\n\n"
              "file: the mapped index file; psize, npages: its page size and readable pages;\n"
              "chunks_tree: (root or None, depth, flags) of the chunks database;\n"
-             "tables: sequence of (p, runs, inverse_runs, table_runs, log) where table_runs\n"
-             "is a sequence of (space, kind, run_id, code or None, last, lo or None,\n"
+             "tables: sequence of (p, runs, inverse_runs, table_runs, log, log_recent)\n"
+             "where table_runs is a sequence of (space, kind, run_id, code or None, last, lo or None,\n"
              "hi or None, directory or None) -- live range (lo, hi], directory from\n"
-             "run_directory() -- and log the sorted permuted log\n"
-             "additions (uint64);\n"
+             "run_directory() -- and log, log_recent the sorted permuted log additions\n"
+             "(uint64; disjoint; log_recent the newest, small);\n"
              "hide_runs: sorted uint64 values never reported from a run.\n"
              "The caller keeps the LMDB read transaction that pins the pages open for as\n"
              "long as the snapshot is used.");
@@ -202,7 +202,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     box->keep = PyList_New(0);
     box->tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
-    box->views = PyMem_Calloc(nt + 3, sizeof(Py_buffer));
+    box->views = PyMem_Calloc(2 * nt + 3, sizeof(Py_buffer));
     if (!box->keep || !box->tables || !box->views) {
         PyErr_NoMemory();
         goto fail;
@@ -234,8 +234,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     Py_ssize_t total_runs = 0;
     for (Py_ssize_t t = 0; t < nt; t++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, t);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5) {
-            PyErr_SetString(PyExc_TypeError, "each table is (p, runs, inverse_runs, table_runs, log)");
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+            PyErr_SetString(PyExc_TypeError,
+                            "each table is (p, runs, inverse_runs, table_runs, log, log_recent)");
             goto fail;
         }
         Py_ssize_t nr = PySequence_Size(PyTuple_GET_ITEM(item, 3));
@@ -279,6 +280,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         box->s.ntables = (int)t + 1; /* box_free frees the log tops of these */
         tb->log = take_u64(box, PyTuple_GET_ITEM(item, 4), &tb->nlog, "log");
         if (!tb->log)
+            goto fail;
+        tb->log_recent = take_u64(box, PyTuple_GET_ITEM(item, 5), &tb->nlog_recent, "log_recent");
+        if (!tb->log_recent)
             goto fail;
         if (log_top_build(tb) < 0) {
             PyErr_NoMemory();

@@ -656,6 +656,22 @@ fail:
     return QUERY_CORRUPT;
 }
 
+/* The log's additions in [lo, hi] within k of qp, as candidates of table t
+ * of s (whose table tb is). */
+static int log_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
+                          uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out) {
+    for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
+        if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
+            add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
+            return QUERY_NOMEM;
+    const uint64_t *r = tb->log_recent;
+    for (size_t i = lower_bound(r, tb->nlog_recent, lo); i < tb->nlog_recent && r[i] <= hi; i++)
+        if (__builtin_popcountll(r[i] ^ qp) <= k &&
+            add_candidate(s, t, q, out, perm_apply(&tb->inv, r[i])) < 0)
+            return QUERY_NOMEM;
+    return 0;
+}
+
 /* Keep out[from:] entries not in the sorted set a[0:n]. */
 static void drop_hidden(query_results *out, size_t from, const uint64_t *a, size_t n) {
     if (!n)
@@ -906,10 +922,8 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
         uint64_t qp = perm_apply(&tb->fwd, q);
         uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
         uint64_t lo = qp & mask, hi = lo | ~mask;
-        for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
-            if (__builtin_popcountll(tb->log[i] ^ qp) <= k)
-                if (add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
-                    return QUERY_NOMEM;
+        if (log_candidates(s, t, tb, q, qp, lo, hi, k, out) < 0)
+            return QUERY_NOMEM;
     }
     if (pend)
         drop_hidden(out, start, pend->removes, pend->nremoves);
@@ -968,10 +982,8 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
     drop_hidden(out, start, s->hide_runs, s->nhide_runs);
     for (size_t j = 0; j < nprefixes; j++) {
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
-        for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
-            if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
-                add_candidate(&one, 0, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
-                return QUERY_NOMEM;
+        if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, out) < 0)
+            return QUERY_NOMEM;
     }
     if (pend)
         drop_hidden(out, start, pend->removes, pend->nremoves);

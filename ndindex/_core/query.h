@@ -74,8 +74,12 @@ typedef struct {
     uint64_t orig_mask; /* the prefix bits, at their unpermuted positions */
     int nruns;
     const query_run *runs;
-    size_t nlog;
-    const uint64_t *log; /* permuted log additions, sorted */
+    /* The log's additions, permuted and sorted, in two arrays: log, and
+     * log_recent, the newest (small), so that a commit of a thousand
+     * additions costs the reader a merge into log_recent, not into a log of
+     * a hundred thousand (the reader folds recent into log now and then). */
+    size_t nlog, nlog_recent;
+    const uint64_t *log, *log_recent;
     /* log[] of every DIRECTORY_GROUP-th value, as run_directory.top: a log
      * of 100,000 additions is searched in cache (log_top_build). */
     uint64_t *log_top;

@@ -171,6 +171,29 @@ def test_more_matches_in_a_block_than_a_probe_lane_holds(path, listing, state):
         assert len(ix.query(q, 3)) >= len(masks)
 
 
+def test_log_additions_across_commits_fold_and_match_brute_force(path, monkeypatch):
+    # Each commit's additions join the snapshot's small recent log, which is
+    # folded into the main one now and then: queries between commits see
+    # every addition, before and after each fold, and removals rebuild both.
+    from ndindex import reader
+    monkeypatch.setattr(reader, "LOG_RECENT_MIN", 40)
+    rng = np.random.default_rng(4)
+    fps = clustered(rng, 60, 20, 4)
+    queries = near(rng, fps, 20, 3)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        folds = 0
+        for i, part in enumerate(np.array_split(fps, 30)):
+            ix.add(part)
+            check_queries(ix, fps[:sum(len(p) for p in np.array_split(fps, 30)[:i + 1])],
+                          queries[:5], 3)
+            log, recent = ix._snapshot().log_tables[0]
+            folds += len(recent) == 0
+        assert 0 < folds < 30
+        ix.remove(fingerprints=fps[:100])
+        assert len(ix._snapshot().log_tables[0][1]) == 0
+        check_queries(ix, fps[100:], queries, 3)
+
+
 def test_results_survive_reopen(path):
     rng = np.random.default_rng(2)
     fps = clustered(rng, 200, 30, 3)
