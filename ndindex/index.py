@@ -31,7 +31,7 @@ from ndindex import codec, compaction, docstore, plan as plans, records as rec, 
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_DELTA
-from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
+from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
 from ndindex.reader import WARM_QUERIES, DirectoryCache, Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
@@ -221,14 +221,26 @@ class Index(DocumentMethods):
             raise
 
     def close(self) -> None:
-        """Close the index: stop compaction, checkpoint the journal.  Idempotent."""
+        """Close the index: stop compaction, checkpoint the journal.  Idempotent.
+
+        With background compaction on, a log of compaction.CLOSE_FLUSH_OPS
+        operations or more is flushed into runs first (about 0.1 s for
+        65,000), as SQLite checkpoints its WAL when the last connection
+        closes, so that the next open's first query does not read it whole.
+        """
         if self._store._env is None:
             return
         try:
+            background = self._compactor is not None and self._compactor.background
             if self._compactor is not None:
                 self._compactor.close()
             if self._writer is not None:
                 self._writer.close()
+                if background:
+                    # Optional work: a failure (a full disk) leaves the log as it is.
+                    with contextlib.suppress(NdindexError):
+                        if self._snapshot().state.log_ops >= compaction.CLOSE_FLUSH_OPS:
+                            self._compactor.flush_log()
         finally:
             self._finalizer.detach()
             with self._snap_lock:

@@ -194,6 +194,39 @@ def test_log_additions_across_commits_fold_and_match_brute_force(path, monkeypat
         check_queries(ix, fps[100:], queries, 3)
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_close_flushes_a_long_log_with_background_compaction(path, background, monkeypatch):
+    # As SQLite checkpoints its WAL on close: the next open's first query
+    # then reads no log.  Opted out of background compaction, close writes
+    # nothing but the commits.
+    monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
+    monkeypatch.setattr(compaction, "CLOSE_FLUSH_OPS", 1000)
+    fps = np.random.default_rng(5).integers(0, 2**64, 3000, dtype=np.uint64)
+    Index.create(path, k=3, expected_n=len(fps)).close()
+    with Index.open(path, background_compaction=background) as ix:
+        ix.add(fps)
+    with Index.open(path, readonly=True) as ix:
+        assert ix._snapshot().state.log_ops == (0 if background else len(fps))
+        check_queries(ix, fps, fps[:20] ^ np.uint64(5), 3)
+
+
+def test_a_failed_flush_at_close_loses_nothing(path, monkeypatch):
+    from ndindex.errors import CapacityError
+    monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
+    monkeypatch.setattr(compaction, "CLOSE_FLUSH_OPS", 1000)
+
+    def full(self):
+        raise CapacityError("no space left on device")
+
+    monkeypatch.setattr(compaction.Compactor, "flush_log", full)
+    fps = np.random.default_rng(6).integers(0, 2**64, 3000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps)) as ix:
+        ix.add(fps)
+    with Index.open(path, readonly=True) as ix:
+        assert ix._snapshot().state.log_ops == len(fps)
+        assert len(ix) == len(fps)
+
+
 def test_results_survive_reopen(path):
     rng = np.random.default_rng(2)
     fps = clustered(rng, 200, 30, 3)
