@@ -151,6 +151,10 @@ def query_burst(ix, single: np.ndarray, batch: np.ndarray) -> dict:
     """Single-query latencies and one query_many, in the index's current state."""
     ix.query(int(single[0]), K, keys=False)  # the first query after a commit builds the snapshot
     lat = latencies_us(lambda q: ix.query(int(q), K, keys=False), single)
+    # The same queries again: the first pass also pays each new run's first
+    # touches (checksums of blocks not read before, cold caches and page
+    # tables); the target is judged on the first pass, this one is reported.
+    again = latencies_us(lambda q: ix.query(int(q), K, keys=False), single)
     many_s = float("inf")
     for _ in range(MANY_REPEATS):
         t = time.perf_counter()
@@ -158,6 +162,7 @@ def query_burst(ix, single: np.ndarray, batch: np.ndarray) -> dict:
         many_s = min(many_s, time.perf_counter() - t)
     count, digest = pairs_digest(res["query"], res["fingerprint"])
     return dict(p50_us=float(np.percentile(lat, 50)), p99_us=float(np.percentile(lat, 99)),
+                p50_again_us=float(np.percentile(again, 50)),
                 many_s=many_s, many_qps=len(batch) / many_s, pairs=count, digest=digest)
 
 
@@ -496,11 +501,14 @@ def report(n, s, items, mh, fresh, cycles, churn_fraction) -> list[str]:
     out.append(f"  queries at each tenth of the stream (compactor held; {len(s['samples'])} "
                f"moments); then the fully compacted copy:")
     out.append(f"  {'added':>12} {'runs/table':>10} {'log ops':>9} {'p50 us':>8} {'p99 us':>8} "
-               f"{'many q/s':>10} {'x compacted':>11}")
+               f"{'many q/s':>10} {'x compacted':>11} {'p50 again':>9} {'x':>5}")
     for m in s["samples"] + [dict(c, added="compacted", log_ops=0)]:
         added = m["added"] if isinstance(m["added"], str) else f"{m['added']:,}"
         out.append(f"  {added:>12} {max(m['runs']):>10} {m['log_ops']:>9,} {m['p50_us']:>8.1f} "
-                   f"{m['p99_us']:>8.1f} {m['many_qps']:>10,.0f} {m['p50_us'] / c['p50_us']:>11.2f}")
+                   f"{m['p99_us']:>8.1f} {m['many_qps']:>10,.0f} {m['p50_us'] / c['p50_us']:>11.2f} "
+                   f"{m['p50_again_us']:>9.1f} {m['p50_again_us'] / c['p50_again_us']:>5.2f}")
+    out.append("  (p50 again: the same single queries a second time, past the first touches of "
+               "new runs; x: against the compacted copy's second pass)")
     out.append(f"  stream ended with runs per table {s['runs_end']} and {s['log_end']:,} log "
                f"operations; compact() then took {s['settle_s']:.1f} s (runs {s['runs_settled']}); "
                f"{s['compaction_steps']:,} compaction commits in all")
