@@ -271,88 +271,20 @@ long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size
     return (long)count;
 }
 
-/* The probe loop, specialised per coding so the per-entry work has no
- * coding branch.  It decodes from a zero-padded copy of the bitstream, so
- * the 8-byte loads need no bounds check; overruns are still caught by the
- * explicit position check against BLOCK_PAYLOAD_BITS. */
 #define PROBE_PAD_BYTES 16
-static inline long probe_loop(const codec_code *c, const uint8_t *s, unsigned count,
-                              uint64_t v, uint64_t q, uint64_t mask, int k, uint64_t *out,
-                              size_t cap, const int delta) {
-    const uint64_t qp = q & mask;
-    size_t pos = 0, found = 0;
-    for (unsigned i = 0;;) {
-        uint64_t vp = v & mask;
-        if (vp > qp)
-            break;
-        if (vp == qp && __builtin_popcountll(v ^ q) <= k) {
-            if (found >= cap)
-                return CODEC_OVERRUN;
-            out[found++] = v;
-        }
-        if (++i >= count)
-            break;
-        uint64_t w;
-        memcpy(&w, s + (pos >> 3), 8);
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        w = __builtin_bswap64(w);
-#endif
-        w <<= pos & 7;
-        /* A compiled code is complete, so every entry has 1 <= len <= 12. */
-        unsigned len = c->lut[w >> (64 - CODE_MAX_BITS)].len;
-        unsigned h = c->lut[w >> (64 - CODE_MAX_BITS)].h;
-        pos += len;
-        if (pos + h > BLOCK_PAYLOAD_BITS)
-            return CODEC_OVERRUN;
-        uint64_t low;
-        if (h + len <= 57) {
-            /* (x >> 1) >> (63 - h) is x >> (64 - h) for h >= 1, and 0 for h = 0. */
-            low = ((w << len) >> 1) >> (63 - h);
-        } else {
-            low = read_bits(s, BLOCK_BYTES - BLOCK_HEADER_BYTES, pos, h);
-        }
-        pos += h;
-        uint64_t next;
-        if (delta) {
-            next = v + ((1ull << h) | low);
-            if (next <= v)
-                return CODEC_NOT_SORTED;
-        } else {
-            if ((v >> h) & 1)
-                return CODEC_NOT_SORTED;
-            next = (((v >> h) | 1) << h) | low;
-        }
-        v = next;
-    }
-    return (long)found;
-}
 
 HOT_KERNEL long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                             uint64_t *out, size_t cap) {
     return codec_probe_verified(c, block, q, p, k, out, cap, 0);
 }
 
-HOT_KERNEL long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p,
-                                     int k, uint64_t *out, size_t cap, int verified) {
-    unsigned count;
-    int rc = verified ? CODEC_OK : check_header(block, &count);
-    if (rc < 0)
-        return rc;
-    if (verified) {
-        count = load_le16(block + 4);
-        if (count < 1 || count > 1 + BLOCK_PAYLOAD_BITS)
-            return CODEC_BAD_COUNT;
-    }
-    const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
-    uint64_t first = load_le64(block + 6);
-    if ((first & mask) > (q & mask))
-        return 0; /* the whole block lies past q's prefix */
-    uint8_t s[BLOCK_BYTES - BLOCK_HEADER_BYTES + PROBE_PAD_BYTES];
-    memcpy(s, block + BLOCK_HEADER_BYTES, BLOCK_BYTES - BLOCK_HEADER_BYTES);
-    memset(s + BLOCK_BYTES - BLOCK_HEADER_BYTES, 0, PROBE_PAD_BYTES);
-    if (c->coding == CODING_DELTA)
-        return probe_loop(c, s, count, first, q, mask, k, out, cap, 1);
-    return probe_loop(c, s, count, first, q, mask, k, out, cap, 0);
+/* One probe is the one-lane case of codec_probe_lanes. */
+long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
+                          uint64_t *out, size_t cap, int verified) {
+    codec_lane lane = {.code = c, .block = block, .q = q, .p = p, .k = k, .verified = verified,
+                       .out = out, .cap = cap};
+    codec_probe_lanes(&lane, 1);
+    return lane.n == CODEC_OUT_FULL ? CODEC_OVERRUN : lane.n;
 }
 
 /* One lane's decoding state in codec_probe_lanes. */
@@ -397,8 +329,10 @@ HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
                              .k = l->k, .delta = l->code->coding == CODING_DELTA, .out = l->out};
         live[nlive++] = j;
     }
-    /* Each round advances every live lane by one entry: the step is
-     * probe_loop's, with its exits ending the lane instead of the loop. */
+    /* Each round advances every live lane by one entry.  Lanes decode from
+     * zero-padded copies of their bitstreams, so the 8-byte loads need no
+     * bounds check; overruns are still caught by the explicit position
+     * check against BLOCK_PAYLOAD_BITS. */
     while (nlive) {
         for (int a = 0; a < nlive;) {
             const int j = live[a];
