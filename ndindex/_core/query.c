@@ -80,27 +80,40 @@ static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     return lo;
 }
 
-int log_top_build(query_table *tb) {
-    tb->nlog_top = (tb->nlog + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
-    tb->log_top = malloc((tb->nlog_top ? tb->nlog_top : 1) * sizeof *tb->log_top);
-    if (!tb->log_top)
-        return QUERY_NOMEM;
-    for (size_t g = 0; g < tb->nlog_top; g++) {
+/* The top array of sorted a[0..n): the last value of each DIRECTORY_GROUP
+ * values (*ntop of them), malloc'd; NULL if out of memory.  Searching it
+ * first keeps a search of a large array in cache (see run_directory.top). */
+static uint64_t *group_tops(const uint64_t *a, size_t n, size_t *ntop) {
+    *ntop = (n + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
+    uint64_t *top = malloc((*ntop ? *ntop : 1) * sizeof *top);
+    for (size_t g = 0; top && g < *ntop; g++) {
         size_t i = (g + 1) * DIRECTORY_GROUP - 1;
-        tb->log_top[g] = tb->log[i < tb->nlog ? i : tb->nlog - 1];
+        top[g] = a[i < n ? i : n - 1];
     }
-    return 0;
+    return top;
+}
+
+/* First index i of sorted a[0..n) with a[i] >= v, given g, the first group
+ * whose top is >= v (lower_bound over the tops; n if g is past them). */
+static inline size_t group_lower_bound(const uint64_t *a, size_t n, size_t ntop, size_t g,
+                                       uint64_t v) {
+    if (g >= ntop)
+        return n;
+    size_t i = g * DIRECTORY_GROUP;
+    while (a[i] < v)
+        i++;
+    return i;
+}
+
+int log_top_build(query_table *tb) {
+    tb->log_top = group_tops(tb->log, tb->nlog, &tb->nlog_top);
+    return tb->log_top ? 0 : QUERY_NOMEM;
 }
 
 /* First index i of the table's log with log[i] >= v (nlog if none). */
 static inline size_t log_lower_bound(const query_table *tb, uint64_t v) {
-    size_t g = lower_bound(tb->log_top, tb->nlog_top, v);
-    if (g == tb->nlog_top)
-        return tb->nlog;
-    size_t i = g * DIRECTORY_GROUP;
-    while (tb->log[i] < v)
-        i++;
-    return i;
+    return group_lower_bound(tb->log, tb->nlog, tb->nlog_top,
+                             lower_bound(tb->log_top, tb->nlog_top, v), v);
 }
 
 static int contains(const uint64_t *a, size_t n, uint64_t v) {
@@ -263,25 +276,12 @@ static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uin
 
 /* First group of a directory whose last value is >= lo (ntop if none). */
 static inline size_t directory_group(const run_directory *d, uint64_t lo) {
-    size_t a = 0, z = d->ntop;
-    while (a < z) {
-        size_t mid = (a + z) / 2;
-        if (d->top[mid] < lo)
-            a = mid + 1;
-        else
-            z = mid;
-    }
-    return a;
+    return lower_bound(d->top, d->ntop, lo);
 }
 
-/* First block of group g whose last value is >= lo (the group's last is). */
+/* First block of group g whose last value is >= lo (nblocks if none). */
 static inline size_t group_block(const run_directory *d, size_t g, uint64_t lo) {
-    if (g >= d->ntop)
-        return d->nblocks;
-    size_t b = g * DIRECTORY_GROUP;
-    while (d->last[b] < lo)
-        b++;
-    return b;
+    return group_lower_bound(d->last, d->nblocks, d->ntop, g, lo);
 }
 
 /* First block of a directory whose last value is >= lo (nblocks if none). */
@@ -503,15 +503,10 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
     out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
     if (out->verified && prev && prev->nblocks)
         memcpy(out->verified, prev->verified, prev->nblocks);
-    out->ntop = (out->nblocks + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
-    out->top = malloc((out->ntop ? out->ntop : 1) * sizeof *out->top);
+    out->top = group_tops(out->last, out->nblocks, &out->ntop);
     if (!out->verified || !out->top) {
         run_directory_free(out);
         return QUERY_NOMEM;
-    }
-    for (size_t g = 0; g < out->ntop; g++) {
-        size_t b = (g + 1) * DIRECTORY_GROUP - 1;
-        out->top[g] = out->last[b < out->nblocks ? b : out->nblocks - 1];
     }
     return 0;
 bad_tree:
@@ -705,13 +700,18 @@ static void prefetch_listed(const query_table *tb, uint64_t lo) {
 #define LOCATE_TABLES 8
 #define LOCATE_RUNS 16
 
-/* For tables [t0, t1) probed at prefixes lo[]: at[t - t0][r], the first
- * block of each listed run r for its clipped lo, NOT_LOCATED for the
- * others.  In three passes over all the runs -- the group search in each
- * directory's top array, then the group's last[] values, then the block --
- * each pass prefetching what the next one reads, so the misses of every
- * table and run overlap instead of queueing one behind another. */
-static void locate_listed(const query_snapshot *s, int t0, int t1, const uint64_t *lo,
+/* What query_one probes in one table: q permuted, and the prefix range. */
+typedef struct {
+    uint64_t qp, lo, hi;
+} table_probe;
+
+/* For tables [t0, t1) probed at tp[]: at[t - t0][r], the first block of
+ * each listed run r for its clipped range, NOT_LOCATED for the others.  In
+ * three passes over all the runs -- the group search in each directory's
+ * top array, then the group's last[] values, then the block -- each pass
+ * prefetching what the next one reads, so the misses of every table and
+ * run overlap instead of queueing one behind another. */
+static void locate_listed(const query_snapshot *s, int t0, int t1, const table_probe *tp,
                           size_t at[][LOCATE_RUNS]) {
     for (int t = t0; t < t1; t++) {
         const query_table *tb = &s->tables[t];
@@ -720,12 +720,10 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const uint64_
             if (r >= tb->nruns)
                 continue;
             const query_run *run = &tb->runs[r];
-            uint64_t v = lo[t - t0];
-            if (!run->dir || v > run->last || (run->has_hi && v > run->hi))
+            uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
+            if (!run->dir || !clip_to_run(run, &lo, &hi))
                 continue;
-            if (run->has_lo && v <= run->lo)
-                v = run->lo + 1;
-            size_t g = directory_group(run->dir, v);
+            size_t g = directory_group(run->dir, lo);
             if (g < run->dir->ntop) {
                 const uint64_t *group = run->dir->last + g * DIRECTORY_GROUP;
                 __builtin_prefetch(group);
@@ -742,10 +740,9 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const uint64_
             if (at[t - t0][r] == NOT_LOCATED)
                 continue;
             const query_run *run = &tb->runs[r];
-            uint64_t v = lo[t - t0];
-            if (run->has_lo && v <= run->lo)
-                v = run->lo + 1;
-            size_t b = group_block(run->dir, at[t - t0][r], v);
+            uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
+            clip_to_run(run, &lo, &hi);
+            size_t b = group_block(run->dir, at[t - t0][r], lo);
             at[t - t0][r] = b;
             if (b < run->dir->nblocks) {
                 const uint8_t *blk = run->dir->block[b];
@@ -814,8 +811,9 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
 /* Probe every run of tables [t0, t1) (located by locate_listed): the
  * listed Huffman runs' blocks through codec_probe_lanes, CODEC_LANES at a
  * time, the others one by one. */
-static int probe_tables(const query_snapshot *s, int t0, int t1, uint64_t q, int k,
-                        size_t at[][LOCATE_RUNS], query_results *out, query_error *err) {
+static int probe_tables(const query_snapshot *s, int t0, int t1, const table_probe *tp,
+                        uint64_t q, int k, size_t at[][LOCATE_RUNS], query_results *out,
+                        query_error *err) {
     struct job {
         int t;
         const query_run *run;
@@ -825,11 +823,10 @@ static int probe_tables(const query_snapshot *s, int t0, int t1, uint64_t q, int
     int njobs = 0;
     for (int t = t0; t < t1; t++) {
         const query_table *tb = &s->tables[t];
-        uint64_t qp = perm_apply(&tb->fwd, q);
-        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        const uint64_t qp = tp[t - t0].qp;
         for (int r = 0; r < tb->nruns; r++) {
             const query_run *run = &tb->runs[r];
-            uint64_t lo = qp & mask, hi = lo | ~mask;
+            uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
             size_t b = r < LOCATE_RUNS ? at[t - t0][r] : NOT_LOCATED;
             if (run->dir && run->kind == RUN_KIND_HUFFMAN && b < run->dir->nblocks) {
                 if (clip_to_run(run, &lo, &hi))
@@ -898,33 +895,32 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     size_t start = out->n;
     /* Every table holds every fingerprint: an exact lookup (k = 0) needs one. */
     const int ntables = k == 0 ? 1 : s->ntables;
-    uint64_t los[LOCATE_TABLES];
+    table_probe tp[LOCATE_TABLES];
     size_t at[LOCATE_TABLES][LOCATE_RUNS];
     for (int t0 = 0; t0 < ntables; t0 += LOCATE_TABLES) {
         int t1 = t0 + LOCATE_TABLES < ntables ? t0 + LOCATE_TABLES : ntables;
         for (int t = t0; t < t1; t++) {
             const query_table *tb = &s->tables[t];
             uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-            los[t - t0] = perm_apply(&tb->fwd, q) & mask;
+            uint64_t qp = perm_apply(&tb->fwd, q);
+            tp[t - t0] = (table_probe){qp, qp & mask, (qp & mask) | ~mask};
         }
-        locate_listed(s, t0, t1, los, at);
-        int rc = probe_tables(s, t0, t1, q, k, at, out, err);
+        locate_listed(s, t0, t1, tp, at);
+        size_t group_start = out->n;
+        int rc = probe_tables(s, t0, t1, tp, q, k, at, out, err);
         if (rc < 0) {
             out->n = start;
             return rc;
         }
+        /* Drop what the runs found but tombstones or later removals hide,
+         * then add what the logs find. */
+        drop_hidden(out, group_start, s->hide_runs, s->nhide_runs);
+        for (int t = t0; t < t1; t++)
+            if (log_candidates(s, t, &s->tables[t], q, tp[t - t0].qp, tp[t - t0].lo,
+                               tp[t - t0].hi, k, out) < 0)
+                return QUERY_NOMEM;
     }
-    /* Drop what the runs found but tombstones or later removals hide, then
-     * add what the logs find, then drop what pending removals hide. */
-    drop_hidden(out, start, s->hide_runs, s->nhide_runs);
-    for (int t = 0; t < ntables; t++) {
-        const query_table *tb = &s->tables[t];
-        uint64_t qp = perm_apply(&tb->fwd, q);
-        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-        uint64_t lo = qp & mask, hi = lo | ~mask;
-        if (log_candidates(s, t, tb, q, qp, lo, hi, k, out) < 0)
-            return QUERY_NOMEM;
-    }
+    /* Then drop what pending removals hide. */
     if (pend)
         drop_hidden(out, start, pend->removes, pend->nremoves);
     for (size_t i = 0; pend && i < pend->nadds; i++)
