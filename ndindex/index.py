@@ -441,6 +441,9 @@ class Index(DocumentMethods):
 
         rows: None for one query ((64,) arrays), else the batch size ((rows, 64)).
         """
+        if probabilities is None and margins is None and max_probes is None and \
+                not self.plan.probabilistic:
+            return None  # the common case, first: check_and_add asks per item
         if probabilities is not None and margins is not None:
             raise TypeError("give probabilities or margins, not both")
         shape = (64,) if rows is None else (rows, 64)
@@ -575,9 +578,8 @@ class Index(DocumentMethods):
         # the per-item call, thousands a second inside a transaction.
         with self._writer.lock:
             snap, pend = self._view()
-            found = snap.query(fp, k, pend) if not self.plan.probabilistic else \
-                self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
-                            None)
+            found = self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
+                                None)
             if not found:
                 self._writer.add_one(fp, pairs)
                 return []
