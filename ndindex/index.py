@@ -755,7 +755,8 @@ class Index(DocumentMethods):
         return dict(
             path=self.path, k=self.k, fingerprints=n, log_entries=snap.state.log_ops,
             log_records=snap.state.log_next_seq - snap.state.log_first_seq,
-            removed_pending=len(snap.tombstones), tables=per_table,
+            removed_pending=snap.tombstone_run.entries if snap.tombstone_run else 0,
+            tables=per_table,
             key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
             file_bytes=file_bytes,
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,

@@ -2,10 +2,10 @@
 
 A ``Snapshot`` is one committed state: an LMDB read transaction (which pins
 its pages), the page view of it, the state and manifest records, the
-tombstones, the net effect of the append log, and the query kernel's
-capsule over all of that.  Building one reads O(runs + log + tombstones),
-never O(N): the runs' chunks are found by the kernel in the chunks tree at
-query time.  A new snapshot reuses what did not change since the previous
+tombstone run, the net effect of the append log, and the query kernel's
+capsule over all of that.  Building one reads O(runs + log), never O(N):
+the runs' chunks, and the tombstones of what a query finds, are looked up
+by the kernel in the chunks tree at query time.  A new snapshot reuses what did not change since the previous
 one (the manifest and tombstones by generation, the log by extending it
 with only the new records).
 
@@ -100,12 +100,14 @@ class Snapshot:
             prev.state.manifest_generation == self.state.manifest_generation
         self.manifest = prev.manifest if same_manifest else self._load_manifest()
         tomb = self.manifest.of(SPACE_TOMBSTONES)
-        tomb_run = tomb[0] if tomb else None
-        if prev is not None and prev.tombstone_run_id == (tomb_run.run_id if tomb_run else 0):
-            self.tombstones, self.tombstone_stamps = prev.tombstones, prev.tombstone_stamps
-        else:
-            self.tombstones, self.tombstone_stamps = rn.load_tombstones(view, tomb_run)
-        self.tombstone_run_id = tomb_run.run_id if tomb_run else 0
+        #: The tombstone run: queries look candidates up in it (the kernel);
+        #: its whole arrays are read only when asked for (compaction, checks).
+        self.tombstone_run = tomb[0] if tomb else None
+        self.tombstone_run_id = tomb[0].run_id if tomb else 0
+        if prev is not None and prev.tombstone_run_id == self.tombstone_run_id and \
+                "tombstone_stamps" in prev.__dict__:
+            self.__dict__["tombstone_stamps"] = prev.tombstone_stamps
+            self.__dict__["tombstones"] = prev.tombstones
         self.table_runs = [self.manifest.of(t) for t in range(len(plan.tables))]
         # The log and the kernel are built on first use: compaction steps
         # take snapshots too and need neither.  Only the previous log is
@@ -131,7 +133,24 @@ class Snapshot:
         return self.__dict__["log_tables"]
 
     @functools.cached_property
-    def hide_runs(self) -> np.ndarray:
+    def tombstone_stamps(self) -> np.ndarray:
+        """The tombstones' stamps (uint32), in the order of tombstones."""
+        with self._build_lock:
+            if "tombstone_stamps" not in self.__dict__:
+                fps, stamps = rn.load_tombstones(self.view, self.tombstone_run)
+                self.__dict__["tombstones"] = fps
+                self.__dict__["tombstone_stamps"] = stamps
+            return self.__dict__["tombstone_stamps"]
+
+    @functools.cached_property
+    def tombstones(self) -> np.ndarray:
+        """The tombstone run's fingerprints, sorted: read whole on first use
+        (O(tombstones)); queries do not need them (see kernel)."""
+        self.tombstone_stamps  # noqa: B018 - loads both
+        return self.__dict__["tombstones"]
+
+    @functools.cached_property
+    def hidden(self) -> np.ndarray:
         """Values never reported from a run: tombstones and the log's removals."""
         removes = self.log.removes
         return sorted_unique(np.concatenate([self.tombstones, removes])) if len(removes) \
@@ -145,7 +164,8 @@ class Snapshot:
             [(d.prefix_bits, d.runs(), _inverse(d),
               [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *self.log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
-            self.hide_runs)
+            self.log.removes,
+            (self.tombstone_run_id, self.tombstone_run.last) if self.tombstone_run else None)
 
     def _directory(self, run):
         """The run's directory, or None (runs too large are found through the tree).
@@ -426,7 +446,7 @@ class Snapshot:
         """
         runs = [r for r in self.table_runs[table] if r.chunks]
         design = self.plan.tables[table]
-        hidden = np.sort(design.apply(self.hide_runs)) if len(self.hide_runs) else EMPTY_U64
+        hidden = np.sort(design.apply(self.hidden)) if len(self.hidden) else EMPTY_U64
         log = insert_sorted(*self.log_tables[table])
         spine = max(runs, key=lambda r: r.entries) if runs else None
         others = [r for r in runs if r is not spine]

@@ -63,6 +63,7 @@ typedef struct {
     int nviews;
     Py_buffer *views;
     PyObject *keep; /* list of objects (code capsules) the snapshot points into */
+    const uint8_t *tomb_verified[TOMB_VERIFIED_SLOTS];
 } snapshot_box;
 
 static void box_free(snapshot_box *box) {
@@ -173,7 +174,8 @@ static int parse_run(snapshot_box *box, PyObject *item, query_run *r) {
 }
 
 PyDoc_STRVAR(make_snapshot_doc,
-             "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs) -> capsule\n\n"
+             "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs, tombstones)\n"
+             "    -> capsule\n\n"
              "file: the mapped index file; psize, npages: its page size and readable pages;\n"
              "chunks_tree: (root or None, depth, flags) of the chunks database;\n"
              "tables: sequence of (p, runs, inverse_runs, table_runs, log, log_recent)\n"
@@ -181,15 +183,24 @@ PyDoc_STRVAR(make_snapshot_doc,
              "hi or None, directory or None) -- live range (lo, hi], directory from\n"
              "run_directory() -- and log, log_recent the sorted permuted log additions\n"
              "(uint64; disjoint; log_recent the newest, small);\n"
-             "hide_runs: sorted uint64 values never reported from a run.\n"
+             "hide_runs: sorted uint64 values never reported from a run;\n"
+             "tombstones: (run_id, last) of the tombstone run, or None: values it holds\n"
+             "are never reported from a run either (looked up per candidate).\n"
              "The caller keeps the LMDB read transaction that pins the pages open for as\n"
              "long as the snapshot is used.");
 static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
-    PyObject *file, *chunks, *tables, *hide_runs;
-    unsigned long psize;
-    unsigned long long npages;
-    if (!PyArg_ParseTuple(args, "OkKOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs))
+    PyObject *file, *chunks, *tables, *hide_runs, *tombs;
+    unsigned long psize, tomb_run_id = 0;
+    unsigned long long npages, tomb_last = 0;
+    if (!PyArg_ParseTuple(args, "OkKOOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs,
+                          &tombs))
         return NULL;
+    if (tombs != Py_None && (!PyArg_ParseTuple(tombs, "kK", &tomb_run_id, &tomb_last) ||
+                             tomb_run_id == 0 || tomb_run_id > 0xFFFFFFFFul)) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "tombstone run id out of range");
+        return NULL;
+    }
     PyObject *fast = PySequence_Fast(tables, "tables must be a sequence");
     if (!fast)
         return NULL;
@@ -293,6 +304,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     box->s.tables = box->tables;
     if (!(box->s.hide_runs = take_u64(box, hide_runs, &box->s.nhide_runs, "hide_runs")))
         goto fail;
+    box->s.tomb_run_id = (uint32_t)tomb_run_id;
+    box->s.tomb_last = tomb_last;
+    box->s.tomb_verified = box->tomb_verified;
     cap = PyCapsule_New(box, SNAPSHOT_CAPSULE, snapshot_free);
     if (!cap)
         goto fail;

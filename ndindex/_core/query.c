@@ -678,6 +678,112 @@ static void drop_hidden(query_results *out, size_t from, const uint64_t *a, size
     out->n = m;
 }
 
+/* The checks of a tombstone chunk (FORMAT.md 7.8) found under key: 0 with
+ * *entries set, or QUERY_CORRUPT. */
+static int tomb_chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen,
+                            size_t *entries, query_error *err) {
+    if (vlen < CHUNK_HEADER_BYTES)
+        return corrupt(err, "tombstone chunk shorter than its header");
+    uint64_t n = load_le64(val + 24);
+    if (val[4] != RUN_KIND_TOMBSTONES || val[5] & ~(CHUNK_FLAG_FIRST | CHUNK_FLAG_LAST) ||
+        val[6] || val[7] || load_le32(val + 12) != 0 || n < 1 ||
+        n > (vlen - CHUNK_HEADER_BYTES) / TOMBSTONE_BYTES ||
+        vlen != CHUNK_HEADER_BYTES + n * TOMBSTONE_BYTES)
+        return corrupt(err, "tombstone chunk header impossible");
+    if (crc32c_extend(crc32c_extend(0, key, CHUNK_KEY_BYTES), val + 4, vlen - 4) != load_le32(val))
+        return corrupt(err, "tombstone chunk checksum mismatch");
+    if (load_le32(val + 8) != ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
+                               (uint32_t)key[3] << 8 | key[4]))
+        return corrupt(err, "chunk names another run");
+    const uint8_t *pairs = val + CHUNK_HEADER_BYTES;
+    uint64_t prev = load_le64(val + 16);
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t v = load_le64(pairs + i * TOMBSTONE_BYTES);
+        if ((i || !(val[5] & CHUNK_FLAG_FIRST)) && v <= prev)
+            return corrupt(err, "tombstone chunk values out of order");
+        prev = v;
+    }
+    if (prev != load_be64(key + 5))
+        return corrupt(err, "tombstone chunk's last value differs from its key");
+    *entries = (size_t)n;
+    return 0;
+}
+
+/* Whether the tombstone run holds v: 1, 0, or QUERY_CORRUPT.  One search of
+ * the chunks tree for the chunk whose range holds v, then of the chunk. */
+static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
+    if (!s->tomb_run_id || v > s->tomb_last)
+        return 0;
+    err->table = SPACE_TOMBSTONES;
+    err->run_id = s->tomb_run_id;
+    err->has_key = 0;
+    uint8_t key[CHUNK_KEY_BYTES];
+    chunk_key(key, SPACE_TOMBSTONES, s->tomb_run_id, v);
+    mdbp_cursor c;
+    mdbp_error pe;
+    int rc = mdbp_seek(&s->map, &s->chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
+    const uint8_t *k8, *val;
+    size_t klen, vlen, n;
+    unsigned flags;
+    if (rc == MDBP_FOUND) {
+        mdbp_key(&c, &k8, &klen);
+        if (klen != CHUNK_KEY_BYTES || memcmp(k8, key, 5) != 0)
+            rc = MDBP_END;
+    }
+    if (rc == MDBP_CORRUPT || (rc == MDBP_FOUND && mdbp_value(&c, &val, &vlen, &flags, &pe) < 0)) {
+        err->pgno = pe.pgno;
+        return corrupt(err, pe.what);
+    }
+    /* v is at most the run's last value, so some chunk must hold its range. */
+    if (rc != MDBP_FOUND)
+        return corrupt(err, "no tombstone chunk covers a value inside the run");
+    memcpy(err->key, k8, CHUNK_KEY_BYTES);
+    err->has_key = 1;
+    if (flags != 0 && flags != MDBP_F_BIGDATA)
+        return corrupt(err, "chunk node has database flags");
+    const uint8_t **slot = &s->tomb_verified[((uintptr_t)val >> 4) % TOMB_VERIFIED_SLOTS];
+    if (*slot == val) {
+        n = (size_t)load_le64(val + 24);
+    } else {
+        if (tomb_chunk_check(k8, val, vlen, &n, err) < 0)
+            return QUERY_CORRUPT;
+        *slot = val; /* a benign race: another thread may set it too */
+    }
+    /* The chunk holds (low fence, its key]: a low fence at or above v means
+     * the chunk before it is missing. */
+    if (!(val[5] & CHUNK_FLAG_FIRST) && load_le64(val + 16) >= v)
+        return corrupt(err, "tombstone chunk fences do not match its neighbours");
+    const uint8_t *pairs = val + CHUNK_HEADER_BYTES;
+    size_t a = 0, b = n;
+    while (a < b) {
+        size_t mid = (a + b) / 2;
+        if (load_le64(pairs + mid * TOMBSTONE_BYTES) < v)
+            a = mid + 1;
+        else
+            b = mid;
+    }
+    return a < n && load_le64(pairs + a * TOMBSTONE_BYTES) == v;
+}
+
+/* Keep out[from:] entries that a run may report: in neither the log's
+ * removals nor the tombstone run. */
+static int drop_hidden_from_runs(const query_snapshot *s, query_results *out, size_t from,
+                                 query_error *err) {
+    drop_hidden(out, from, s->hide_runs, s->nhide_runs);
+    if (!s->tomb_run_id)
+        return 0;
+    size_t m = from;
+    for (size_t i = from; i < out->n; i++) {
+        int rc = tombstoned(s, out->fp[i], err);
+        if (rc < 0)
+            return rc;
+        if (!rc)
+            out->fp[m++] = out->fp[i];
+    }
+    out->n = m;
+    return 0;
+}
+
 /* Listed runs of a table: find each one's block holding lo and prefetch it,
  * so the cache misses of all runs overlap instead of queueing up. */
 static void prefetch_listed(const query_table *tb, uint64_t lo) {
@@ -914,7 +1020,11 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
         }
         /* Drop what the runs found but tombstones or later removals hide,
          * then add what the logs find. */
-        drop_hidden(out, group_start, s->hide_runs, s->nhide_runs);
+        rc = drop_hidden_from_runs(s, out, group_start, err);
+        if (rc < 0) {
+            out->n = start;
+            return rc;
+        }
         for (int t = t0; t < t1; t++)
             if (log_candidates(s, t, &s->tables[t], q, tp[t - t0].qp, tp[t - t0].lo,
                                tp[t - t0].hi, k, out) < 0)
@@ -975,7 +1085,11 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
             }
         }
     }
-    drop_hidden(out, start, s->hide_runs, s->nhide_runs);
+    int rc = drop_hidden_from_runs(s, out, start, err);
+    if (rc < 0) {
+        out->n = start;
+        return rc;
+    }
     for (size_t j = 0; j < nprefixes; j++) {
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
         if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, out) < 0)

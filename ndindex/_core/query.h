@@ -94,11 +94,24 @@ typedef struct {
     mdbp_db chunks; /* the chunks tree */
     int ntables;
     const query_table *tables;
-    /* Sorted, unpermuted: never report a value found in a run (tombstones
-     * and the log's removals). */
+    /* Sorted, unpermuted: never report a value found in a run (the log's
+     * removals). */
     size_t nhide_runs;
     const uint64_t *hide_runs;
+    /* Nor one the tombstone run holds (FORMAT.md 7.8; run id 0: none, last
+     * its last fingerprint): looked up per candidate through the chunks
+     * tree, so that nothing proportional to the tombstones is read before
+     * a query finds something.  tomb_verified: TOMB_VERIFIED_SLOTS chunk
+     * addresses whose checks passed (a lossy cache; benign races). */
+    uint32_t tomb_run_id;
+    uint64_t tomb_last;
+    const uint8_t **tomb_verified;
 } query_snapshot;
+
+#define SPACE_TOMBSTONES 0xF0
+#define RUN_KIND_TOMBSTONES 4
+#define TOMBSTONE_BYTES 12 /* u64 fingerprint, u32 stamp */
+#define TOMB_VERIFIED_SLOTS 64
 
 /* What a writer has not committed yet but must see (a transaction, or
  * durability="normal"): additions scanned whole (unsorted, unpermuted),

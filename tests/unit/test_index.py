@@ -334,6 +334,36 @@ def test_a_tombstone_no_run_needs_is_dropped(path):
         assert ix.stats()["removed_pending"] == 0 and 1 not in ix and len(ix) == 1
 
 
+def test_queries_look_tombstones_up_without_reading_them_whole(path, monkeypatch, listing):
+    # The tombstone run spans many chunks; queries find what it hides by
+    # looking each candidate up (first, last and middle values of chunks,
+    # near values of removed ones), never by reading the run whole.
+    monkeypatch.setattr(ch, "TOMBSTONES_PER_CHUNK", 7)
+    rng = np.random.default_rng(12)
+    fps = np.unique(clustered(rng, 600, 5, 3))
+    gone = fps[::5]
+    with Index.create(path, k=3, expected_n=3000, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+        ix.remove(fingerprints=gone)
+        flush(ix)
+        assert ix._snapshot().tombstone_run.chunks == -(-len(gone) // 7)
+
+    def refuse(*a, **k):
+        raise AssertionError("the tombstone run was read whole")
+    load_tombstones = rn.load_tombstones
+    monkeypatch.setattr(rn, "load_tombstones", refuse)
+    live = np.setdiff1d(fps, gone)
+    queries = np.concatenate([gone[:20], gone[6::7][:20], gone[-1:], near(rng, gone, 60, 2),
+                              near(rng, live, 40, 3)])
+    with Index.open(path, background_compaction=False) as ix:
+        check_queries(ix, live, queries, 3)
+        with ix.transaction():
+            assert ix.check_and_add(int(gone[7]), k=0) == [] and int(gone[7]) in ix
+        monkeypatch.setattr(rn, "load_tombstones", load_tombstones)  # counting reads them
+        assert ix.stats()["removed_pending"] == len(gone) and len(ix) == len(live) + 1
+
+
 @pytest.mark.parametrize("compact_between", [False, True])
 def test_readd_after_remove_revives(path, compact_between):
     with Index.create(path, k=1, expected_n=100, background_compaction=False) as ix:
