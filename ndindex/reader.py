@@ -165,7 +165,8 @@ class Snapshot:
               [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *self.log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
             self.log.removes,
-            (self.tombstone_run_id, self.tombstone_run.last) if self.tombstone_run else None)
+            (self.tombstone_run_id, self.tombstone_run.last, self.tombstone_run.chunks)
+            if self.tombstone_run else None)
 
     def _directory(self, run):
         """The run's directory, or None (runs too large are found through the tree).

@@ -63,7 +63,7 @@ typedef struct {
     int nviews;
     Py_buffer *views;
     PyObject *keep; /* list of objects (code capsules) the snapshot points into */
-    const uint8_t *tomb_verified[TOMB_VERIFIED_SLOTS];
+    const uint8_t **tomb_verified;
 } snapshot_box;
 
 static void box_free(snapshot_box *box) {
@@ -75,6 +75,7 @@ static void box_free(snapshot_box *box) {
     PyMem_Free(box->tables);
     PyMem_Free(box->runs);
     Py_XDECREF(box->keep);
+    PyMem_Free(box->tomb_verified);
     PyMem_Free(box);
 }
 
@@ -184,23 +185,27 @@ PyDoc_STRVAR(make_snapshot_doc,
              "run_directory() -- and log, log_recent the sorted permuted log additions\n"
              "(uint64; disjoint; log_recent the newest, small);\n"
              "hide_runs: sorted uint64 values never reported from a run;\n"
-             "tombstones: (run_id, last) of the tombstone run, or None: values it holds\n"
+             "tombstones: (run_id, last, chunks) of the tombstone run, or None: values it holds\n"
              "are never reported from a run either (looked up per candidate).\n"
              "The caller keeps the LMDB read transaction that pins the pages open for as\n"
              "long as the snapshot is used.");
 static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     PyObject *file, *chunks, *tables, *hide_runs, *tombs;
     unsigned long psize, tomb_run_id = 0;
-    unsigned long long npages, tomb_last = 0;
+    unsigned long long npages, tomb_last = 0, tomb_chunks = 0;
     if (!PyArg_ParseTuple(args, "OkKOOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs,
                           &tombs))
         return NULL;
-    if (tombs != Py_None && (!PyArg_ParseTuple(tombs, "kK", &tomb_run_id, &tomb_last) ||
-                             tomb_run_id == 0 || tomb_run_id > 0xFFFFFFFFul)) {
+    if (tombs != Py_None &&
+        (!PyArg_ParseTuple(tombs, "kKK", &tomb_run_id, &tomb_last, &tomb_chunks) ||
+         tomb_run_id == 0 || tomb_run_id > 0xFFFFFFFFul || tomb_chunks > (1ull << 32))) {
         if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "tombstone run id out of range");
+            PyErr_SetString(PyExc_ValueError, "tombstone run id or chunks out of range");
         return NULL;
     }
+    size_t tomb_slots = 64;
+    while (tomb_slots < 4 * tomb_chunks)
+        tomb_slots *= 2;
     PyObject *fast = PySequence_Fast(tables, "tables must be a sequence");
     if (!fast)
         return NULL;
@@ -306,7 +311,12 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         goto fail;
     box->s.tomb_run_id = (uint32_t)tomb_run_id;
     box->s.tomb_last = tomb_last;
+    if (tomb_run_id && !(box->tomb_verified = PyMem_Calloc(tomb_slots, sizeof(uint8_t *)))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
     box->s.tomb_verified = box->tomb_verified;
+    box->s.tomb_slots = tomb_slots;
     cap = PyCapsule_New(box, SNAPSHOT_CAPSULE, snapshot_free);
     if (!cap)
         goto fail;

@@ -741,13 +741,24 @@ static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
     err->has_key = 1;
     if (flags != 0 && flags != MDBP_F_BIGDATA)
         return corrupt(err, "chunk node has database flags");
-    const uint8_t **slot = &s->tomb_verified[((uintptr_t)val >> 4) % TOMB_VERIFIED_SLOTS];
-    if (*slot == val) {
+    /* Chunks start near page boundaries: hash the address, then look in
+     * TOMB_PROBE_SLOTS slots from there. */
+    const size_t home = (size_t)(((uintptr_t)val * 0x9E3779B97F4A7C15ull) >> 32);
+    int seen = 0;
+    for (size_t i = 0; i < TOMB_PROBE_SLOTS && !seen; i++)
+        seen = s->tomb_verified[(home + i) & (s->tomb_slots - 1)] == val;
+    if (seen) {
         n = (size_t)load_le64(val + 24);
     } else {
         if (tomb_chunk_check(k8, val, vlen, &n, err) < 0)
             return QUERY_CORRUPT;
-        *slot = val; /* a benign race: another thread may set it too */
+        size_t at = home;
+        for (size_t i = 0; i < TOMB_PROBE_SLOTS; i++)
+            if (!s->tomb_verified[(home + i) & (s->tomb_slots - 1)]) {
+                at = home + i;
+                break;
+            }
+        s->tomb_verified[at & (s->tomb_slots - 1)] = val; /* benign race, as above */
     }
     /* The chunk holds (low fence, its key]: a low fence at or above v means
      * the chunk before it is missing. */

@@ -101,17 +101,19 @@ typedef struct {
     /* Nor one the tombstone run holds (FORMAT.md 7.8; run id 0: none, last
      * its last fingerprint): looked up per candidate through the chunks
      * tree, so that nothing proportional to the tombstones is read before
-     * a query finds something.  tomb_verified: TOMB_VERIFIED_SLOTS chunk
-     * addresses whose checks passed (a lossy cache; benign races). */
+     * a query finds something.  tomb_verified: a hash set (tomb_slots, a
+     * power of two, about 4 per chunk) of the chunk addresses whose checks
+     * passed; lossy (a lost entry costs a check again; benign races). */
     uint32_t tomb_run_id;
     uint64_t tomb_last;
     const uint8_t **tomb_verified;
+    size_t tomb_slots;
 } query_snapshot;
 
 #define SPACE_TOMBSTONES 0xF0
 #define RUN_KIND_TOMBSTONES 4
 #define TOMBSTONE_BYTES 12 /* u64 fingerprint, u32 stamp */
-#define TOMB_VERIFIED_SLOTS 64
+#define TOMB_PROBE_SLOTS 8 /* slots tomb_verified looks in from a chunk's hash */
 
 /* What a writer has not committed yet but must see (a transaction, or
  * durability="normal"): additions scanned whole (unsorted, unpermuted),
