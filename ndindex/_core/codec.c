@@ -271,8 +271,6 @@ long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size
     return (long)count;
 }
 
-#define PROBE_PAD_BYTES 16
-
 HOT_KERNEL long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                             uint64_t *out, size_t cap) {
     return codec_probe_verified(c, block, q, p, k, out, cap, 0);
@@ -290,16 +288,23 @@ long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q,
 /* One lane's decoding state in codec_probe_lanes. */
 typedef struct {
     const codec_code *c;
-    const uint8_t *s;
-    uint64_t v, q, qp, mask;
+    const uint8_t *s; /* the bitstream, read in place */
+    uint64_t v, q, lo, hi;
     size_t pos, found, cap;
     unsigned i, count;
     int k, delta;
     uint64_t *out;
 } lane_state;
 
+/* Entries a lane decodes per turn: its state stays in registers for a
+ * burst, and the bursts of different lanes overlap in the CPU. */
+#define LANE_BURST 2
+/* The last byte of the bitstream at which an 8-byte load stays inside the
+ * block; past it a load is assembled byte by byte (peek64). */
+#define LAST_WIDE_BYTE (BLOCK_BYTES - BLOCK_HEADER_BYTES - 8)
+
 HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
-    uint8_t buf[CODEC_LANES][BLOCK_BYTES - BLOCK_HEADER_BYTES + PROBE_PAD_BYTES];
+    const size_t nbytes = BLOCK_BYTES - BLOCK_HEADER_BYTES;
     lane_state st[CODEC_LANES];
     int live[CODEC_LANES], nlive = 0;
     for (int j = 0; j < n && j < CODEC_LANES; j++) {
@@ -322,64 +327,78 @@ HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
         uint64_t first = load_le64(l->block + 6);
         if ((first & mask) > (l->q & mask))
             continue;
-        memcpy(buf[j], l->block + BLOCK_HEADER_BYTES, BLOCK_BYTES - BLOCK_HEADER_BYTES);
-        memset(buf[j] + BLOCK_BYTES - BLOCK_HEADER_BYTES, 0, PROBE_PAD_BYTES);
-        st[j] = (lane_state){.c = l->code, .s = buf[j], .v = first, .q = l->q,
-                             .qp = l->q & mask, .mask = mask, .cap = l->cap, .count = count,
-                             .k = l->k, .delta = l->code->coding == CODING_DELTA, .out = l->out};
+        st[j] = (lane_state){.c = l->code, .s = l->block + BLOCK_HEADER_BYTES, .v = first,
+                             .q = l->q, .lo = l->q & mask, .hi = (l->q & mask) | ~mask,
+                             .cap = l->cap, .count = count, .k = l->k,
+                             .delta = l->code->coding == CODING_DELTA, .out = l->out};
         live[nlive++] = j;
     }
-    /* Each round advances every live lane by one entry.  Lanes decode from
-     * zero-padded copies of their bitstreams, so the 8-byte loads need no
-     * bounds check; overruns are still caught by the explicit position
-     * check against BLOCK_PAYLOAD_BITS. */
+    /* Each turn advances a live lane by up to LANE_BURST entries.  A lane
+     * stops past its prefix (v > hi), at the block's last entry, or on
+     * damage; matches are the entries in [lo, hi] within k of q. */
     while (nlive) {
         for (int a = 0; a < nlive;) {
             const int j = live[a];
             lane_state *L = &st[j];
+            const codec_code *c = L->c;
+            const uint8_t *s = L->s;
+            const uint64_t q = L->q, lo = L->lo, hi = L->hi;
+            const int k = L->k;
+            uint64_t v = L->v;
+            size_t pos = L->pos, found = L->found;
+            unsigned i = L->i;
             int go = 1;   /* the lane goes on */
             long end = 0; /* else its result */
-            uint64_t v = L->v;
-            if ((v & L->mask) > L->qp) {
-                go = 0, end = (long)L->found;
-            } else {
-                if ((v & L->mask) == L->qp && __builtin_popcountll(v ^ L->q) <= L->k) {
-                    if (L->found >= L->cap)
-                        go = 0, end = CODEC_OUT_FULL;
-                    else
-                        L->out[L->found++] = v;
+            for (int b = 0; b < LANE_BURST; b++) {
+                if (v > hi) {
+                    go = 0, end = (long)found;
+                    break;
                 }
-                if (go && ++L->i >= L->count)
-                    go = 0, end = (long)L->found;
-            }
-            if (go) {
+                if (v >= lo && __builtin_popcountll(v ^ q) <= k) {
+                    if (found >= L->cap) {
+                        go = 0, end = CODEC_OUT_FULL;
+                        break;
+                    }
+                    L->out[found++] = v;
+                }
+                if (++i >= L->count) {
+                    go = 0, end = (long)found;
+                    break;
+                }
+                size_t byte = pos >> 3;
                 uint64_t w;
-                size_t pos = L->pos;
-                memcpy(&w, L->s + (pos >> 3), 8);
+                if (byte <= LAST_WIDE_BYTE) {
+                    memcpy(&w, s + byte, 8);
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-                w = __builtin_bswap64(w);
+                    w = __builtin_bswap64(w);
 #endif
-                w <<= pos & 7;
-                unsigned len = L->c->lut[w >> (64 - CODE_MAX_BITS)].len;
-                unsigned h = L->c->lut[w >> (64 - CODE_MAX_BITS)].h;
+                    w <<= pos & 7;
+                } else {
+                    w = peek64(s, nbytes, pos);
+                }
+                const unsigned idx = (unsigned)(w >> (64 - CODE_MAX_BITS));
+                const unsigned len = c->lut[idx].len, h = c->lut[idx].h;
                 pos += len;
                 if (pos + h > BLOCK_PAYLOAD_BITS) {
                     go = 0, end = CODEC_OVERRUN;
-                } else {
-                    uint64_t low = h + len <= 57 ? ((w << len) >> 1) >> (63 - h)
-                                                 : read_bits(L->s, BLOCK_BYTES - BLOCK_HEADER_BYTES,
-                                                             pos, h);
-                    L->pos = pos + h;
-                    if (L->delta) {
-                        uint64_t next = v + ((1ull << h) | low);
-                        if (next <= v)
-                            go = 0, end = CODEC_NOT_SORTED;
-                        L->v = next;
-                    } else {
-                        if ((v >> h) & 1)
-                            go = 0, end = CODEC_NOT_SORTED;
-                        L->v = (((v >> h) | 1) << h) | low;
+                    break;
+                }
+                uint64_t low = h + len <= 57 ? ((w << len) >> 1) >> (63 - h)
+                                             : read_bits(s, nbytes, pos, h);
+                pos += h;
+                if (L->delta) {
+                    uint64_t next = v + ((1ull << h) | low);
+                    if (next <= v) {
+                        go = 0, end = CODEC_NOT_SORTED;
+                        break;
                     }
+                    v = next;
+                } else {
+                    if ((v >> h) & 1) {
+                        go = 0, end = CODEC_NOT_SORTED;
+                        break;
+                    }
+                    v = (((v >> h) | 1) << h) | low;
                 }
             }
             if (!go) {
@@ -387,6 +406,10 @@ HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
                 live[a] = live[--nlive];
                 continue;
             }
+            L->v = v;
+            L->pos = pos;
+            L->found = found;
+            L->i = i;
             a++;
         }
     }
