@@ -311,19 +311,25 @@ class PendingOps:
     def __len__(self) -> int:
         return self._n + len(self._removes) + len(self.ops)
 
+    def __bool__(self) -> bool:  # asked per query: one call, not __len__'s three
+        return bool(self._n or self._removes or self.ops.n)
+
     def add(self, fps) -> None:
         """Add fingerprints (an iterable of ints)."""
         for fp in fps:
-            fp = int(fp)
-            if fp in self._removes:
-                self._removes.discard(fp)
-                self._removes_dirty = True
-            if fp not in self._where:
-                if self._n == len(self._buf):
-                    self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint64)])
-                self._buf[self._n] = fp
-                self._where[fp] = self._n
-                self._n += 1
+            self.add_one(int(fp))
+
+    def add_one(self, fp: int) -> None:
+        """Add one fingerprint (an int)."""
+        if fp in self._removes:
+            self._removes.discard(fp)
+            self._removes_dirty = True
+        if fp not in self._where:
+            if self._n == len(self._buf):
+                self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint64)])
+            self._buf[self._n] = fp
+            self._where[fp] = self._n
+            self._n += 1
 
     def add_array(self, fps: np.ndarray) -> None:
         """Add sorted distinct fingerprints in bulk."""

@@ -297,12 +297,12 @@ class Snapshot:
     # -- queries ---------------------------------------------------------------
 
     def query(self, q: int, k: int, pending: PendingOps | None = None) -> list:
-        if pending is not None and len(pending):
+        if pending is not None:
             return _core.query(self.kernel, q, k, pending.adds(), pending.removes())
         return _core.query(self.kernel, q, k)
 
     def query_many(self, qs: np.ndarray, k: int, pending: PendingOps | None = None):
-        if pending is not None and len(pending):
+        if pending is not None:
             return _core.query_many(self.kernel, qs, k, pending.adds(), pending.removes())
         return _core.query_many(self.kernel, qs, k)
 
@@ -311,7 +311,7 @@ class Snapshot:
         """PSM on table 0: its runs, log and pending operations at the prefixes of
         pi_0(q) XOR the first max_probes flip sets, in VOSH order of the 64
         probabilities (p_j of bit j); (value, distance) within k of q."""
-        if pending is not None and len(pending):
+        if pending is not None:
             return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes,
                                    pending.adds(), pending.removes())
         return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes)
@@ -319,7 +319,7 @@ class Snapshot:
     def query_psm_many(self, qs: np.ndarray, k: int, probabilities: np.ndarray,
                        max_probes: int, pending: PendingOps | None = None):
         """query_psm for each query (probabilities: (n, 64)), as query_many returns."""
-        if pending is not None and len(pending):
+        if pending is not None:
             return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes,
                                         pending.adds(), pending.removes())
         return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes)

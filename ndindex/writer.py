@@ -81,7 +81,7 @@ class Writer:
 
     def visible_pending(self) -> PendingOps | None:
         p = self.pending
-        return p if p is not None and len(p) else None
+        return p if p else None
 
     # -- operations ------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class Writer:
         with self.lock:
             if self.pending is not None and not pairs and \
                     (self.journal is None or self._txn_depth):
-                self.pending.add((fp,))
+                self.pending.add_one(fp)
                 return
             self.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
 
