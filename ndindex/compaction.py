@@ -171,19 +171,23 @@ class Compactor:
             self.log_ops = state.log_ops
         self._wake.set()
 
-    def throttle(self, state, log_limit: int) -> None:
-        """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS)."""
+    def throttle(self, state, log_limit: int, began: float) -> None:
+        """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS).
+
+        began: time.monotonic() when the writer's commit began.  The wait
+        ends STOP_WAIT_SECONDS after it, commit included, so that no single
+        add() stalls for long however slow its commit was (a commit waits
+        for LMDB's write lock behind a compaction commit's fsync).
+        """
         if self._thread is None or state is None:
             return
-        # Wait while the debt is above the stop line, at most STOP_WAIT_SECONDS
-        # in all, so that no single add() stalls for long.
-        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        deadline = began + STOP_WAIT_SECONDS
         while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
                 and time.monotonic() < deadline and not self._stop.is_set():
             self._progress.clear()
             self._progress.wait(max(0.0, deadline - time.monotonic()))
         if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
-            time.sleep(SLOWDOWN_SECONDS)
+            time.sleep(min(SLOWDOWN_SECONDS, max(0.0, deadline - time.monotonic())))
 
     def close(self) -> None:
         self._stop.set()
@@ -194,6 +198,11 @@ class Compactor:
             self._pool.shutdown(wait=True)
 
     def _loop(self) -> None:
+        # Owed work waits for the first write or IDLE_WAIT_SECONDS: an index
+        # opened for a few queries answers them without a merge beside them
+        # (a merge reads the tombstones whole: 0.1 s cold at 30M).
+        self._wake.wait(IDLE_WAIT_SECONDS)
+        self._wake.clear()
         while not self._stop.is_set():
             try:
                 did = self.step()

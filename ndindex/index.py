@@ -326,10 +326,11 @@ class Index(DocumentMethods):
             self._snap = snap
             return snap
 
-    def _wrote(self, state: State) -> None:
+    def _wrote(self, state: State, began: float) -> None:
+        """A commit that began at time.monotonic() began is done."""
         if self._compactor is not None:
             self._compactor.notify(state)
-            self._compactor.throttle(state, self.log_limit)
+            self._compactor.throttle(state, self.log_limit, began)
 
     def _compacted(self) -> None:
         pass

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 
 import numpy as np
 
@@ -122,8 +123,9 @@ class Writer:
             raise translate_error(exc, self.journal.path) from exc
 
     def _commit(self, record: LogRecord, extra=()) -> None:
+        began = time.monotonic()
         state = self._ix._store.write(lambda wt: commit_record(wt, record, extra), sync=True)
-        self._ix._wrote(state)
+        self._ix._wrote(state, began)
 
     @contextlib.contextmanager
     def transaction(self):

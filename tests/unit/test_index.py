@@ -227,6 +227,40 @@ def test_a_failed_flush_at_close_loses_nothing(path, monkeypatch):
         assert len(ix) == len(fps)
 
 
+def test_backpressure_ends_its_wait_a_budget_after_the_commit_began(path, monkeypatch):
+    # A writer far behind the compactor waits at the stop line, but never
+    # past STOP_WAIT_SECONDS after its commit began: a slow commit leaves
+    # less to wait.
+    monkeypatch.setattr(compaction, "STOP_WAIT_SECONDS", 1.0)
+    with Index.create(path, k=3, expected_n=1000) as ix:
+        c = ix._compactor
+        c.log_ops = 10**9
+        state = ix._snapshot().state
+        t = time.monotonic()
+        c.throttle(state, ix.log_limit, t - 0.9)
+        late = time.monotonic() - t
+        t = time.monotonic()
+        c.throttle(state, ix.log_limit, t)
+        fresh = time.monotonic() - t
+        assert late < 0.5 and fresh >= 0.9, (late, fresh)
+
+
+def test_background_compaction_waits_for_a_write_after_open(path, monkeypatch):
+    # Owed work (a log to flush) waits for the first write, or the idle
+    # wait: an open for a few queries has no merge running beside them.
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 500, dtype=np.uint64))
+    monkeypatch.setattr(compaction, "IDLE_WAIT_SECONDS", 60.0)
+    with Index.open(path, log_limit=100) as ix:  # the log is due a flush
+        time.sleep(0.3)
+        assert ix._compactor.steps == 0 and ix._snapshot().state.log_ops == 499
+        ix.add([12345])
+        deadline = time.monotonic() + 20
+        while ix._compactor.steps == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ix._compactor.steps > 0
+
+
 def test_results_survive_reopen(path):
     rng = np.random.default_rng(2)
     fps = clustered(rng, 200, 30, 3)
