@@ -52,8 +52,11 @@ DIRECTORY_MAX_CHUNKS_PSM = 1 << 14
 #: listed: with 256, the first query on a cold 1M index read 354 pages
 #: (37 ms) where the tree reads about 20 (3 ms); with 32, a streamed 10M
 #: index (3 runs a table) read 125 pages (11 ms), with 8, 62 (6.6 ms;
-#: tools/bench/bench_open.py).
-DIRECTORY_COLD_CHUNKS = 8
+#: tools/bench/bench_open.py).  A tree probe of a run reads about three
+#: pages, a listing one a chunk: with 1 (a run of one chunk is read whole
+#: either way), streamed and churned 10M and 30M files (4 runs a table)
+#: read 48 and 65 pages where 8 read 65 and 77.
+DIRECTORY_COLD_CHUNKS = 1
 WARM_QUERIES = 256
 #: A snapshot's log additions gather in a small "recent" array per table,
 #: folded into the main one once larger than this fraction of it (or than

@@ -309,6 +309,7 @@ def test_a_damaged_block_is_reported_by_a_psm_query(path):
                       background_compaction=False) as ix:
         ix.add(fps)
         ix.compact(full=True)
+        ix._directories.warm = True  # list the run (cold, only one-chunk runs are)
         snap = ix._snapshot()
         run = snap.table_runs[0][0]
         last, offset = _core.run_directory_blocks(snap._directory(run))[5]
