@@ -282,8 +282,8 @@ class Compactor:
             self._flush(snap)
             return True
         # Tombstones no run can hold any more go as soon as the merges that
-        # outdated them are done (not only at the next flush): the first
-        # query after an open reads every tombstone.
+        # outdated them are done (not only at the next flush): every merge
+        # reads the tombstones whole, and they take space.
         if len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
                                                                snap.tombstone_stamps):
             self._rewrite_tombstones(snap)
