@@ -143,6 +143,12 @@ static int corrupt(query_error *err, const char *what) {
     return QUERY_CORRUPT;
 }
 
+/* Whether a chunk's header (run_id at offset 8) names the run its key does. */
+static int names_its_run(const uint8_t *key, const uint8_t *val) {
+    return load_le32(val + 8) == ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
+                                  (uint32_t)key[3] << 8 | key[4]);
+}
+
 int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *nblocks,
                 query_error *err) {
     if (vlen < CHUNK_HEADER_BYTES)
@@ -161,8 +167,7 @@ int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *n
         return corrupt(err, "chunk header checksum mismatch");
     if (val[5] & ~(CHUNK_FLAG_FIRST | CHUNK_FLAG_LAST) || load_le32(val + 12) != 0)
         return corrupt(err, "chunk reserved bits set");
-    if (load_le32(val + 8) != ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
-                               (uint32_t)key[3] << 8 | key[4]))
+    if (!names_its_run(key, val))
         return corrupt(err, "chunk names another run");
     const uint8_t *keys = val + CHUNK_HEADER_BYTES;
     for (unsigned i = 1; i < n; i++)
@@ -692,8 +697,7 @@ static int tomb_chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen,
         return corrupt(err, "tombstone chunk header impossible");
     if (crc32c_extend(crc32c_extend(0, key, CHUNK_KEY_BYTES), val + 4, vlen - 4) != load_le32(val))
         return corrupt(err, "tombstone chunk checksum mismatch");
-    if (load_le32(val + 8) != ((uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 |
-                               (uint32_t)key[3] << 8 | key[4]))
+    if (!names_its_run(key, val))
         return corrupt(err, "chunk names another run");
     const uint8_t *pairs = val + CHUNK_HEADER_BYTES;
     uint64_t prev = load_le64(val + 16);
@@ -758,7 +762,8 @@ static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
                 at = home + i;
                 break;
             }
-        s->tomb_verified[at & (s->tomb_slots - 1)] = val; /* benign race, as above */
+        s->tomb_verified[at & (s->tomb_slots - 1)] = val; /* a benign race: another thread
+                                                             may set it too */
     }
     /* The chunk holds (low fence, its key]: a low fence at or above v means
      * the chunk before it is missing. */
