@@ -5,9 +5,10 @@ its pages), the page view of it, the state and manifest records, the
 tombstone run, the net effect of the append log, and the query kernel's
 capsule over all of that.  Building one reads O(runs + log), never O(N):
 the runs' chunks, and the tombstones of what a query finds, are looked up
-by the kernel in the chunks tree at query time.  A new snapshot reuses what did not change since the previous
-one (the manifest and tombstones by generation, the log by extending it
-with only the new records).
+by the kernel in the chunks tree at query time.  A new snapshot reuses
+what did not change since the previous one (the manifest by generation,
+the tombstone arrays, when read, by run, the log by extending it with only
+the new records).
 
 Concurrency follows LMDB: any number of reader threads and processes, one
 writer at a time; each call works on the snapshot current when it starts.
