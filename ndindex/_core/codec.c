@@ -292,19 +292,15 @@ typedef struct {
     uint64_t v, q, lo, hi;
     size_t pos, found, cap;
     unsigned i, count;
-    int k, delta;
+    int k;
     uint64_t *out;
 } lane_state;
 
 /* Entries a lane decodes per turn: its state stays in registers for a
  * burst, and the bursts of different lanes overlap in the CPU. */
 #define LANE_BURST 2
-/* The last byte of the bitstream at which an 8-byte load stays inside the
- * block; past it a load is assembled byte by byte (peek64). */
-#define LAST_WIDE_BYTE (BLOCK_BYTES - BLOCK_HEADER_BYTES - 8)
 
 HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
-    const size_t nbytes = BLOCK_BYTES - BLOCK_HEADER_BYTES;
     lane_state st[CODEC_LANES];
     int live[CODEC_LANES], nlive = 0;
     for (int j = 0; j < n && j < CODEC_LANES; j++) {
@@ -329,8 +325,7 @@ HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
             continue;
         st[j] = (lane_state){.c = l->code, .s = l->block + BLOCK_HEADER_BYTES, .v = first,
                              .q = l->q, .lo = l->q & mask, .hi = (l->q & mask) | ~mask,
-                             .cap = l->cap, .count = count, .k = l->k,
-                             .delta = l->code->coding == CODING_DELTA, .out = l->out};
+                             .cap = l->cap, .count = count, .k = l->k, .out = l->out};
         live[nlive++] = j;
     }
     /* Each turn advances a live lane by up to LANE_BURST entries.  A lane
@@ -365,40 +360,10 @@ HOT_KERNEL void codec_probe_lanes(codec_lane *lanes, int n) {
                     go = 0, end = (long)found;
                     break;
                 }
-                size_t byte = pos >> 3;
-                uint64_t w;
-                if (byte <= LAST_WIDE_BYTE) {
-                    memcpy(&w, s + byte, 8);
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-                    w = __builtin_bswap64(w);
-#endif
-                    w <<= pos & 7;
-                } else {
-                    w = peek64(s, nbytes, pos);
-                }
-                const unsigned idx = (unsigned)(w >> (64 - CODE_MAX_BITS));
-                const unsigned len = c->lut[idx].len, h = c->lut[idx].h;
-                pos += len;
-                if (pos + h > BLOCK_PAYLOAD_BITS) {
-                    go = 0, end = CODEC_OVERRUN;
+                int rc = next_value(c, s, &pos, v, &v);
+                if (rc < 0) {
+                    go = 0, end = rc;
                     break;
-                }
-                uint64_t low = h + len <= 57 ? ((w << len) >> 1) >> (63 - h)
-                                             : read_bits(s, nbytes, pos, h);
-                pos += h;
-                if (L->delta) {
-                    uint64_t next = v + ((1ull << h) | low);
-                    if (next <= v) {
-                        go = 0, end = CODEC_NOT_SORTED;
-                        break;
-                    }
-                    v = next;
-                } else {
-                    if ((v >> h) & 1) {
-                        go = 0, end = CODEC_NOT_SORTED;
-                        break;
-                    }
-                    v = (((v >> h) | 1) << h) | low;
                 }
             }
             if (!go) {
