@@ -656,20 +656,26 @@ fail:
     return QUERY_CORRUPT;
 }
 
-/* The log's additions in [lo, hi] within k of qp, as candidates of table t
- * of s (whose table tb is). */
-static int log_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
-                          uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out) {
-    for (size_t i = log_lower_bound(tb, lo); i < tb->nlog && tb->log[i] <= hi; i++)
-        if (__builtin_popcountll(tb->log[i] ^ qp) <= k &&
-            add_candidate(s, t, q, out, perm_apply(&tb->inv, tb->log[i])) < 0)
-            return QUERY_NOMEM;
-    const uint64_t *r = tb->log_recent;
-    for (size_t i = lower_bound(r, tb->nlog_recent, lo); i < tb->nlog_recent && r[i] <= hi; i++)
-        if (__builtin_popcountll(r[i] ^ qp) <= k &&
-            add_candidate(s, t, q, out, perm_apply(&tb->inv, r[i])) < 0)
+/* Candidates of table t of s (whose table tb is) among sorted permuted
+ * values a[i..n) up to hi, within k of qp. */
+static int scan_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
+                           uint64_t qp, const uint64_t *a, size_t n, size_t i, uint64_t hi,
+                           int k, query_results *out) {
+    for (; i < n && a[i] <= hi; i++)
+        if (__builtin_popcountll(a[i] ^ qp) <= k &&
+            add_candidate(s, t, q, out, perm_apply(&tb->inv, a[i])) < 0)
             return QUERY_NOMEM;
     return 0;
+}
+
+/* The log's additions in [lo, hi] within k of qp: both of its arrays. */
+static int log_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
+                          uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out) {
+    if (scan_candidates(s, t, tb, q, qp, tb->log, tb->nlog, log_lower_bound(tb, lo), hi, k,
+                        out) < 0)
+        return QUERY_NOMEM;
+    return scan_candidates(s, t, tb, q, qp, tb->log_recent, tb->nlog_recent,
+                           lower_bound(tb->log_recent, tb->nlog_recent, lo), hi, k, out);
 }
 
 /* Keep out[from:] entries not in the sorted set a[0:n]. */
