@@ -109,9 +109,8 @@ class Snapshot:
         self.tombstone_run = tomb[0] if tomb else None
         self.tombstone_run_id = tomb[0].run_id if tomb else 0
         if prev is not None and prev.tombstone_run_id == self.tombstone_run_id and \
-                "tombstone_stamps" in prev.__dict__:
-            self.__dict__["tombstone_stamps"] = prev.tombstone_stamps
-            self.__dict__["tombstones"] = prev.tombstones
+                "_tombstone_arrays" in prev.__dict__:
+            self._tombstone_arrays = prev._tombstone_arrays
         self.table_runs = [self.manifest.of(t) for t in range(len(plan.tables))]
         # The log and the kernel are built on first use: compaction steps
         # take snapshots too and need neither.  Only the previous log is
@@ -137,21 +136,20 @@ class Snapshot:
         return self.__dict__["log_tables"]
 
     @functools.cached_property
+    def _tombstone_arrays(self) -> tuple:
+        """(fingerprints, stamps) of the tombstone run, sorted by fingerprint:
+        read whole on first use, O(tombstones); queries do not need them
+        (the kernel looks candidates up in the run)."""
+        return rn.load_tombstones(self.view, self.tombstone_run)
+
+    @property
+    def tombstones(self) -> np.ndarray:
+        return self._tombstone_arrays[0]
+
+    @property
     def tombstone_stamps(self) -> np.ndarray:
         """The tombstones' stamps (uint32), in the order of tombstones."""
-        with self._build_lock:
-            if "tombstone_stamps" not in self.__dict__:
-                fps, stamps = rn.load_tombstones(self.view, self.tombstone_run)
-                self.__dict__["tombstones"] = fps
-                self.__dict__["tombstone_stamps"] = stamps
-            return self.__dict__["tombstone_stamps"]
-
-    @functools.cached_property
-    def tombstones(self) -> np.ndarray:
-        """The tombstone run's fingerprints, sorted: read whole on first use
-        (O(tombstones)); queries do not need them (see kernel)."""
-        self.tombstone_stamps  # noqa: B018 - loads both
-        return self.__dict__["tombstones"]
+        return self._tombstone_arrays[1]
 
     @functools.cached_property
     def hidden(self) -> np.ndarray:
