@@ -227,41 +227,45 @@ class Compactor:
 
     # -- one step -------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _leased(self, wait: bool = False):
+        """Hold this process's step lock and the file's compaction lease;
+        yields False, holding nothing, when another process has the lease."""
+        with self._lock:
+            fd = self._ix._lock_fd
+            if not byte_lock(fd, LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                byte_lock(fd, LEASE_BYTE, fcntl.F_UNLCK)
+
     def step(self, force_flush: bool = False, full: bool = False, wait: bool = False) -> bool:
         """Do one unit of work if there is any; return whether something was done."""
-        ix = self._ix
-        if ix.readonly:
+        if self._ix.readonly:
             return False
-        with self._lock:
-            fd = ix._lock_fd
-            import fcntl as _f
-            if not byte_lock(fd, LEASE_BYTE, _f.F_WRLCK, wait=wait):
+        with self._leased(wait) as held:
+            if not held:
                 return False  # another process is compacting
             try:
-                snap = ix._snapshot()
-                try:
-                    return self._step(snap, force_flush, full)
-                except _Conflict:
-                    return True  # something else changed the manifest: look again
-            finally:
-                byte_lock(fd, LEASE_BYTE, _f.F_UNLCK)
+                return self._step(self._ix._snapshot(), force_flush, full)
+            except _Conflict:
+                return True  # something else changed the manifest: look again
 
     def flush_log(self) -> bool:
         """Flush the log into runs now, if this process can take the compaction lease."""
-        ix = self._ix
-        with self._lock:
-            if not byte_lock(ix._lock_fd, LEASE_BYTE, fcntl.F_WRLCK):
+        with self._leased() as held:
+            if not held:
+                return False
+            snap = self._ix._snapshot()
+            if snap.state.log_first_seq == snap.state.log_next_seq:
                 return False
             try:
-                snap = ix._snapshot()
-                if snap.state.log_first_seq == snap.state.log_next_seq:
-                    return False
                 self._flush(snap)
                 return True
             except _Conflict:
                 return False
-            finally:
-                byte_lock(ix._lock_fd, LEASE_BYTE, fcntl.F_UNLCK)
 
     def _step(self, snap, force_flush: bool, full: bool) -> bool:
         st = snap.state
