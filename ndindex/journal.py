@@ -74,7 +74,7 @@ class Journal:
         """Append one record with a single write(): safe from a process crash on return."""
         crc = _core.crc32c(self._salt() + payload)
         data = RECORD.pack(len(payload), crc) + payload
-        written = os.write(self._fd, data)
+        written = _core.write_with_gil(self._fd, data)
         if written != len(data):
             raise OSError(errno.ENOSPC, "short write to the journal", self.path)
         self.offset += len(data)

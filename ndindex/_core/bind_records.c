@@ -2,7 +2,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "bindings.h"
 #include "crc32c.h"
@@ -683,7 +685,29 @@ done:
     return res;
 }
 
+PyDoc_STRVAR(write_with_gil_doc,
+             "write_with_gil(fd, data) -> int\n\n"
+             "os.write() that keeps the GIL: the bytes written, OSError on failure.\n"
+             "For the journal's small appends, one per operation.  os.write lets the\n"
+             "GIL go, and a busy compaction thread then takes it: the writer waited\n"
+             "~12 us for it back against ~1 us for the write itself.");
+static PyObject *py_write_with_gil(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "iy*", &fd, &b))
+        return NULL;
+    ssize_t n;
+    do
+        n = write(fd, b.buf, (size_t)b.len);
+    while (n < 0 && errno == EINTR);
+    PyBuffer_Release(&b);
+    if (n < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    return PyLong_FromSsize_t(n);
+}
+
 PyMethodDef records_methods[] = {
+    {"write_with_gil", py_write_with_gil, METH_VARARGS, write_with_gil_doc},
     {"records_unpack", py_records_unpack, METH_VARARGS, records_unpack_doc},
     {"records_find", py_records_find, METH_VARARGS, records_find_doc},
     {"records_pack", py_records_pack, METH_O, records_pack_doc},

@@ -15,7 +15,7 @@ How a full disk is made, from the most real to the most targeted:
 - RLIMIT_FSIZE in a child process with SIGXFSZ ignored: writes past the
   limit fail with EFBIG at the system call, as on a full disk;
 - ENOSPC injected at the system call boundary in this process
-  (os.pwrite for the lock file, os.write for a journal) and
+  (os.pwrite for the lock file, the journal's write_with_gil) and
   lmdb.DiskError/MapFullError at LMDB's commit, through the proxy of
   tests/crash/test_lmdb_errors.py's kind.
 """
@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 import ndindex
+import ndindex.journal as jr
 import ndindex.store as st
 from ndindex import (CapacityError, ClosedError, FormatError, NdindexError, ReadOnlyError, pages,
                      records as rec)
@@ -469,17 +470,17 @@ def test_full_disk_for_the_lock_file_raises_capacity_error(path, monkeypatch):
 def test_full_disk_for_a_journal_raises_capacity_error(path, monkeypatch):
     index = Index.open(path, durability="normal", background_compaction=False)
     try:
-        real = os.write
+        real = jr._core.write_with_gil  # the journal's write()
 
         def short(fd, data):
             if fd == index._writer.journal._fd:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(fd, data)
 
-        monkeypatch.setattr(os, "write", short)
+        monkeypatch.setattr(jr._core, "write_with_gil", short)
         with pytest.raises(CapacityError):
             index.add([31337])
-        monkeypatch.setattr(os, "write", real)
+        monkeypatch.setattr(jr._core, "write_with_gil", real)
         # Not acknowledged, so not applied: never visible, never committed later.
         assert 31337 not in index
         index.add([4242])
