@@ -29,6 +29,7 @@ typedef struct {
     size_t nfree, free_cap;
     uint64_t *past_end; /* free pages past the end of the file */
     size_t npast, past_cap;
+    uint64_t *extents; /* scratch for check_tiling: one per node of a page */
 } walker;
 
 enum role { ROLE_FREE, ROLE_MAIN, ROLE_NAMED, ROLE_DUPS };
@@ -238,6 +239,41 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
     return 0;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* LMDB packs a page's nodes from the end of the page down to `upper` with
+ * no gap (mdb_node_add allocates just below upper, mdb_node_del closes the
+ * hole), each EVEN(header + key + data) bytes, the data of an overflow value
+ * being its page number.  A node whose size field claims more or less (one
+ * flipped bit of a free-list record's length) passes every bounds check,
+ * yet LMDB's next delete on that page moves the wrong bytes and damages
+ * its neighbours: so the node areas must tile [upper, psize) exactly. */
+static int check_tiling(walker *w, uint64_t pgno, const uint8_t *p, unsigned n, int leaf) {
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t off = ld16(p + MDBP_PAGE_HEADER + 2 * i);
+        const uint8_t *nd = p + off;
+        uint64_t size = MDBP_NODE_HEADER + ld16(nd + 6);
+        if (leaf)
+            size += (ld16(nd + 4) & MDBP_F_BIGDATA)
+                        ? 8
+                        : ((uint64_t)ld16(nd) | ((uint64_t)ld16(nd + 2) << 16));
+        w->extents[i] = off << 32 | ((size + 1) & ~1ull);
+    }
+    qsort(w->extents, n, sizeof *w->extents, cmp_u64);
+    uint64_t at = ld16(p + 14);
+    for (unsigned i = 0; i < n; i++) {
+        if (w->extents[i] >> 32 != at)
+            return mdbp_fail(w->e, pgno, "page's nodes do not fill its node area exactly");
+        at += w->extents[i] & 0xffffffffu;
+    }
+    if (at != w->map.psize)
+        return mdbp_fail(w->e, pgno, "page's nodes do not fill its node area exactly");
+    return 0;
+}
+
 static int walk_page(walker *w, tree_walk *t, uint64_t from, uint64_t pgno, int level,
                      const uint8_t *lo, size_t lo_len, const uint8_t *hi, size_t hi_len) {
     int leaf = level == t->depth - 1;
@@ -255,8 +291,10 @@ static int walk_page(walker *w, tree_walk *t, uint64_t from, uint64_t pgno, int 
             if (rc < 0)
                 return rc;
         }
-        return 0;
+        return check_tiling(w, pgno, p, n, 1) < 0 ? MDBP_CORRUPT : 0;
     }
+    if (check_tiling(w, pgno, p, n, 0) < 0)
+        return MDBP_CORRUPT;
     t->branch++;
     for (unsigned i = 0; i < n; i++) {
         const uint8_t *nd = p + ld16(p + MDBP_PAGE_HEADER + 2 * i);
@@ -301,11 +339,6 @@ static int walk_tree(walker *w, int tree, enum role role, const mdbp_db *db, tre
     if (t->entries != db->entries)
         return mdbp_fail(w->e, db->root, "tree record's entry count disagrees with its entries");
     return 0;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Mark every page the free list names; each must be a page of the snapshot
@@ -396,6 +429,9 @@ int mdbc_check(const uint8_t *file, size_t avail, uint32_t psize, int slot, mdbc
     memset(kind, MDBC_UNSEEN, w.file_pages);
     memset(owner, MDBC_NO_TREE, w.file_pages);
     kind[0] = kind[1] = MDBC_META;
+    w.extents = malloc((psize - MDBP_PAGE_HEADER) / 2 * sizeof *w.extents);
+    if (!w.extents)
+        return MDBC_NOMEM;
 
     r->ntrees = 2;
     r->tree[MDBC_TREE_FREE].db = r->meta.free_db;
@@ -432,5 +468,6 @@ int mdbc_check(const uint8_t *file, size_t avail, uint32_t psize, int slot, mdbc
     }
     free(w.free);
     free(w.past_end);
+    free(w.extents);
     return rc;
 }

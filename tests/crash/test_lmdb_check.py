@@ -507,6 +507,26 @@ def test_integer_key_size(lmdb_file):
     expect(b, "integer key is not 4 or 8 bytes", first_leaf, "ints")
 
 
+@pytest.mark.parametrize("tree, delta", [("ints", 2), ("ints", -1), ("(free)", 8)])
+def test_node_sizes_tile_the_node_area(lmdb_file, tree, delta):
+    """[L38]: the lowest node of a leaf claims more bytes (a free-list value stays whole
+    words), or fewer (the 1-byte value of "ints" none: a gap); every bounds check still holds.
+    The free-list case is the sweep's damaged size byte that LMDB's next delete on the page
+    turned into "Located page was wrong type"."""
+    b = bytearray(lmdb_file)
+    if tree == "(free)":
+        root = u64(b, newer_slot(b) * PSIZE + META_FREE_DB + 40)
+        leaf = next(p for p in [root] if any(not u16(b, nd + 4) & F_BIGDATA for nd in nodes(b, p)))
+    else:
+        leaf = pages_of(b, tree, "leaf")[0]
+    inline = [nd for nd in nodes(b, leaf) if not u16(b, nd + 4) & F_BIGDATA]
+    lowest = min(inline)
+    assert lowest == leaf * PSIZE + u16(b, leaf * PSIZE + 14)  # the node at mp_upper
+    size = u16(b, lowest) | u16(b, lowest + 2) << 16
+    put16(b, lowest, size + delta)
+    expect(b, "page's nodes do not fill its node area exactly", leaf, tree)
+
+
 @pytest.mark.parametrize("child, problem", [
     (0, "page number names a meta page"),
     ("last+1", "page number past the meta page's last page"),
