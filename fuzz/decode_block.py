@@ -2,7 +2,8 @@
 
 Contract (``decode_*``): for any 1..3 blocks and any valid code,
 ``ndindex.codec.decode`` and ``ndindex.codec.probe`` either return or raise
-``CorruptionError``; never another exception, a crash, a hang or a read
+``CorruptionError`` (and ``probe_blocks``, the blocks side by side as a
+query decodes them, gives what each gave alone); never another exception, a crash, a hang or a read
 outside the blocks (the blocks sit against PROT_NONE guard pages, see
 ``harness.GuardedBuffer``).  Differential: the C decoder and the plain-Python
 ``ndindex.codec_reference.decode_block`` agree on the values, or on the first
@@ -84,19 +85,20 @@ def expected_probe(values, q: int, p: int, k: int) -> list[int]:
     return [v for v in values if (p == 0 or (v ^ q) >> shift == 0) and bin(v ^ q).count("1") <= k]
 
 
-def check_probe(block, code, values, header_ok: bool, q: int, p: int, k: int) -> None:
-    """Probe one block and check the result against its reference decode."""
+def check_probe(block, code, values, header_ok: bool, q: int, p: int, k: int):
+    """Probe one block, check the result against its reference decode, return it."""
     try:
         got = codec.probe(block, code, q, p, k)
     except CorruptionError as err:
         damage_kind(err)
         assert values is None, f"probe raised {err} on a block the reference decodes"
-        return
+        return err
     # A probe may stop before the damage, but never past a bad header.
     assert header_ok, "probe returned on a block with a bad checksum or count"
     if values is not None:
         want = expected_probe(values, q, p, k)
         assert got == want, f"probe(q={q:#x}, p={p}, k={k}) gave {got[:5]}..., expected {want[:5]}..."
+    return got
 
 
 def check(data: bytes) -> None:
@@ -128,6 +130,7 @@ def check(data: bytes) -> None:
         if not (kind == "count" and count > MAX_COUNT and ref_kind != "checksum"):
             assert kind == ref_kind, f"block {bad}: C says {kind}, reference says {ref_kind}"
 
+    singles, qs = [], []
     for i in range(n_blocks):
         block = blocks[i * codec.BLOCK_BYTES:(i + 1) * codec.BLOCK_BYTES]
         block_values = None if isinstance(ref[i], str) else ref[i]
@@ -135,7 +138,18 @@ def check(data: bytes) -> None:
         crc_ok = harness.crc32c(block[4:]) == int.from_bytes(block[0:4], "little")
         header_ok = crc_ok and 1 <= count <= MAX_COUNT
         q = int.from_bytes(block[6:14], "little") ^ q_mask
-        check_probe(harness.GUARD.at_end(block), code, block_values, header_ok, q, p, k)
+        qs.append(q)
+        singles.append(check_probe(harness.GUARD.at_end(block), code, block_values, header_ok,
+                                   q, p, k))
+    # The blocks side by side, as a query decodes them: what each alone gave.
+    together = codec.probe_blocks(harness.GUARD.at_end(blocks), [code] * n_blocks, qs,
+                                  [p] * n_blocks, [k] * n_blocks)
+    for i, (alone, side) in enumerate(zip(singles, together)):
+        if isinstance(alone, CorruptionError):
+            assert isinstance(side, CorruptionError) and \
+                damage_kind(side) == damage_kind(alone), f"block {i}: {side!r} beside others, {alone!r} alone"
+        else:
+            assert side == alone, f"block {i}: {side[:3]}... beside others, {alone[:3]}... alone"
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -257,6 +257,24 @@ def probe(block, code: HuffmanCode, q: int, p: int, k: int) -> list[int]:
     return _core.probe(code.compiled, block, int(q), int(p), int(k))
 
 
+def probe_blocks(blocks, codes, qs, ps, ks, *, verified: bool = False,
+                 cap: int = 1 + (BLOCK_BYTES - BLOCK_HEADER_BYTES) * 8) -> list:
+    """Probe many blocks side by side, as queries do; one result per block.
+
+    Block i (of ``blocks``, whole 1024-byte blocks) is probed with codes[i]
+    (a HuffmanCode), qs[i], ps[i] and ks[i] as :func:`probe` does.  With
+    verified, checksums are not checked (as for blocks a query checked
+    before), so damage reaches the decoder.  Returns per block its list of
+    matches, or a CorruptionError (not raised) naming its damage; a block
+    with more than cap matches gets the CorruptionError "more than cap".
+    For differential tests of the query kernel's decoder.
+    """
+    got = _core.probe_lanes([c.compiled for c in codes], blocks, [int(q) for q in qs],
+                            [int(p) for p in ps], [int(k) for k in ks], bool(verified), int(cap))
+    return [r if isinstance(r, list) else CorruptionError(f"block {i}: {r}", database="block")
+            for i, r in enumerate(got)]
+
+
 def entropy_bound_bits(n: int) -> float:
     """Return 64 - log2 n + log2 e, the minimum bits per fingerprint of an n-set."""
     return 64 - math.log2(n) + math.log2(math.e)

@@ -109,18 +109,30 @@ def decode_block(block: bytes, code_record: bytes) -> list[int]:
     Raises CorruptionError for every violation the spec names: checksum
     [B2], count [B3], overrun [B6], order [B7], padding [B8].
     """
+    return list(iter_block(block, code_record))
+
+
+def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True):
+    """Yield a block's fingerprints one at a time, checking each as it goes.
+
+    As decode_block, but lazy: an entry is decoded, and its damage raised,
+    only when asked for, and the padding [B8] is checked only after the
+    last entry was taken.  A probe that stops early takes fewer.  With
+    check_checksum False the checksum [B2] is not checked (a block checked
+    before).
+    """
     block = bytes(block)
     if len(block) != BLOCK_BYTES:
         raise CorruptionError(f"block is {len(block)} bytes, expected {BLOCK_BYTES}", database="block")
     coding, table = parse_code(code_record)
     stored = int.from_bytes(block[0:4], "little")
-    if crc32c(block[4:]) != stored:
+    if check_checksum and crc32c(block[4:]) != stored:
         raise CorruptionError("checksum mismatch", database="block", offset=0)
     count = int.from_bytes(block[4:6], "little")
     if count < 1:
         raise CorruptionError("impossible entry count 0", database="block", offset=4)
     value = int.from_bytes(block[6:14], "little")
-    out = [value]
+    yield value
     # The bitstream, most significant bit of each byte first.
     stream = int.from_bytes(block[HEADER_BYTES:], "big")
 
@@ -150,7 +162,6 @@ def decode_block(block: bytes, code_record: bytes) -> list[int]:
                 raise CorruptionError("decoded values do not increase", database="block")
             nxt = ((value >> h) | 1) << h | low
         value = nxt
-        out.append(value)
+        yield value
     if pos < PAYLOAD_BITS and bits(pos, PAYLOAD_BITS - pos) != 0:
         raise CorruptionError("nonzero padding bits after the last entry", database="block")
-    return out

@@ -294,6 +294,94 @@ done:
     return res;
 }
 
+PyDoc_STRVAR(probe_lanes_doc,
+             "probe_lanes(codes, blocks, qs, ps, ks, verified, cap) -> list\n\n"
+             "Probe n blocks side by side, as queries do (codec_probe_lanes): lane i\n"
+             "probes block i of blocks (n x 1024 bytes) with codes[i], qs[i], ps[i],\n"
+             "ks[i].  verified: skip the checksums (as for blocks a query checked\n"
+             "before).  cap: matches a lane keeps.  Returns per lane the list of\n"
+             "matches, or the text of its damage (or \"more than cap matches\").");
+static PyObject *py_probe_lanes(PyObject *self, PyObject *args) {
+    PyObject *codes, *qs, *ps, *ks;
+    Py_buffer blocks;
+    int verified;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "Oy*OOOpn", &codes, &blocks, &qs, &ps, &ks, &verified, &cap))
+        return NULL;
+    PyObject *res = NULL;
+    codec_lane *lanes = NULL;
+    uint64_t *found = NULL;
+    Py_ssize_t n = blocks.len / BLOCK_BYTES;
+    if (blocks.len % BLOCK_BYTES || cap < 0 || cap > 1 + BLOCK_PAYLOAD_BITS || n > 1 << 20) {
+        PyErr_SetString(PyExc_ValueError, "blocks must be whole 1024-byte blocks, cap 0..8081");
+        goto done;
+    }
+    if (PySequence_Size(codes) != n || PySequence_Size(qs) != n || PySequence_Size(ps) != n ||
+        PySequence_Size(ks) != n) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "one code, q, p and k per block");
+        goto done;
+    }
+    lanes = PyMem_Calloc(n ? n : 1, sizeof *lanes);
+    found = PyMem_Calloc(n * cap + 1, sizeof *found);
+    if (!lanes || !found) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PySequence_GetItem(codes, i), *q = PySequence_GetItem(qs, i),
+                 *p = PySequence_GetItem(ps, i), *k = PySequence_GetItem(ks, i);
+        int ok = c && q && p && k && ndx_get_code(c, &lanes[i].code) == 0;
+        if (ok) {
+            lanes[i].q = PyLong_AsUnsignedLongLong(q);
+            lanes[i].p = PyLong_AsLong(p);
+            lanes[i].k = PyLong_AsLong(k);
+            ok = !PyErr_Occurred();
+            if (ok && (lanes[i].p < 0 || lanes[i].p > 64 || lanes[i].k < 0 || lanes[i].k > 64)) {
+                PyErr_SetString(PyExc_ValueError, "p and k must be in 0..64");
+                ok = 0;
+            }
+        }
+        Py_XDECREF(c);
+        Py_XDECREF(q);
+        Py_XDECREF(p);
+        Py_XDECREF(k);
+        if (!ok)
+            goto done;
+        lanes[i].block = (const uint8_t *)blocks.buf + i * BLOCK_BYTES;
+        lanes[i].verified = verified;
+        lanes[i].out = found + i * cap;
+        lanes[i].cap = (size_t)cap;
+    }
+    codec_probe_lanes(lanes, (int)n);
+    res = PyList_New(n);
+    for (Py_ssize_t i = 0; res && i < n; i++) {
+        PyObject *item;
+        if (lanes[i].n < 0) {
+            item = PyUnicode_FromString(lanes[i].n == CODEC_OUT_FULL ? "more than cap matches"
+                                                                     : ndx_status_text(lanes[i].n));
+        } else {
+            item = PyList_New(lanes[i].n);
+            for (long j = 0; item && j < lanes[i].n; j++) {
+                PyObject *v = PyLong_FromUnsignedLongLong(lanes[i].out[j]);
+                if (!v)
+                    Py_CLEAR(item);
+                else
+                    PyList_SET_ITEM(item, j, v);
+            }
+        }
+        if (!item)
+            Py_CLEAR(res);
+        else
+            PyList_SET_ITEM(res, i, item);
+    }
+done:
+    PyMem_Free(lanes);
+    PyMem_Free(found);
+    PyBuffer_Release(&blocks);
+    return res;
+}
+
 PyDoc_STRVAR(crc32c_doc, "crc32c(data) -> int\n\nCRC-32C (Castagnoli) of a bytes-like object.");
 static PyObject *py_crc32c(PyObject *self, PyObject *arg) {
     Py_buffer b;
@@ -525,6 +613,7 @@ PyMethodDef codec_methods[] = {
     {"block_counts", py_block_counts, METH_VARARGS, block_counts_doc},
     {"decode", py_decode, METH_VARARGS, decode_doc},
     {"probe", py_probe, METH_VARARGS, probe_doc},
+    {"probe_lanes", py_probe_lanes, METH_VARARGS, probe_lanes_doc},
     {"crc32c", py_crc32c, METH_O, crc32c_doc},
     {"merge_unique", py_merge_unique, METH_VARARGS, merge_unique_doc},
     {"raw_encode", py_raw_encode, METH_VARARGS, raw_encode_doc},

@@ -18,6 +18,10 @@
 #define BLOCK_PAYLOAD_BITS ((BLOCK_BYTES - BLOCK_HEADER_BYTES) * 8)
 #define CODE_SYMBOLS 64
 #define CODE_MAX_BITS 12
+/* Codewords of at most this many bits decode in the batch decoder's table
+ * (4 KB a code); longer ones, rare in any table, through the checked one. */
+#define CODE_FAST_BITS 10
+#define FAST_IRREGULAR (1u << 31)
 #define CODING_XOR 0
 #define CODING_DELTA 1
 /* Each entry after the first costs at most CODE_MAX_BITS + 63 bits, so a
@@ -46,6 +50,8 @@ typedef struct {
     struct {
         uint8_t len, h;
     } lut[1 << CODE_MAX_BITS];
+    /* the batch decoder's table, over the next CODE_FAST_BITS bits (codec.c) */
+    uint32_t fast[1 << CODE_FAST_BITS];
 } codec_code;
 
 /* Hot kernels get a clone compiled for CPUs with POPCNT, chosen at load
@@ -81,11 +87,12 @@ long codec_probe(const codec_code *c, const uint8_t *block, uint64_t q, int p, i
 long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q, int p, int k,
                           uint64_t *out, size_t cap, int verified);
 
-/* Several codec_probe_verified at once: the probes of different tables are
+/* Many codec_probe_verified at once: the probes of different blocks are
  * independent, and one probe's decode is a chain of dependent loads (each
- * codeword's position comes from the last one's length), so decoding them
- * in lockstep lets the CPU overlap the chains. */
-#define CODEC_LANES 4
+ * codeword's position comes from the last one's length), so decoding
+ * several side by side lets the CPU overlap the chains.  Any number of
+ * lanes; each gets what codec_probe_verified would return, except that a
+ * lane with more matches than its cap gets CODEC_OUT_FULL. */
 typedef struct {
     const codec_code *code;
     const uint8_t *block;

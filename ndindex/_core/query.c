@@ -231,16 +231,139 @@ static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_resul
     return 0;
 }
 
-/* Probe the blocks of one checked chunk for values in [lo, hi]; *done is
- * set once the chunk reaches hi.  verified: per-block flags (or NULL). */
-static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uint64_t q,
-                       uint64_t qp, uint64_t lo, uint64_t hi, int k, const uint8_t *val,
-                       unsigned nblocks, uint8_t *verified, query_results *out,
-                       query_error *err, int *done) {
-    const query_table *tb = &s->tables[t];
+/* Huffman blocks wait in a queue and are probed PROBE_GROUP at a time by
+ * codec_probe_lanes, which decodes them side by side (one block's decode
+ * is a chain of dependent loads; several chains overlap).  Raw blocks are
+ * searched at once. */
+#define PROBE_GROUP 32
+/* Matches a lane holds before its block goes back to the one-lane probe,
+ * whose buffer takes a whole block. */
+#define LANE_CAP 64
+
+/* One Huffman block to probe for permuted values in [lo, hi] within k of
+ * qp: of run run of table t; verified is the block's flag in its run
+ * directory (NULL: check its checksum); key, when has_key, the chunk's key
+ * for an error report. */
+typedef struct {
+    int t, k;
+    const query_run *run;
+    const uint8_t *block;
+    uint8_t *verified;
+    uint64_t lo, hi, qp;
+    int has_key;
+    uint8_t key[CHUNK_KEY_BYTES];
+} block_job;
+
+typedef struct {
+    const query_snapshot *s;
+    uint64_t q; /* the query, unpermuted */
+    query_results *out;
+    query_error *err;
+    int n;
+    block_job jobs[PROBE_GROUP];
+} job_queue;
+
+/* Take the matches of a block: the values in [lo, hi], unpermuted. */
+static int take_matches(const query_snapshot *s, const block_job *jb, uint64_t q,
+                        const uint64_t *found, long n, query_results *out) {
+    const query_table *tb = &s->tables[jb->t];
+    for (long i = 0; i < n; i++)
+        if (found[i] >= jb->lo && found[i] <= jb->hi &&
+            add_candidate(s, jb->t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+            return QUERY_NOMEM;
+    return 0;
+}
+
+/* A lane that overflowed its cap, probed again alone with room for a whole
+ * block (out of line: its buffer is 64 KB of stack).  *status: the probe's
+ * count or status. */
+static __attribute__((noinline)) int probe_overflowed(const query_snapshot *s,
+                                                      const block_job *jb, uint64_t q,
+                                                      query_results *out, long *status) {
+    uint64_t whole[1 + BLOCK_PAYLOAD_BITS];
+    *status = codec_probe_verified(jb->run->code, jb->block, jb->qp, s->tables[jb->t].p, jb->k,
+                                   whole, sizeof whole / sizeof *whole,
+                                   jb->verified ? *jb->verified : 0);
+    return *status < 0 ? 0 : take_matches(s, jb, q, whole, *status, out);
+}
+
+/* Probe the queued blocks and take their matches. */
+static int queue_flush(job_queue *jq) {
+    const query_snapshot *s = jq->s;
+    const int n = jq->n;
+    codec_lane lane[PROBE_GROUP];
+    uint64_t found[PROBE_GROUP][LANE_CAP];
+    jq->n = 0;
+    for (int j = 0; j < n; j++) {
+        const block_job *jb = &jq->jobs[j];
+        lane[j] = (codec_lane){.code = jb->run->code, .block = jb->block, .q = jb->qp,
+                               .p = s->tables[jb->t].p, .k = jb->k,
+                               .verified = jb->verified ? *jb->verified : 0, .out = found[j],
+                               .cap = LANE_CAP};
+    }
+    codec_probe_lanes(lane, n);
+    for (int j = 0; j < n; j++) {
+        const block_job *jb = &jq->jobs[j];
+        long m = lane[j].n;
+        int rc = m == CODEC_OUT_FULL ? probe_overflowed(s, jb, jq->q, jq->out, &m)
+                                     : take_matches(s, jb, jq->q, found[j], m, jq->out);
+        if (rc < 0)
+            return rc;
+        if (m < 0) {
+            query_error *err = jq->err;
+            err->table = jb->t;
+            err->run_id = jb->run->run_id;
+            err->has_key = jb->has_key;
+            memcpy(err->key, jb->key, CHUNK_KEY_BYTES);
+            return corrupt(err, block_status_text(m));
+        }
+        if (jb->verified)
+            *jb->verified = 1; /* a benign race: another thread may set it too */
+    }
+    return 0;
+}
+
+/* Queue a block, fetching it into the cache meanwhile. */
+static int queue_push(job_queue *jq, const block_job *jb) {
+    if (jq->n == PROBE_GROUP) {
+        int rc = queue_flush(jq);
+        if (rc < 0)
+            return rc;
+    }
+    jq->jobs[jq->n++] = *jb;
+    for (int line = 0; line < BLOCK_BYTES; line += 64)
+        __builtin_prefetch(jb->block + line);
+    return 0;
+}
+
+/* Probe a raw block now (its checksum checked unless *verified says so). */
+static int probe_raw_block(job_queue *jq, const block_job *jb, uint64_t block_key) {
+    uint64_t found[RAW_BLOCK_MAX_VALUES];
+    if (!(jb->verified && *jb->verified) &&
+        crc32c(jb->block + 4, BLOCK_BYTES - 4) != load_le32(jb->block))
+        return corrupt(jq->err, "block checksum mismatch");
+    long n = raw_probe(jb->block, block_key, jb->lo, jb->hi, jb->qp, jb->k, found,
+                       RAW_BLOCK_MAX_VALUES);
+    if (n < 0)
+        return corrupt(jq->err, block_status_text(n));
+    if (jb->verified)
+        *jb->verified = 1; /* a benign race: another thread may set it too */
+    return take_matches(jq->s, jb, jq->q, found, n, jq->out);
+}
+
+/* A block of run: raw ones are probed now, Huffman ones queued. */
+static int probe_block(job_queue *jq, const block_job *jb, uint64_t block_key) {
+    return jb->run->kind == RUN_KIND_RAW ? probe_raw_block(jq, jb, block_key)
+                                         : queue_push(jq, jb);
+}
+
+/* Probe the blocks of one checked chunk (key, val) for values in [lo, hi];
+ * *done is set once the chunk reaches hi. */
+static int probe_chunk(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
+                       uint64_t hi, int k, const uint8_t *key, const uint8_t *val,
+                       unsigned nblocks, int *done) {
     const uint8_t *keys = val + CHUNK_HEADER_BYTES;
     const uint8_t *blocks = keys + 8 * (size_t)nblocks;
-    uint64_t found[1 + BLOCK_PAYLOAD_BITS];
     unsigned b = 0, e = nblocks;
     while (b < e) { /* first block whose key is >= lo */
         unsigned mid = (b + e) / 2;
@@ -250,27 +373,14 @@ static int probe_chunk(const query_snapshot *s, int t, const query_run *run, uin
             e = mid;
     }
     *done = 0;
+    block_job jb = {.t = t, .k = k, .run = run, .lo = lo, .hi = hi, .qp = qp, .has_key = 1};
+    memcpy(jb.key, key, CHUNK_KEY_BYTES);
     for (; b < nblocks; b++) {
-        const uint8_t *block = blocks + (size_t)b * BLOCK_BYTES;
         uint64_t bkey = load_le64(keys + 8 * b);
-        int trusted = verified && verified[b];
-        long n;
-        if (run->kind == RUN_KIND_RAW) {
-            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
-                return corrupt(err, "block checksum mismatch");
-            n = raw_probe(block, bkey, lo, hi, qp, k, found, sizeof found / sizeof *found);
-        } else {
-            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
-                                     sizeof found / sizeof *found, trusted);
-        }
-        if (n < 0)
-            return corrupt(err, block_status_text(n));
-        if (verified && !trusted)
-            verified[b] = 1; /* a benign race: another thread may set it too */
-        for (long i = 0; i < n; i++)
-            if (found[i] >= lo && found[i] <= hi &&
-                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
-                return QUERY_NOMEM;
+        jb.block = blocks + (size_t)b * BLOCK_BYTES;
+        int rc = probe_block(jq, &jb, bkey);
+        if (rc < 0)
+            return rc;
         if (bkey >= hi) {
             *done = 1;
             return 0;
@@ -295,36 +405,20 @@ static inline size_t directory_block(const run_directory *d, uint64_t lo) {
 }
 
 /* Probe a listed run's blocks for values in [lo, hi] (already clipped to the
- * run's live range). */
-static int probe_directory(const query_snapshot *s, int t, const query_run *run, uint64_t q,
-                           uint64_t qp, uint64_t lo, uint64_t hi, int k, size_t at,
-                           query_results *out, query_error *err) {
-    const query_table *tb = &s->tables[t];
-    const run_directory *d = run->dir;
-    uint64_t found[1 + BLOCK_PAYLOAD_BITS];
+ * run's live range), from block at when located ahead. */
+static int probe_directory(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
+                           uint64_t hi, int k, size_t at) {
+    run_directory *d = (run_directory *)run->dir;
     size_t b = at != NOT_LOCATED ? at : directory_block(d, lo);
     if (b == d->nblocks)
-        return corrupt(err, "no block covers a value inside the run");
+        return corrupt(jq->err, "no block covers a value inside the run");
+    block_job jb = {.t = t, .k = k, .run = run, .lo = lo, .hi = hi, .qp = qp};
     for (; b < d->nblocks; b++) {
-        const uint8_t *block = d->block[b];
-        int trusted = d->verified[b];
-        long n;
-        if (run->kind == RUN_KIND_RAW) {
-            if (!trusted && crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
-                return corrupt(err, "block checksum mismatch");
-            n = raw_probe(block, d->last[b], lo, hi, qp, k, found, sizeof found / sizeof *found);
-        } else {
-            n = codec_probe_verified(run->code, block, qp, tb->p, k, found,
-                                     sizeof found / sizeof *found, trusted);
-        }
-        if (n < 0)
-            return corrupt(err, block_status_text(n));
-        if (!trusted)
-            d->verified[b] = 1; /* a benign race: another thread may set it too */
-        for (long i = 0; i < n; i++)
-            if (found[i] >= lo && found[i] <= hi &&
-                add_candidate(s, t, q, out, perm_apply(&tb->inv, found[i])) < 0)
-                return QUERY_NOMEM;
+        jb.block = d->block[b];
+        jb.verified = &d->verified[b];
+        int rc = probe_block(jq, &jb, d->last[b]);
+        if (rc < 0)
+            return rc;
         if (d->last[b] >= hi)
             break;
     }
@@ -348,12 +442,14 @@ static inline int clip_to_run(const query_run *run, uint64_t *lo, uint64_t *hi) 
     return *lo <= run->last;
 }
 
-/* Probe one run of table t for permuted values in [lo, hi] within k of qp.
- * at: for a listed run, the directory's first block for the clipped lo
- * (located ahead, see locate_listed), or NOT_LOCATED. */
-static int probe_run(const query_snapshot *s, int t, const query_run *run, uint64_t q,
-                     uint64_t qp, uint64_t lo, uint64_t hi, int k, size_t at,
-                     query_results *out, query_error *err) {
+/* Probe one run of table t for permuted values in [lo, hi] within k of qp
+ * (Huffman blocks go to jq).  at: for a listed run, the directory's first
+ * block for the clipped lo (located ahead, see locate_listed), or
+ * NOT_LOCATED. */
+static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
+                     uint64_t hi, int k, size_t at) {
+    const query_snapshot *s = jq->s;
+    query_error *err = jq->err;
     if (!clip_to_run(run, &lo, &hi))
         return 0;
     err->table = t;
@@ -361,7 +457,7 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
     err->has_key = 0;
     int done = 0;
     if (run->dir)
-        return probe_directory(s, t, run, q, qp, lo, hi, k, at, out, err);
+        return probe_directory(jq, t, run, qp, lo, hi, k, at);
     uint8_t key[CHUNK_KEY_BYTES];
     chunk_key(key, run->space, run->run_id, lo);
     mdbp_cursor c;
@@ -396,7 +492,7 @@ static int probe_run(const query_snapshot *s, int t, const query_run *run, uint6
          * chunk must continue where the previous one ended. */
         if (first ? !(val[5] & CHUNK_FLAG_FIRST) && low >= lo : low != prev_last)
             return corrupt(err, "chunk fences do not match its neighbours");
-        rc = probe_chunk(s, t, run, q, qp, lo, hi, k, val, nblocks, NULL, out, err, &done);
+        rc = probe_chunk(jq, t, run, qp, lo, hi, k, k8, val, nblocks, &done);
         if (rc < 0)
             return rc;
         if (done || chunk_last >= hi)
@@ -932,90 +1028,24 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
     return 0;
 }
 
-/* Matches a lane of probe_lanes holds before it hands the block back to
- * the one-lane probe (whose buffer takes a whole block). */
-#define LANE_CAP 256
-
-/* Probe every run of tables [t0, t1) (located by locate_listed): the
- * listed Huffman runs' blocks through codec_probe_lanes, CODEC_LANES at a
- * time, the others one by one. */
+/* Probe every run of tables [t0, t1) (the listed ones located by
+ * locate_listed): every block holding part of a table's range is queued,
+ * and all of them decode side by side. */
 static int probe_tables(const query_snapshot *s, int t0, int t1, const table_probe *tp,
                         uint64_t q, int k, size_t at[][LOCATE_RUNS], query_results *out,
                         query_error *err) {
-    struct job {
-        int t;
-        const query_run *run;
-        size_t b;
-        uint64_t lo, hi, qp;
-    } jobs[LOCATE_TABLES * LOCATE_RUNS];
-    int njobs = 0;
+    job_queue jq = {.s = s, .q = q, .out = out, .err = err};
     for (int t = t0; t < t1; t++) {
         const query_table *tb = &s->tables[t];
-        const uint64_t qp = tp[t - t0].qp;
         for (int r = 0; r < tb->nruns; r++) {
-            const query_run *run = &tb->runs[r];
-            uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
             size_t b = r < LOCATE_RUNS ? at[t - t0][r] : NOT_LOCATED;
-            if (run->dir && run->kind == RUN_KIND_HUFFMAN && b < run->dir->nblocks) {
-                if (clip_to_run(run, &lo, &hi))
-                    jobs[njobs++] = (struct job){t, run, b, lo, hi, qp};
-                continue;
-            }
-            int rc = probe_run(s, t, run, q, qp, lo, hi, k, b, out, err);
+            int rc = probe_run(&jq, t, &tb->runs[r], tp[t - t0].qp, tp[t - t0].lo,
+                               tp[t - t0].hi, k, b);
             if (rc < 0)
                 return rc;
         }
     }
-    uint64_t found[CODEC_LANES][LANE_CAP];
-    while (njobs) {
-        codec_lane lane[CODEC_LANES];
-        int n = njobs < CODEC_LANES ? njobs : CODEC_LANES;
-        for (int j = 0; j < n; j++) {
-            const struct job *jb = &jobs[njobs - 1 - j];
-            const run_directory *d = jb->run->dir;
-            lane[j] = (codec_lane){.code = jb->run->code, .block = d->block[jb->b], .q = jb->qp,
-                                   .p = s->tables[jb->t].p, .k = k, .verified = d->verified[jb->b],
-                                   .out = found[j], .cap = LANE_CAP};
-        }
-        codec_probe_lanes(lane, n);
-        for (int j = 0; j < n; j++) {
-            struct job *jb = &jobs[njobs - 1 - j];
-            run_directory *d = (run_directory *)jb->run->dir;
-            const query_table *tb = &s->tables[jb->t];
-            long m = lane[j].n;
-            const uint64_t *got = found[j];
-            uint64_t whole[1 + BLOCK_PAYLOAD_BITS];
-            if (m == CODEC_OUT_FULL) {
-                m = codec_probe_verified(jb->run->code, lane[j].block, jb->qp, tb->p, k, whole,
-                                         sizeof whole / sizeof *whole, lane[j].verified);
-                got = whole;
-            }
-            if (m < 0) {
-                err->table = jb->t;
-                err->run_id = jb->run->run_id;
-                err->has_key = 0;
-                return corrupt(err, block_status_text(m));
-            }
-            d->verified[jb->b] = 1; /* a benign race: another thread may set it too */
-            for (long i = 0; i < m; i++)
-                if (got[i] >= jb->lo && got[i] <= jb->hi &&
-                    add_candidate(s, jb->t, q, out, perm_apply(&tb->inv, got[i])) < 0)
-                    return QUERY_NOMEM;
-            /* Blocks past the first: the job stays, on the next block. */
-            if (d->last[jb->b] < jb->hi && jb->b + 1 < d->nblocks) {
-                jb->b++;
-                __builtin_prefetch(d->block[jb->b]);
-            } else {
-                jb->t = -1;
-            }
-        }
-        int kept = njobs - n;
-        for (int j = njobs - n; j < njobs; j++)
-            if (jobs[j].t >= 0)
-                jobs[kept++] = jobs[j];
-        njobs = kept;
-    }
-    return 0;
+    return queue_flush(&jq);
 }
 
 HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
@@ -1082,6 +1112,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
     const uint64_t mask = p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << shift);
     const uint64_t qp = perm_apply(&tb->fwd, q);
     size_t start = out->n;
+    job_queue jq = {.s = &one, .q = q, .out = out, .err = err};
     for (size_t g = 0; g < nprefixes; g += PREFIX_GROUP) {
         size_t end = nprefixes - g < PREFIX_GROUP ? nprefixes : g + PREFIX_GROUP;
         for (size_t i = g; i < end; i++)
@@ -1097,8 +1128,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
                 continue;
             uint64_t qf = lo | (qp & ~mask);
             for (int r = 0; r < tb->nruns; r++) {
-                int rc = probe_run(&one, 0, &tb->runs[r], q, qf, lo, hi, k - flips, NOT_LOCATED,
-                                   out, err);
+                int rc = probe_run(&jq, 0, &tb->runs[r], qf, lo, hi, k - flips, NOT_LOCATED);
                 if (rc < 0) {
                     err->table = t;
                     out->n = start;
@@ -1107,7 +1137,13 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
             }
         }
     }
-    int rc = drop_hidden_from_runs(s, out, start, err);
+    int rc = queue_flush(&jq);
+    if (rc < 0) {
+        err->table = t;
+        out->n = start;
+        return rc;
+    }
+    rc = drop_hidden_from_runs(s, out, start, err);
     if (rc < 0) {
         out->n = start;
         return rc;

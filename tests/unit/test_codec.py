@@ -221,3 +221,115 @@ def test_probe_matches_brute_force(coding):
         mask = 0 if p == 0 else ((1 << 64) - 1) ^ ((1 << (64 - p)) - 1)
         want = [int(v) for v in vals if int(v) & mask == q & mask and bin(int(v) ^ q).count("1") <= k]
         assert codec.probe(enc.block(b), code, q, p, k) == want
+
+
+# --- many blocks side by side (the query kernel's decoder) -------------------
+
+
+def table_at_density(m, n_equiv, seed, top=False):
+    """m sorted distinct values with the gaps of n_equiv random fingerprints
+    (top: ending just below 2^64)."""
+    rng = np.random.default_rng(seed)
+    span = min(2**64 - 1, int(2**64 * m / n_equiv))
+    base = 0 if span >= 2**64 - 1 else \
+        2**64 - 1 - span if top else int(rng.integers(0, 2**64 - span, dtype=np.uint64))
+    offsets = np.unique((rng.random(m) * span).astype(np.uint64))
+    return np.unique(offsets + np.uint64(base))
+
+
+def reference_probe(block, code, q, p, k, cap, check_checksum=True):
+    """What probing block must give: its matches, "full" past cap matches,
+    or the CorruptionError of the first damaged entry it decodes."""
+    mask = 0 if p == 0 else U64_MAX ^ ((1 << (64 - p)) - 1)
+    lo, hi = q & mask, (q & mask) | (U64_MAX ^ mask)
+    count = int.from_bytes(block[4:6], "little")
+    found = []
+    try:
+        entries = codec_reference.iter_block(block, code.to_bytes(), check_checksum=check_checksum)
+        for taken, v in enumerate(entries, 1):
+            if (taken == 1 and v & mask > lo) or v > hi:
+                break
+            if v >= lo and bin(v ^ q).count("1") <= k:
+                if len(found) == cap:
+                    return "full"
+                found.append(v)
+            if taken == count:
+                break
+    except CorruptionError as err:
+        return err
+    return found
+
+
+def same_outcome(got, want):
+    if isinstance(want, CorruptionError):
+        return isinstance(got, CorruptionError) and \
+            str(want).split(":")[-1].split()[0] in str(got)  # e.g. "bitstream", "decoded"
+    if want == "full":
+        return isinstance(got, CorruptionError) and "more than cap" in str(got)
+    return got == want
+
+
+def lanes_case(rng, tables, damage):
+    """Draw one call: blocks from several tables (codes), a probe per block."""
+    blocks, codes, qs, ps, ks = bytearray(), [], [], [], []
+    for _ in range(int(rng.integers(1, 40))):
+        code, enc, values = tables[int(rng.integers(len(tables)))]
+        b = int(rng.integers(enc.n_blocks))
+        block = bytearray(enc.block(b))
+        if damage:
+            for _ in range(int(rng.integers(1, 4))):
+                at = int(rng.integers(6, codec.BLOCK_BYTES))
+                block[at] ^= 1 << int(rng.integers(8))
+            if rng.random() < 0.3:  # a high bit of the first value: later deltas may wrap
+                bit = int(rng.integers(40, 64))
+                block[6 + bit // 8] ^= 1 << (bit % 8)
+        first = int.from_bytes(block[6:14], "little")
+        near = int(values[int(rng.integers(len(values)))]) if rng.random() < 0.8 else first
+        q = near ^ int(rng.integers(0, 2**64, dtype=np.uint64)) if rng.random() < 0.1 else \
+            near ^ (1 << int(rng.integers(64))) ^ (1 << int(rng.integers(64)))
+        blocks += block
+        codes.append(code)
+        qs.append(q)
+        ps.append(int(rng.choice([0, 0, 3, 8, 16, 20, 28, 40, 64, int(rng.integers(65))])))
+        ks.append(int(rng.choice([0, 1, 2, 3, 4, 6, 64])))
+    return bytes(blocks), codes, qs, ps, ks
+
+
+@pytest.mark.parametrize("damage", [False, True], ids=["clean", "damaged"])
+def test_probe_blocks_side_by_side_match_reference(damage):
+    # Densities from sparse (long deltas: the batch decoder's irregular
+    # entries) to 2^26 fingerprints; codes built for the data, and codes for
+    # another density (long codewords for common deltas); both codings.
+    rng = np.random.default_rng(11 + damage)
+    tables = []
+    for n_equiv, code_n, coding, top in [
+            (300, None, CODING_DELTA, False), (20_000, None, CODING_DELTA, False),
+            (2**26, None, CODING_DELTA, False), (2**26, 2**12, CODING_DELTA, False),
+            (2**20, 2**34, CODING_DELTA, False), (2**22, None, CODING_XOR, False),
+            (2**20, None, CODING_DELTA, True)]:
+        values = table_at_density(4000, n_equiv, seed=n_equiv + coding, top=top)
+        code = HuffmanCode.from_values(values, coding) if code_n is None else \
+            HuffmanCode.for_density(code_n, coding)
+        tables.append((code, codec.encode(values, code), values))
+    for _ in range(60):
+        blocks, codes, qs, ps, ks = lanes_case(rng, tables, damage)
+        cap = int(rng.choice([0, 1, 3, 8081]))
+        got = codec.probe_blocks(blocks, codes, qs, ps, ks, verified=damage, cap=cap)
+        for i, g in enumerate(got):
+            block = blocks[i * codec.BLOCK_BYTES:(i + 1) * codec.BLOCK_BYTES]
+            want = reference_probe(block, codes[i], qs[i], ps[i], ks[i], cap,
+                                   check_checksum=not damage)
+            assert same_outcome(g, want), (i, ps[i], ks[i], g, want)
+
+
+def test_probe_blocks_checks_checksums_unless_verified():
+    values = random_table(2000, seed=3)
+    code = HuffmanCode.from_values(values)
+    enc = codec.encode(values, code)
+    block = bytearray(enc.block(0))
+    block[500] ^= 0x10
+    q = int(values[0])
+    got = codec.probe_blocks(bytes(block) + bytes(enc.block(1)), [code, code], [q, q], [0, 0],
+                             [64, 64])
+    assert isinstance(got[0], CorruptionError) and "checksum" in str(got[0])
+    assert got[1] == [int(v) for v in codec.decode(enc.block(1), code)]
