@@ -57,11 +57,11 @@ static inline int scan_bucket(const batch_table *tables, int j, uint64_t fpj, ui
      * branches first (the loop runs at about one popcount a cycle). */
     int any = 0;
     for (uint32_t c = lo; c < hi; c++)
-        any |= __builtin_popcountll(tb->vals[c] ^ fpj) <= k;
+        any |= popcount64(tb->vals[c] ^ fpj) <= k;
     if (!any)
         return 0;
     for (uint32_t c = lo; c < hi; c++) {
-        if (__builtin_popcountll(tb->vals[c] ^ fpj) > k)
+        if (popcount64(tb->vals[c] ^ fpj) > k)
             continue;
         /* A match: rare, so the checks below cost nothing overall. */
         uint64_t f = perm_apply(&tb->inv, fpj);
@@ -78,7 +78,7 @@ static inline int scan_bucket(const batch_table *tables, int j, uint64_t fpj, ui
             return BATCH_NOMEM;
         out->q[out->n] = q;
         out->f[out->n] = f;
-        out->dist[out->n] = (uint8_t)__builtin_popcountll(diff);
+        out->dist[out->n] = (uint8_t)popcount64(diff);
         out->n++;
     }
     return 0;

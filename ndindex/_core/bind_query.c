@@ -68,7 +68,7 @@ typedef struct {
 
 static void box_free(snapshot_box *box) {
     for (int t = 0; box->tables && t < box->s.ntables; t++)
-        free(box->tables[t].log_top);
+        search_aid_free(&box->tables[t].log_aid);
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
@@ -300,7 +300,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         tb->log_recent = take_u64(box, PyTuple_GET_ITEM(item, 5), &tb->nlog_recent, "log_recent");
         if (!tb->log_recent)
             goto fail;
-        if (log_top_build(tb) < 0) {
+        if (search_aid_build(&tb->log_aid, tb->log, tb->nlog) < 0) {
             PyErr_NoMemory();
             goto fail;
         }
@@ -736,7 +736,7 @@ static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
  * table's permutation gives them, where psm_headers reads them. */
 static void permute_probs(const perm_runs *r, const double *in, double *out) {
     for (int i = 0; i < r->n; i++)
-        for (int b = 0; b < __builtin_popcountll(r->mask[i]); b++)
+        for (int b = 0; b < popcount64(r->mask[i]); b++)
             out[r->dst[i] + b] = in[r->src[i] + b];
 }
 

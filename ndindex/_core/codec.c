@@ -400,7 +400,7 @@ KERNEL_INLINE int slot_checked(probe_slot *S, unsigned n) {
             l->n = (long)S->found;
             return 1;
         }
-        if (v >= S->lo && __builtin_popcountll(v ^ S->q) <= S->k) {
+        if (v >= S->lo && popcount64(v ^ S->q) <= S->k) {
             if (S->found >= l->cap) {
                 l->n = CODEC_OUT_FULL;
                 return 1;
@@ -456,7 +456,7 @@ KERNEL_INLINE int slot_settle(probe_slot *S, const uint64_t *vals, size_t pos, u
             l->n = (long)S->found;
             return 1;
         }
-        if (__builtin_popcountll(x ^ S->q) <= S->k && x >= S->lo) {
+        if (popcount64(x ^ S->q) <= S->k && x >= S->lo) {
             if (S->found >= l->cap) {
                 l->n = CODEC_OUT_FULL;
                 return 1;

@@ -34,7 +34,7 @@ static double set_key(const double *logits, uint64_t set) {
 static inline int before(const vosh_node *a, const vosh_node *b) {
     if (a->key != b->key)
         return a->key > b->key;
-    int ha = __builtin_popcountll(a->set), hb = __builtin_popcountll(b->set);
+    int ha = popcount64(a->set), hb = popcount64(b->set);
     if (ha != hb)
         return ha < hb;
     uint64_t x = a->set ^ b->set;
@@ -223,16 +223,16 @@ static int order_matches(psm_results *r, size_t start, uint64_t q) {
             return PSM_NOMEM;
         size_t pos[66] = {0};
         for (size_t i = 0; i < m; i++)
-            pos[__builtin_popcountll(fp[i] ^ q) + 1]++;
+            pos[popcount64(fp[i] ^ q) + 1]++;
         for (int d = 0; d < 65; d++)
             pos[d + 1] += pos[d];
         for (size_t i = 0; i < m; i++)
-            tmp[pos[__builtin_popcountll(fp[i] ^ q)]++] = fp[i];
+            tmp[pos[popcount64(fp[i] ^ q)]++] = fp[i];
         memcpy(fp, tmp, m * sizeof *tmp);
         free(tmp);
     }
     for (size_t i = 0; i < m; i++)
-        r->dist[start + i] = (uint8_t)__builtin_popcountll(fp[i] ^ q);
+        r->dist[start + i] = (uint8_t)popcount64(fp[i] ^ q);
     r->n = start + m;
     return 0;
 }
@@ -246,7 +246,7 @@ static inline int probe_one(const psm_table *t, uint64_t q, int k, uint64_t h, u
     if (t->b < t->p) /* the bucket holds several headers: find ours */
         i += lower_bound(t->vals + i, end - i, lo);
     for (; i < end && t->vals[i] <= hi; i++) {
-        if (__builtin_popcountll(t->vals[i] ^ q) <= k) {
+        if (popcount64(t->vals[i] ^ q) <= k) {
             if (reserve(out, 1) < 0)
                 return PSM_NOMEM;
             out->fp[out->n] = t->vals[i];
@@ -366,7 +366,7 @@ HOT_KERNEL int psm_join(const uint64_t *eh, const uint64_t *eq, size_t ne, const
         }
         uint64_t q = eq[i];
         for (size_t c = j; c < end; c++) {
-            int d = __builtin_popcountll(fps[c] ^ q);
+            int d = popcount64(fps[c] ^ q);
             if (d > k || (skip_equal && fps[c] == q))
                 continue;
             if (reserve(out, 1) < 0)

@@ -80,21 +80,48 @@ static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
     return lo;
 }
 
-/* The top array of sorted a[0..n): the last value of each DIRECTORY_GROUP
- * values (*ntop of them), malloc'd; NULL if out of memory.  Searching it
- * first keeps a search of a large array in cache (see run_directory.top). */
-static uint64_t *group_tops(const uint64_t *a, size_t n, size_t *ntop) {
-    *ntop = (n + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
-    uint64_t *top = malloc((*ntop ? *ntop : 1) * sizeof *top);
-    for (size_t g = 0; top && g < *ntop; g++) {
-        size_t i = (g + 1) * DIRECTORY_GROUP - 1;
-        top[g] = a[i < n ? i : n - 1];
+int search_aid_build(search_aid *aid, const uint64_t *a, size_t n) {
+    memset(aid, 0, sizeof *aid);
+    aid->ntop = (n + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
+    unsigned bits = 1;
+    while (bits < 20 && ((size_t)1 << bits) < aid->ntop)
+        bits++;
+    aid->guide_bits = bits;
+    aid->top = malloc((aid->ntop ? aid->ntop : 1) * sizeof *aid->top);
+    aid->guide = malloc((((size_t)1 << bits) + 1) * sizeof *aid->guide);
+    if (!aid->top || !aid->guide) {
+        search_aid_free(aid);
+        return QUERY_NOMEM;
     }
-    return top;
+    for (size_t g = 0; g < aid->ntop; g++) {
+        size_t i = (g + 1) * DIRECTORY_GROUP - 1;
+        aid->top[g] = a[i < n ? i : n - 1];
+    }
+    size_t g = 0;
+    for (size_t r = 0; r <= (size_t)1 << bits; r++) {
+        while (g < aid->ntop && (aid->top[g] >> (64 - bits)) < r)
+            g++;
+        aid->guide[r] = (uint32_t)g;
+    }
+    return 0;
+}
+
+void search_aid_free(search_aid *aid) {
+    free(aid->top);
+    free(aid->guide);
+    memset(aid, 0, sizeof *aid);
+}
+
+/* First group whose top is >= v (ntop if none): the guide's range for v's
+ * top bits holds it, or it is the first group past that range. */
+static inline size_t aid_group(const search_aid *aid, uint64_t v) {
+    size_t r = (size_t)(v >> (64 - aid->guide_bits));
+    size_t g = aid->guide[r], end = aid->guide[r + 1];
+    return g + lower_bound(aid->top + g, end - g, v);
 }
 
 /* First index i of sorted a[0..n) with a[i] >= v, given g, the first group
- * whose top is >= v (lower_bound over the tops; n if g is past them). */
+ * whose top is >= v (aid_group; ntop if none). */
 static inline size_t group_lower_bound(const uint64_t *a, size_t n, size_t ntop, size_t g,
                                        uint64_t v) {
     if (g >= ntop)
@@ -105,15 +132,9 @@ static inline size_t group_lower_bound(const uint64_t *a, size_t n, size_t ntop,
     return i;
 }
 
-int log_top_build(query_table *tb) {
-    tb->log_top = group_tops(tb->log, tb->nlog, &tb->nlog_top);
-    return tb->log_top ? 0 : QUERY_NOMEM;
-}
-
 /* First index i of the table's log with log[i] >= v (nlog if none). */
 static inline size_t log_lower_bound(const query_table *tb, uint64_t v) {
-    return group_lower_bound(tb->log, tb->nlog, tb->nlog_top,
-                             lower_bound(tb->log_top, tb->nlog_top, v), v);
+    return group_lower_bound(tb->log, tb->nlog, tb->log_aid.ntop, aid_group(&tb->log_aid, v), v);
 }
 
 static int contains(const uint64_t *a, size_t n, uint64_t v) {
@@ -192,14 +213,15 @@ static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uin
     const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
     if (load_le64(v + 8 * (n - 1)) != block_key)
         return CODEC_NOT_SORTED;
-    unsigned a = 0, b = n;
-    while (a < b) {
-        unsigned mid = (a + b) / 2;
-        if (load_le64(v + 8 * mid) < lo)
-            a = mid + 1;
-        else
-            b = mid;
+    /* First value >= lo, without branches: each step halves the range
+     * with a conditional move, so seven steps cost no mispredictions. */
+    unsigned a = 0, len = n;
+    while (len > 1) {
+        unsigned half = len / 2;
+        a = load_le64(v + 8 * (a + half - 1)) < lo ? a + half : a;
+        len -= half;
     }
+    a += load_le64(v + 8 * a) < lo;
     long m = 0;
     uint64_t prev = a ? load_le64(v + 8 * (a - 1)) : 0;
     for (unsigned i = a; i < n; i++) {
@@ -209,7 +231,7 @@ static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uin
         prev = x;
         if (x > hi)
             break;
-        if (__builtin_popcountll(x ^ qp) <= k && (size_t)m < cap)
+        if (popcount64(x ^ qp) <= k && (size_t)m < cap)
             out[m++] = x;
     }
     return m;
@@ -231,23 +253,25 @@ static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_resul
     return 0;
 }
 
-/* Huffman blocks wait in a queue and are probed PROBE_GROUP at a time by
- * codec_probe_lanes, which decodes them side by side (one block's decode
- * is a chain of dependent loads; several chains overlap).  Raw blocks are
- * searched at once. */
+/* Blocks wait in a queue, fetched into the cache meanwhile, and are probed
+ * PROBE_GROUP at a time: the Huffman ones by codec_probe_lanes, which
+ * decodes them side by side (one block's decode is a chain of dependent
+ * loads; several chains overlap), then the raw ones, whose search would
+ * otherwise wait for each block to arrive from memory. */
 #define PROBE_GROUP 32
 /* Matches a lane holds before its block goes back to the one-lane probe,
  * whose buffer takes a whole block. */
 #define LANE_CAP 64
 
-/* One Huffman block to probe for permuted values in [lo, hi] within k of
- * qp: of run run of table t; verified is the block's flag in its run
- * directory (NULL: check its checksum); key, when has_key, the chunk's key
- * for an error report. */
+/* One block to probe for permuted values in [lo, hi] within k of qp: of
+ * run run of table t; verified is the block's flag in its run directory
+ * (NULL: check its checksum); key, when has_key, the chunk's key for an
+ * error report. */
 typedef struct {
     int t, k;
     const query_run *run;
     const uint8_t *block;
+    uint64_t block_key; /* the block's last value (its key) */
     uint8_t *verified;
     uint64_t lo, hi, qp;
     int has_key;
@@ -287,38 +311,56 @@ static __attribute__((noinline)) int probe_overflowed(const query_snapshot *s,
     return *status < 0 ? 0 : take_matches(s, jb, q, whole, *status, out);
 }
 
+static int probe_raw_block(job_queue *jq, const block_job *jb);
+
+/* Where a queued block failed: its table, run and chunk. */
+static int job_corrupt(job_queue *jq, const block_job *jb, long status) {
+    query_error *err = jq->err;
+    err->table = jb->t;
+    err->run_id = jb->run->run_id;
+    err->has_key = jb->has_key;
+    memcpy(err->key, jb->key, CHUNK_KEY_BYTES);
+    return corrupt(err, block_status_text(status));
+}
+
 /* Probe the queued blocks and take their matches. */
 static int queue_flush(job_queue *jq) {
     const query_snapshot *s = jq->s;
     const int n = jq->n;
     codec_lane lane[PROBE_GROUP];
+    int lane_job[PROBE_GROUP], nlanes = 0;
     uint64_t found[PROBE_GROUP][LANE_CAP];
     jq->n = 0;
     for (int j = 0; j < n; j++) {
         const block_job *jb = &jq->jobs[j];
-        lane[j] = (codec_lane){.code = jb->run->code, .block = jb->block, .q = jb->qp,
-                               .p = s->tables[jb->t].p, .k = jb->k,
-                               .verified = jb->verified ? *jb->verified : 0, .out = found[j],
-                               .cap = LANE_CAP};
+        if (jb->run->kind == RUN_KIND_RAW)
+            continue;
+        lane_job[nlanes] = j;
+        lane[nlanes] = (codec_lane){.code = jb->run->code, .block = jb->block, .q = jb->qp,
+                                    .p = s->tables[jb->t].p, .k = jb->k,
+                                    .verified = jb->verified ? *jb->verified : 0,
+                                    .out = found[nlanes], .cap = LANE_CAP};
+        nlanes++;
     }
-    codec_probe_lanes(lane, n);
-    for (int j = 0; j < n; j++) {
-        const block_job *jb = &jq->jobs[j];
-        long m = lane[j].n;
+    codec_probe_lanes(lane, nlanes);
+    for (int i = 0; i < nlanes; i++) {
+        const block_job *jb = &jq->jobs[lane_job[i]];
+        long m = lane[i].n;
         int rc = m == CODEC_OUT_FULL ? probe_overflowed(s, jb, jq->q, jq->out, &m)
-                                     : take_matches(s, jb, jq->q, found[j], m, jq->out);
+                                     : take_matches(s, jb, jq->q, found[i], m, jq->out);
         if (rc < 0)
             return rc;
-        if (m < 0) {
-            query_error *err = jq->err;
-            err->table = jb->t;
-            err->run_id = jb->run->run_id;
-            err->has_key = jb->has_key;
-            memcpy(err->key, jb->key, CHUNK_KEY_BYTES);
-            return corrupt(err, block_status_text(m));
-        }
+        if (m < 0)
+            return job_corrupt(jq, jb, m);
         if (jb->verified)
             *jb->verified = 1; /* a benign race: another thread may set it too */
+    }
+    for (int j = 0; j < n; j++) {
+        if (jq->jobs[j].run->kind != RUN_KIND_RAW)
+            continue;
+        int rc = probe_raw_block(jq, &jq->jobs[j]);
+        if (rc < 0)
+            return rc;
     }
     return 0;
 }
@@ -336,25 +378,19 @@ static int queue_push(job_queue *jq, const block_job *jb) {
     return 0;
 }
 
-/* Probe a raw block now (its checksum checked unless *verified says so). */
-static int probe_raw_block(job_queue *jq, const block_job *jb, uint64_t block_key) {
+/* Probe a queued raw block (its checksum checked unless *verified says so). */
+static int probe_raw_block(job_queue *jq, const block_job *jb) {
     uint64_t found[RAW_BLOCK_MAX_VALUES];
     if (!(jb->verified && *jb->verified) &&
         crc32c(jb->block + 4, BLOCK_BYTES - 4) != load_le32(jb->block))
-        return corrupt(jq->err, "block checksum mismatch");
-    long n = raw_probe(jb->block, block_key, jb->lo, jb->hi, jb->qp, jb->k, found,
+        return job_corrupt(jq, jb, CODEC_BAD_CHECKSUM);
+    long n = raw_probe(jb->block, jb->block_key, jb->lo, jb->hi, jb->qp, jb->k, found,
                        RAW_BLOCK_MAX_VALUES);
     if (n < 0)
-        return corrupt(jq->err, block_status_text(n));
+        return job_corrupt(jq, jb, n);
     if (jb->verified)
         *jb->verified = 1; /* a benign race: another thread may set it too */
     return take_matches(jq->s, jb, jq->q, found, n, jq->out);
-}
-
-/* A block of run: raw ones are probed now, Huffman ones queued. */
-static int probe_block(job_queue *jq, const block_job *jb, uint64_t block_key) {
-    return jb->run->kind == RUN_KIND_RAW ? probe_raw_block(jq, jb, block_key)
-                                         : queue_push(jq, jb);
 }
 
 /* Probe the blocks of one checked chunk (key, val) for values in [lo, hi];
@@ -378,7 +414,8 @@ static int probe_chunk(job_queue *jq, int t, const query_run *run, uint64_t qp, 
     for (; b < nblocks; b++) {
         uint64_t bkey = load_le64(keys + 8 * b);
         jb.block = blocks + (size_t)b * BLOCK_BYTES;
-        int rc = probe_block(jq, &jb, bkey);
+        jb.block_key = bkey;
+        int rc = queue_push(jq, &jb);
         if (rc < 0)
             return rc;
         if (bkey >= hi) {
@@ -391,12 +428,12 @@ static int probe_chunk(job_queue *jq, int t, const query_run *run, uint64_t qp, 
 
 /* First group of a directory whose last value is >= lo (ntop if none). */
 static inline size_t directory_group(const run_directory *d, uint64_t lo) {
-    return lower_bound(d->top, d->ntop, lo);
+    return aid_group(&d->aid, lo);
 }
 
 /* First block of group g whose last value is >= lo (nblocks if none). */
 static inline size_t group_block(const run_directory *d, size_t g, uint64_t lo) {
-    return group_lower_bound(d->last, d->nblocks, d->ntop, g, lo);
+    return group_lower_bound(d->last, d->nblocks, d->aid.ntop, g, lo);
 }
 
 /* First block of a directory whose last value is >= lo (nblocks if none). */
@@ -415,8 +452,9 @@ static int probe_directory(job_queue *jq, int t, const query_run *run, uint64_t 
     block_job jb = {.t = t, .k = k, .run = run, .lo = lo, .hi = hi, .qp = qp};
     for (; b < d->nblocks; b++) {
         jb.block = d->block[b];
+        jb.block_key = d->last[b];
         jb.verified = &d->verified[b];
-        int rc = probe_block(jq, &jb, d->last[b]);
+        int rc = queue_push(jq, &jb);
         if (rc < 0)
             return rc;
         if (d->last[b] >= hi)
@@ -511,7 +549,7 @@ static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, ui
 }
 
 void run_directory_free(run_directory *d) {
-    free(d->top);
+    search_aid_free(&d->aid);
     free(d->last);
     free(d->block);
     free(d->verified);
@@ -604,8 +642,7 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
     out->verified = calloc(out->nblocks ? out->nblocks : 1, 1);
     if (out->verified && prev && prev->nblocks)
         memcpy(out->verified, prev->verified, prev->nblocks);
-    out->top = group_tops(out->last, out->nblocks, &out->ntop);
-    if (!out->verified || !out->top) {
+    if (!out->verified || search_aid_build(&out->aid, out->last, out->nblocks) < 0) {
         run_directory_free(out);
         return QUERY_NOMEM;
     }
@@ -758,7 +795,7 @@ static int scan_candidates(const query_snapshot *s, int t, const query_table *tb
                            uint64_t qp, const uint64_t *a, size_t n, size_t i, uint64_t hi,
                            int k, query_results *out) {
     for (; i < n && a[i] <= hi; i++)
-        if (__builtin_popcountll(a[i] ^ qp) <= k &&
+        if (popcount64(a[i] ^ qp) <= k &&
             add_candidate(s, t, q, out, perm_apply(&tb->inv, a[i])) < 0)
             return QUERY_NOMEM;
     return 0;
@@ -948,7 +985,7 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
             if (!run->dir || !clip_to_run(run, &lo, &hi))
                 continue;
             size_t g = directory_group(run->dir, lo);
-            if (g < run->dir->ntop) {
+            if (g < run->dir->aid.ntop) {
                 const uint64_t *group = run->dir->last + g * DIRECTORY_GROUP;
                 __builtin_prefetch(group);
                 __builtin_prefetch(group + 8);
@@ -1004,7 +1041,7 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
     if (m > 1) {
         size_t bucket[65] = {0};
         for (size_t i = 0; i < m; i++)
-            bucket[__builtin_popcountll(fp[i] ^ q)]++;
+            bucket[popcount64(fp[i] ^ q)]++;
         uint64_t small[64];
         uint64_t *tmp = m <= 64 ? small : malloc(m * sizeof *tmp);
         if (!tmp)
@@ -1015,13 +1052,13 @@ static int finish_matches(query_results *out, size_t start, uint64_t q, int64_t 
             acc += bucket[d];
         }
         for (size_t i = 0; i < m; i++)
-            tmp[pos[__builtin_popcountll(fp[i] ^ q)]++] = fp[i];
+            tmp[pos[popcount64(fp[i] ^ q)]++] = fp[i];
         memcpy(fp, tmp, m * sizeof *fp);
         if (tmp != small)
             free(tmp);
     }
     for (size_t i = 0; i < m; i++) {
-        out->dist[start + i] = (uint8_t)__builtin_popcountll(fp[i] ^ q);
+        out->dist[start + i] = (uint8_t)popcount64(fp[i] ^ q);
         out->qidx[start + i] = qidx;
     }
     out->n = start + m;
@@ -1086,7 +1123,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     if (pend)
         drop_hidden(out, start, pend->removes, pend->nremoves);
     for (size_t i = 0; pend && i < pend->nadds; i++)
-        if (__builtin_popcountll(pend->adds[i] ^ q) <= k) {
+        if (popcount64(pend->adds[i] ^ q) <= k) {
             if (reserve(out, 1) < 0)
                 return QUERY_NOMEM;
             out->fp[out->n++] = pend->adds[i];
@@ -1123,7 +1160,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
              * the prefix, and q differs from qf in exactly the flipped prefix
              * bits: d(x, q) = d(x, qf) + flips.  So the block probe asks for
              * k - flips around qf, and reports exactly the x within k of q. */
-            int flips = __builtin_popcountll((lo ^ qp) & mask);
+            int flips = popcount64((lo ^ qp) & mask);
             if (flips > k)
                 continue;
             uint64_t qf = lo | (qp & ~mask);
@@ -1165,7 +1202,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
         qsort(sorted, nprefixes, sizeof *sorted, cmp_u64);
         for (size_t i = 0; i < pend->nadds; i++) {
             uint64_t v = pend->adds[i];
-            if (__builtin_popcountll(v ^ q) > k ||
+            if (popcount64(v ^ q) > k ||
                 !contains(sorted, nprefixes, p <= 0 ? 0 : perm_apply(&tb->fwd, v) >> shift))
                 continue;
             if (reserve(out, 1) < 0) {

@@ -32,6 +32,27 @@ typedef struct {
 #define RAW_BLOCK_HEADER_BYTES 8
 #define RAW_BLOCK_MAX_VALUES ((BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES) / 8)
 
+/* A search aid over a large sorted array a[0..n): top[], the last value of
+ * every DIRECTORY_GROUP-th element, and guide[], for each value r of the
+ * top guide_bits bits, the first top entry whose top bits are >= r.  A
+ * search reads the guide, one or two top entries (values spread evenly;
+ * a binary search over the rest otherwise), then one group of a[]: two or
+ * three cache lines, where a binary search over a 10M run's 130,000
+ * blocks makes a dozen misses across 1 MB. */
+typedef struct {
+    uint64_t *top;
+    size_t ntop;
+    uint32_t *guide; /* (1 << guide_bits) + 1 entries */
+    unsigned guide_bits;
+} search_aid;
+
+#define DIRECTORY_GROUP 16
+
+/* Build aid over sorted a[0..n) (0, or QUERY_NOMEM); free with
+ * search_aid_free. */
+int search_aid_build(search_aid *aid, const uint64_t *a, size_t n);
+void search_aid_free(search_aid *aid);
+
 /* A run's blocks found once, for runs small enough to list: each block's
  * last value and address, chunk headers checked when listed
  * (run_directory_build).  verified[b] becomes 1 once block b has passed its
@@ -47,15 +68,8 @@ typedef struct {
     const uint8_t **block;
     uint8_t *verified;
     size_t nchunks, inline_chunks;
-    /* last[] of every DIRECTORY_GROUP-th block (the last of each group): a
-     * search of a 10M run's 130,000 blocks stays in this 64 KB array, in the
-     * cache, and then reads one group of last[], two cache lines, instead
-     * of a binary search's dozen misses across 1 MB. */
-    uint64_t *top;
-    size_t ntop;
+    search_aid aid; /* over last[] */
 } run_directory;
-
-#define DIRECTORY_GROUP 16
 
 typedef struct {
     uint8_t space;
@@ -80,14 +94,9 @@ typedef struct {
      * a hundred thousand (the reader folds recent into log now and then). */
     size_t nlog, nlog_recent;
     const uint64_t *log, *log_recent;
-    /* log[] of every DIRECTORY_GROUP-th value, as run_directory.top: a log
-     * of 100,000 additions is searched in cache (log_top_build). */
-    uint64_t *log_top;
-    size_t nlog_top;
+    /* over log[]: a log of 100,000 additions is searched in cache */
+    search_aid log_aid;
 } query_table;
-
-/* Build tb->log_top from tb->log (0, or QUERY_NOMEM); free with free(). */
-int log_top_build(query_table *tb);
 
 typedef struct {
     mdbp_map map;
