@@ -58,6 +58,15 @@ class Match(NamedTuple):
     keys: tuple
 
 
+#: The first queries after open ask the page cache for the pages they will
+#: read one tree level at a time (Snapshot.prefetch): on a cold file their
+#: reads then overlap, where a query's descents through four tables' runs
+#: would otherwise wait for each page in turn (65 reads one after another
+#: on a streamed and churned 30M file).  Later queries find the upper
+#: levels cached, and the prefetch's madvise calls (tens of microseconds)
+#: would cost more than they save.
+COLD_QUERIES = 8
+
 MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
 
 
@@ -372,6 +381,8 @@ class Index(DocumentMethods):
         """(fingerprint, distance) within k of q: the tables' exact query, or PSM
         with flip probabilities probs."""
         if probs is None:
+            if self._queries <= COLD_QUERIES and not self._directories.warm:
+                snap.prefetch(q, k)
             return snap.query(q, k, pend)
         return snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
 

@@ -303,6 +303,10 @@ class Snapshot:
             return _core.query(self.kernel, q, k, pending.adds(), pending.removes())
         return _core.query(self.kernel, q, k)
 
+    def prefetch(self, q: int, k: int) -> None:
+        """Ask the page cache for what query(q, k) will read, a tree level at a time."""
+        _core.query_prefetch(self.kernel, q, k)
+
     def query_many(self, qs: np.ndarray, k: int, pending: PendingOps | None = None):
         if pending is not None:
             return _core.query_many(self.kernel, qs, k, pending.adds(), pending.removes())

@@ -430,6 +430,26 @@ static PyObject *py_query(PyObject *self, PyObject *args) {
     return res;
 }
 
+PyDoc_STRVAR(query_prefetch_doc,
+             "query_prefetch(snapshot, q, k)\n\n"
+             "Ask the page cache for the pages query(snapshot, q, k) will read in runs\n"
+             "found through the chunks tree, a tree level at a time, so that a cold\n"
+             "file's reads overlap.  Returns None; never raises for damage.");
+static PyObject *py_query_prefetch(PyObject *self, PyObject *args) {
+    PyObject *snap;
+    unsigned long long q;
+    int k;
+    if (!PyArg_ParseTuple(args, "OKi", &snap, &q, &k))
+        return NULL;
+    query_snapshot *s = get_snapshot(snap);
+    if (!s)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    query_prefetch(s, q, k);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(query_many_doc,
              "query_many(snapshot, queries, k, pending_adds=None, pending_removes=None)\n"
              "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
@@ -878,6 +898,7 @@ PyMethodDef query_methods[] = {
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
     {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
+    {"query_prefetch", py_query_prefetch, METH_VARARGS, query_prefetch_doc},
     {"query", py_query, METH_VARARGS, query_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},
     {"query_prefixes", py_query_prefixes, METH_VARARGS, query_prefixes_doc},

@@ -1,4 +1,9 @@
+/* madvise and sysconf, which -std=c11 hides. */
+#define _DEFAULT_SOURCE
 #include "lmdbpage.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <string.h>
 
@@ -428,4 +433,85 @@ int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t 
     if (mdbp_value(&c, val, vlen, flags, e) < 0)
         return MDBP_CORRUPT;
     return MDBP_FOUND;
+}
+
+void mdbp_hint(const void *p, size_t len) {
+    static long os_page;
+    if (!os_page)
+        os_page = sysconf(_SC_PAGESIZE) > 0 ? sysconf(_SC_PAGESIZE) : 4096;
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(os_page - 1);
+    (void)madvise((void *)a, (uintptr_t)p + len - a, MADV_WILLNEED);
+}
+
+void mdbp_prefetch_seeks(const mdbp_map *map, const mdbp_db *db, const uint8_t *keys,
+                         size_t klen, int n, const uint8_t **vals, size_t *vlens) {
+    uint64_t pg[256];
+    mdbp_error e;
+    if (n > 256)
+        n = 256;
+    for (int i = 0; i < n; i++) {
+        vals[i] = NULL;
+        vlens[i] = 0;
+        pg[i] = db->root;
+    }
+    if (db->root == MDBP_INVALID_PGNO || db->depth < 1 || db->depth > MDBP_MAX_DEPTH)
+        return;
+    mdbp_compare_fn cmp = (db->flags & MDBP_DB_INTEGERKEY) ? mdbp_compare_uint : mdbp_compare;
+    for (int lvl = 0; lvl < db->depth; lvl++) {
+        int leaf = lvl == db->depth - 1;
+        for (int i = 0; i < n; i++) {
+            int seen = pg[i] < 2 || pg[i] >= map->npages;
+            for (int j = 0; j < i && !seen; j++)
+                seen = pg[j] == pg[i];
+            if (!seen)
+                mdbp_hint(map->base + pg[i] * map->psize, map->psize);
+        }
+        for (int i = 0; i < n; i++) {
+            const uint8_t *page, *nd, *k;
+            size_t kl;
+            unsigned nkeys;
+            if (pg[i] == MDBP_INVALID_PGNO ||
+                get_page(map, pg[i], leaf ? MDBP_P_LEAF : MDBP_P_BRANCH, &page, &nkeys, &e) < 0) {
+                pg[i] = MDBP_INVALID_PGNO;
+                continue;
+            }
+            /* The node mdbp_seek picks (see there). */
+            unsigned lo = leaf ? 0 : 1, hi = nkeys;
+            int bad = 0;
+            while (lo < hi && !bad) {
+                unsigned mid = lo + (hi - lo) / 2;
+                bad = get_node(map, page, mid, &nd, &e) < 0;
+                if (bad)
+                    break;
+                node_key(nd, &k, &kl);
+                if (cmp(k, kl, keys + (size_t)i * klen, klen) < (leaf ? 0 : 1))
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            unsigned at = leaf ? (lo < nkeys ? lo : nkeys - 1) : lo - 1;
+            if (bad || get_node(map, page, at, &nd, &e) < 0) {
+                pg[i] = MDBP_INVALID_PGNO;
+                continue;
+            }
+            if (!leaf) {
+                pg[i] = node_child(nd);
+                continue;
+            }
+            size_t ksize = ld16(nd + 6);
+            size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
+            const uint8_t *data = nd + MDBP_NODE_HEADER + ksize;
+            if (!(ld16(nd + 4) & MDBP_F_BIGDATA)) {
+                vals[i] = data;
+                vlens[i] = dsize;
+                continue;
+            }
+            uint64_t ov = ld64(data);
+            uint64_t pages = (MDBP_PAGE_HEADER - 1 + (uint64_t)dsize) / map->psize + 1;
+            if (ov >= 2 && ov < map->npages && pages <= map->npages - ov) {
+                vals[i] = map->base + ov * map->psize + MDBP_PAGE_HEADER;
+                vlens[i] = dsize;
+            }
+        }
+    }
 }

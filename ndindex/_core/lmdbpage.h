@@ -141,6 +141,19 @@ int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned
 int mdbp_get(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t klen,
              const uint8_t **val, size_t *vlen, unsigned *flags, mdbp_error *e);
 
+/* Ask the page cache for what seeks of keys[0..n) (klen bytes each) will
+ * read, one tree level at a time: every distinct page of a level is asked
+ * for at once (madvise WILLNEED), then read to find the next level's, so
+ * that on a cold file the reads of all n descents overlap instead of
+ * queueing one behind another.  vals[i]: the value (or its overflow pages)
+ * of the leaf node seek i will land on, or NULL; not read, only asked for.
+ * Damage ends a descent quietly (the real seek reports it).  n <= 256. */
+void mdbp_prefetch_seeks(const mdbp_map *map, const mdbp_db *db, const uint8_t *keys,
+                         size_t klen, int n, const uint8_t **vals, size_t *vlens);
+
+/* madvise(WILLNEED) of the pages holding [p, p + len) of a map. */
+void mdbp_hint(const void *p, size_t len);
+
 /* Full check of one branch or leaf page: header, every node in bounds, keys
  * strictly increasing and inside [lo, hi).  kind is MDBP_P_BRANCH or
  * MDBP_P_LEAF.  Returns 0 or MDBP_CORRUPT. */

@@ -1085,6 +1085,49 @@ static int probe_tables(const query_snapshot *s, int t0, int t1, const table_pro
     return queue_flush(&jq);
 }
 
+void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
+    enum { MAX_SEEKS = 256 };
+    uint8_t keys[MAX_SEEKS][CHUNK_KEY_BYTES];
+    uint64_t los[MAX_SEEKS];
+    const uint8_t *vals[MAX_SEEKS];
+    size_t vlens[MAX_SEEKS];
+    int n = 0;
+    const int ntables = k == 0 ? 1 : s->ntables;
+    for (int t = 0; t < ntables; t++) {
+        const query_table *tb = &s->tables[t];
+        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
+        uint64_t qp = perm_apply(&tb->fwd, q);
+        for (int r = 0; r < tb->nruns && n < MAX_SEEKS; r++) {
+            const query_run *run = &tb->runs[r];
+            uint64_t lo = qp & mask, hi = lo | ~mask;
+            if (run->dir || !clip_to_run(run, &lo, &hi))
+                continue;
+            chunk_key(keys[n], run->space, run->run_id, lo);
+            los[n++] = lo;
+        }
+    }
+    if (!n)
+        return;
+    mdbp_prefetch_seeks(&s->map, &s->chunks, &keys[0][0], CHUNK_KEY_BYTES, n, vals, vlens);
+    /* The chunks' headers and block keys, then the block holding lo. */
+    for (int i = 0; i < n; i++)
+        if (vals[i])
+            mdbp_hint(vals[i], vlens[i] < 4096 ? vlens[i] : 4096);
+    for (int i = 0; i < n; i++) {
+        if (!vals[i] || vlens[i] < CHUNK_HEADER_BYTES)
+            continue;
+        unsigned nblocks = (unsigned)vals[i][6] | ((unsigned)vals[i][7] << 8);
+        if (nblocks < 1 || nblocks > CHUNK_MAX_BLOCKS ||
+            vlens[i] != CHUNK_HEADER_BYTES + (size_t)nblocks * (8 + BLOCK_BYTES))
+            continue;
+        const uint8_t *bkeys = vals[i] + CHUNK_HEADER_BYTES;
+        unsigned b = 0;
+        while (b + 1 < nblocks && load_le64(bkeys + 8 * b) < los[i])
+            b++;
+        mdbp_hint(bkeys + 8 * (size_t)nblocks + (size_t)b * BLOCK_BYTES, BLOCK_BYTES);
+    }
+}
+
 HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
                          int64_t qidx, query_results *out, query_error *err) {
     size_t start = out->n;

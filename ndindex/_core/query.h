@@ -166,6 +166,13 @@ static inline uint64_t perm_apply(const perm_runs *r, uint64_t x) {
 int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
               int64_t qidx, query_results *out, query_error *err);
 
+/* Ask the page cache for the pages query_one(s, pend, q, k) will read in
+ * the runs found through the chunks tree: the tree's levels, each chunk's
+ * header, the block holding the range's start -- level by level, so that a
+ * cold file's reads overlap (mdbp_prefetch_seeks).  Reads only what is
+ * already asked for; never fails (damage is left to the query). */
+void query_prefetch(const query_snapshot *s, uint64_t q, int k);
+
 /* Probabilistic simhash matching on table t alone: probe every run of the
  * table, its log and the pending operations at each of the given prefixes
  * (values of the table's p prefix bits: the prefix of pi_t(q) XOR a flip
