@@ -115,7 +115,7 @@ class Snapshot:
         # The log and the kernel are built on first use: compaction steps
         # take snapshots too and need neither.  Only the previous log is
         # kept, never the previous snapshot (its read transaction must end).
-        self._prev = (prev.state, prev.log, prev.log_tables) \
+        self._prev = (prev.state, prev.log, prev.__dict__.get("log_tables")) \
             if prev is not None and "log" in prev.__dict__ else None
         self._build_lock = threading.Lock()
         self._count = None
@@ -132,8 +132,13 @@ class Snapshot:
 
     @functools.cached_property
     def log_tables(self) -> list:
-        self.log  # noqa: B018 - builds both
-        return self.__dict__["log_tables"]
+        log = self.log  # extending an earlier snapshot's log builds both
+        with self._build_lock:
+            if "log_tables" not in self.__dict__:
+                self.__dict__["log_tables"] = [
+                    (np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64, EMPTY_U64)
+                    for t in self.plan.tables]
+            return self.__dict__["log_tables"]
 
     @functools.cached_property
     def _tombstone_arrays(self) -> tuple:
@@ -244,7 +249,8 @@ class Snapshot:
         return out
 
     def _load_log(self, prev) -> None:
-        """Set self.log and self.log_tables, extending prev's when only records were added.
+        """Set self.log, extending prev's when only records were added (and then
+        self.log_tables too, from prev's; otherwise the property builds them).
 
         log_tables: per table, (log, recent), the log's additions permuted and
         sorted in two disjoint arrays: the records added since the last fold
@@ -260,21 +266,24 @@ class Snapshot:
             prev_state.log_next_seq <= st.log_next_seq
         d = self.__dict__
         if not extend:
+            # log_tables is left to its property: a compaction step's
+            # snapshot reads the log to flush it and never queries it.
             log = LogOverlay()
-            for record in self._read_log(st.log_first_seq, st.log_next_seq):
-                log.apply(record)
-            d["log_tables"] = [(np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64,
-                                EMPTY_U64) for t in self.plan.tables]
+            log.apply_all(self._read_log(st.log_first_seq, st.log_next_seq))
             d["log"] = log
             return
         fresh = self._read_log(prev_state.log_next_seq, st.log_next_seq)
         if not fresh:
-            d["log_tables"], d["log"] = prev_tables, prev_log
+            d["log"] = prev_log
+            if prev_tables is not None:
+                d["log_tables"] = prev_tables
             return
         log = prev_log.copy()
         before = log.adds
-        for record in fresh:
-            log.apply(record)
+        log.apply_all(fresh)
+        d["log"] = log
+        if prev_tables is None:
+            return  # log_tables, if asked for, from the whole log
         # The values the fresh records brought in, found among their own
         # additions (a commit's thousand), not by searching the whole log.
         added = sorted_unique(np.concatenate([r.adds for r in fresh]))
@@ -283,10 +292,7 @@ class Snapshot:
             # Only additions: merged into the recent part of each table's log.
             d["log_tables"] = [_log_with(t, np.sort(p.apply(new))) if len(new) else t
                                for t, p in zip(prev_tables, self.plan.tables)]
-        else:
-            d["log_tables"] = [(np.sort(p.apply(log.adds)) if len(log.adds) else EMPTY_U64,
-                                EMPTY_U64) for p in self.plan.tables]
-        d["log"] = log
+        # Otherwise the log_tables property builds them from the whole log.
 
     def close(self) -> None:
         txn, self.txn = self.txn, None

@@ -323,17 +323,22 @@ long codec_probe_verified(const codec_code *c, const uint8_t *block, uint64_t q,
  * the block (bits past the stream read as zero, as peek64 reads them). */
 
 #define PROBE_SLOTS 4
-/* The helpers are inlined into each clone of codec_probe_lanes, so that
- * their popcounts compile to the instruction where the clone may use it. */
-#define KERNEL_INLINE static inline __attribute__((always_inline))
 #define FAST_BATCH 8
-/* The most bits one fast-table entry advances (CODE_FAST_BITS + 63 would
- * be flagged; the bound only sizes reads). */
-#define FAST_ADVANCE_MAX (CODE_MAX_BITS + 63)
+/* The most bits one batch step advances: an ordinary entry's codeword and
+ * h bits lie in the 57 bits a load guarantees; an irregular one's table
+ * entry advances nothing. */
+#define FAST_ADVANCE_MAX 57
 /* In place, a batch starting at or below this bit reads inside the stream. */
 #define FAST_MAX_POS (BLOCK_PAYLOAD_BITS - 64 - FAST_BATCH * FAST_ADVANCE_MAX)
 #define STREAM_BYTES (BLOCK_BYTES - BLOCK_HEADER_BYTES)
-#define TAIL_BYTES 192 /* >= STREAM_BYTES - FAST_MAX_POS / 8 + FAST_BATCH * FAST_ADVANCE_MAX / 8 + 8 */
+/* The tail copy: the stream's bytes from FAST_MAX_POS on, what batches
+ * starting inside them read past the stream's end, and a load's 8 bytes. */
+#define TAIL_BYTES 192
+_Static_assert(TAIL_BYTES >= STREAM_BYTES - FAST_MAX_POS / 8 + FAST_BATCH * FAST_ADVANCE_MAX / 8 + 16,
+               "the tail copy must hold every byte a batch in it reads");
+/* The helpers are inlined into each clone of codec_probe_lanes, so that
+ * their popcounts compile to the instruction where the clone may use it. */
+#define KERNEL_INLINE static inline __attribute__((always_inline))
 
 typedef struct {
     codec_lane *lane;
