@@ -801,11 +801,13 @@ static int scan_candidates(const query_snapshot *s, int t, const query_table *tb
     return 0;
 }
 
-/* The log's additions in [lo, hi] within k of qp: both of its arrays. */
+/* The log's additions in [lo, hi] within k of qp: both of its arrays.
+ * at: the first position of log[] at or above lo (NOT_LOCATED: search). */
 static int log_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
-                          uint64_t qp, uint64_t lo, uint64_t hi, int k, query_results *out) {
-    if (scan_candidates(s, t, tb, q, qp, tb->log, tb->nlog, log_lower_bound(tb, lo), hi, k,
-                        out) < 0)
+                          uint64_t qp, uint64_t lo, uint64_t hi, int k, size_t at,
+                          query_results *out) {
+    if (scan_candidates(s, t, tb, q, qp, tb->log, tb->nlog,
+                        at != NOT_LOCATED ? at : log_lower_bound(tb, lo), hi, k, out) < 0)
         return QUERY_NOMEM;
     return scan_candidates(s, t, tb, q, qp, tb->log_recent, tb->nlog_recent,
                            lower_bound(tb->log_recent, tb->nlog_recent, lo), hi, k, out);
@@ -966,14 +968,43 @@ typedef struct {
     uint64_t qp, lo, hi;
 } table_probe;
 
+/* A search of a search_aid for v, in steps (see locate_listed). */
+typedef struct {
+    uint64_t v;
+    size_t g, end;
+} aid_search;
+
+/* Step 1: the guide's range for v's top bits (prefetched). */
+static inline void aid_search_start(const search_aid *aid, uint64_t v, aid_search *a) {
+    a->v = v;
+    a->g = (size_t)(v >> (64 - aid->guide_bits));
+    __builtin_prefetch(aid->guide + a->g);
+}
+
+/* Step 2: read the guide; prefetch the top entries it names. */
+static inline void aid_search_guide(const search_aid *aid, aid_search *a) {
+    size_t r = a->g;
+    a->g = aid->guide[r];
+    a->end = aid->guide[r + 1];
+    __builtin_prefetch(aid->top + a->g);
+}
+
+/* Step 3: the first group whose top is >= v (ntop if none). */
+static inline size_t aid_search_group(const search_aid *aid, const aid_search *a) {
+    return a->g + lower_bound(aid->top + a->g, a->end - a->g, a->v);
+}
+
 /* For tables [t0, t1) probed at tp[]: at[t - t0][r], the first block of
- * each listed run r for its clipped range, NOT_LOCATED for the others.  In
- * three passes over all the runs -- the group search in each directory's
- * top array, then the group's last[] values, then the block -- each pass
- * prefetching what the next one reads, so the misses of every table and
- * run overlap instead of queueing one behind another. */
+ * each listed run r for its clipped range, NOT_LOCATED for the others, and
+ * log_at[t - t0], the first position of the table's log at or above its
+ * range.  In four passes over every run and log -- the guide, the top
+ * array, the group of last[] values, the block -- each prefetching what
+ * the next one reads, so the misses of every table and run overlap instead
+ * of queueing one behind another (a log searched on its own cost a query
+ * three misses a table). */
 static void locate_listed(const query_snapshot *s, int t0, int t1, const table_probe *tp,
-                          size_t at[][LOCATE_RUNS]) {
+                          size_t at[][LOCATE_RUNS], size_t *log_at) {
+    aid_search search[LOCATE_TABLES][LOCATE_RUNS + 1]; /* [.][LOCATE_RUNS]: the log */
     for (int t = t0; t < t1; t++) {
         const query_table *tb = &s->tables[t];
         for (int r = 0; r < LOCATE_RUNS; r++) {
@@ -984,33 +1015,56 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
             uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
             if (!run->dir || !clip_to_run(run, &lo, &hi))
                 continue;
-            size_t g = directory_group(run->dir, lo);
-            if (g < run->dir->aid.ntop) {
-                const uint64_t *group = run->dir->last + g * DIRECTORY_GROUP;
-                __builtin_prefetch(group);
-                __builtin_prefetch(group + 8);
-                __builtin_prefetch(run->dir->block + g * DIRECTORY_GROUP);
-                __builtin_prefetch(run->dir->block + g * DIRECTORY_GROUP + 8);
-            }
-            at[t - t0][r] = g;
+            aid_search_start(&run->dir->aid, lo, &search[t - t0][r]);
+            at[t - t0][r] = 0;
         }
+        aid_search_start(&tb->log_aid, tp[t - t0].lo, &search[t - t0][LOCATE_RUNS]);
+    }
+    for (int t = t0; t < t1; t++) {
+        const query_table *tb = &s->tables[t];
+        for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++)
+            if (at[t - t0][r] != NOT_LOCATED)
+                aid_search_guide(&tb->runs[r].dir->aid, &search[t - t0][r]);
+        aid_search_guide(&tb->log_aid, &search[t - t0][LOCATE_RUNS]);
     }
     for (int t = t0; t < t1; t++) {
         const query_table *tb = &s->tables[t];
         for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++) {
             if (at[t - t0][r] == NOT_LOCATED)
                 continue;
-            const query_run *run = &tb->runs[r];
-            uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
-            clip_to_run(run, &lo, &hi);
-            size_t b = group_block(run->dir, at[t - t0][r], lo);
+            const run_directory *d = tb->runs[r].dir;
+            size_t g = aid_search_group(&d->aid, &search[t - t0][r]);
+            if (g < d->aid.ntop) {
+                __builtin_prefetch(d->last + g * DIRECTORY_GROUP);
+                __builtin_prefetch(d->last + g * DIRECTORY_GROUP + 8);
+                __builtin_prefetch(d->block + g * DIRECTORY_GROUP);
+                __builtin_prefetch(d->block + g * DIRECTORY_GROUP + 8);
+            }
+            at[t - t0][r] = g;
+        }
+        size_t g = aid_search_group(&tb->log_aid, &search[t - t0][LOCATE_RUNS]);
+        if (g < tb->log_aid.ntop) {
+            __builtin_prefetch(tb->log + g * DIRECTORY_GROUP);
+            __builtin_prefetch(tb->log + g * DIRECTORY_GROUP + 8);
+        }
+        log_at[t - t0] = g;
+    }
+    for (int t = t0; t < t1; t++) {
+        const query_table *tb = &s->tables[t];
+        for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++) {
+            if (at[t - t0][r] == NOT_LOCATED)
+                continue;
+            const run_directory *d = tb->runs[r].dir;
+            size_t b = group_block(d, at[t - t0][r], search[t - t0][r].v);
             at[t - t0][r] = b;
-            if (b < run->dir->nblocks) {
-                const uint8_t *blk = run->dir->block[b];
+            if (b < d->nblocks) {
+                const uint8_t *blk = d->block[b];
                 for (int line = 0; line < BLOCK_BYTES; line += 64)
                     __builtin_prefetch(blk + line);
             }
         }
+        log_at[t - t0] = group_lower_bound(tb->log, tb->nlog, tb->log_aid.ntop, log_at[t - t0],
+                                           tp[t - t0].lo);
     }
 }
 
@@ -1134,7 +1188,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     /* Every table holds every fingerprint: an exact lookup (k = 0) needs one. */
     const int ntables = k == 0 ? 1 : s->ntables;
     table_probe tp[LOCATE_TABLES];
-    size_t at[LOCATE_TABLES][LOCATE_RUNS];
+    size_t at[LOCATE_TABLES][LOCATE_RUNS], log_at[LOCATE_TABLES];
     for (int t0 = 0; t0 < ntables; t0 += LOCATE_TABLES) {
         int t1 = t0 + LOCATE_TABLES < ntables ? t0 + LOCATE_TABLES : ntables;
         for (int t = t0; t < t1; t++) {
@@ -1143,7 +1197,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
             uint64_t qp = perm_apply(&tb->fwd, q);
             tp[t - t0] = (table_probe){qp, qp & mask, (qp & mask) | ~mask};
         }
-        locate_listed(s, t0, t1, tp, at);
+        locate_listed(s, t0, t1, tp, at, log_at);
         size_t group_start = out->n;
         int rc = probe_tables(s, t0, t1, tp, q, k, at, out, err);
         if (rc < 0) {
@@ -1159,7 +1213,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
         }
         for (int t = t0; t < t1; t++)
             if (log_candidates(s, t, &s->tables[t], q, tp[t - t0].qp, tp[t - t0].lo,
-                               tp[t - t0].hi, k, out) < 0)
+                               tp[t - t0].hi, k, log_at[t - t0], out) < 0)
                 return QUERY_NOMEM;
     }
     /* Then drop what pending removals hide. */
@@ -1230,7 +1284,7 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
     }
     for (size_t j = 0; j < nprefixes; j++) {
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
-        if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, out) < 0)
+        if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, NOT_LOCATED, out) < 0)
             return QUERY_NOMEM;
     }
     if (pend)
