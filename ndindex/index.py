@@ -252,6 +252,7 @@ class Index(DocumentMethods):
                             self._compactor.flush_log()
         finally:
             self._finalizer.detach()
+            self._directories.close()  # its thread reads the file
             with self._snap_lock:
                 snap, self._snap = self._snap, None
             if snap is not None:
@@ -518,6 +519,9 @@ class Index(DocumentMethods):
         """
         pend = self._writer.visible_pending() if self._writer is not None else None
         snap = self._snapshot()
+        if "kernel" in snap.__dict__ and snap.kernel_version != self._directories.version:
+            # The background lister finished a large run's directory.
+            snap.__dict__.pop("kernel", None)
         if not self._directories.warm:
             self._queries += 1
             if self._queries >= WARM_QUERIES:
@@ -706,9 +710,9 @@ class Index(DocumentMethods):
                 self._writer.checkpoint()
                 tmp = f"{self.path}.{os.urandom(6).hex()}.vacuum"
                 size = self.vacuum_into(tmp)
+                self._directories.reopen()  # they point into the old file
                 with self._snap_lock:
                     snap, self._snap = self._snap, None
-                    self._directories.clear()  # they point into the old file
                 if snap is not None:
                     snap.close()
                 path = self.path

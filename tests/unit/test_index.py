@@ -619,3 +619,72 @@ def test_a_format_v1_file_names_the_upgrade_command(tmp_path):
     v1 = os.path.join(os.path.dirname(__file__), "..", "data", "format-v1.ndx")
     with pytest.raises(FormatError, match="ndindex upgrade"):
         Index.open(v1, readonly=True)
+
+
+@pytest.fixture
+def background_listing(monkeypatch):
+    """Runs of more than 2 chunks are listed only by the background lister,
+    once the index has answered 20 queries.  Chunks of two blocks: small,
+    and still too large to live inside a leaf page (where a directory would
+    serve one snapshot only, and the lister keeps none)."""
+    from ndindex import index as index_module, reader
+    monkeypatch.setattr(reader, "DIRECTORY_MAX_CHUNKS", 2)
+    monkeypatch.setattr(reader, "DIRECTORY_MAX_CHUNKS_BACKGROUND", 1 << 30)
+    monkeypatch.setattr(index_module, "WARM_QUERIES", 20)
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
+
+
+def wait_for(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_large_runs_are_listed_in_the_background_and_answers_stay_exact(path, background_listing):
+    rng = np.random.default_rng(21)
+    fps = rng.integers(0, 2**64, size=20000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+    queries = np.concatenate([near(rng, fps, 60, 3), rng.integers(0, 2**64, 20, dtype=np.uint64)])
+    with Index.open(path, background_compaction=False) as ix:
+        main = [runs[0].run_id for runs in ix._snapshot().table_runs]
+        assert min(r.chunks for runs in ix._snapshot().table_runs for r in runs) > 2
+        check_queries(ix, fps, queries[:30], 3)          # warm now: the lister starts
+        wait_for(lambda: all(rid in ix._directories for rid in main))
+        version = ix._directories.version
+        assert version == len(main)
+        check_queries(ix, fps, queries, 3)               # the kernel is rebuilt with them
+        assert ix._snapshot().kernel_version == version
+
+
+def test_close_waits_for_the_background_lister(path, background_listing):
+    rng = np.random.default_rng(22)
+    fps = rng.integers(0, 2**64, size=40000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+    for _ in range(3):
+        ix = Index.open(path, readonly=True)
+        for q in rng.integers(0, 2**64, size=21, dtype=np.uint64).tolist():
+            ix.query(q, 3)
+        thread = ix._directories._thread
+        assert thread is not None and thread.name == "ndindex-lister"
+        ix.close()                                       # while it lists, most likely
+        assert not thread.is_alive()
+
+
+def test_vacuum_restarts_the_background_lister(path, background_listing):
+    rng = np.random.default_rng(23)
+    fps = rng.integers(0, 2**64, size=20000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+        for q in rng.integers(0, 2**64, size=21, dtype=np.uint64).tolist():
+            ix.query(q, 3)
+        ix.vacuum()
+        main = [runs[0].run_id for runs in ix._snapshot().table_runs]
+        check_queries(ix, fps, near(rng, fps, 30, 3), 3)
+        wait_for(lambda: all(rid in ix._directories for rid in main))
+        check_queries(ix, fps, near(rng, fps, 30, 3), 3)
