@@ -688,3 +688,29 @@ def test_vacuum_restarts_the_background_lister(path, background_listing):
         check_queries(ix, fps, near(rng, fps, 30, 3), 3)
         wait_for(lambda: all(rid in ix._directories for rid in main))
         check_queries(ix, fps, near(rng, fps, 30, 3), 3)
+
+
+def test_a_merge_input_is_listed_in_the_background_from_its_cursor(path, background_listing):
+    rng = np.random.default_rng(24)
+    fps = rng.integers(0, 2**64, size=24000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(fps[:20000])
+        ix.compact(full=True)
+        ix.remove(fps[:2000])             # 10% removed: a merge into the main level is due
+        ix._compactor.step(force_flush=True)
+        for _ in range(3):
+            ix._compactor.step()          # the merge, part way
+        inputs = [r for runs in ix._snapshot().table_runs for r in runs
+                  if r.merge_input and r.chunks > 2 and r.cursor]
+        assert inputs, "no merge input with a cursor"
+        ix.add(fps[20000:])
+        live = fps[2000:]
+        queries = np.concatenate([near(rng, live, 60, 3), near(rng, fps[:2000], 10, 3)])
+        check_queries(ix, live, queries[:25], 3)   # warm: the lister takes the inputs
+        wait_for(lambda: all(r.run_id in ix._directories for r in inputs))
+        check_queries(ix, live, queries, 3)
+        for _ in range(3):
+            ix._compactor.step()          # the cursor moves on past the listed start
+        check_queries(ix, live, queries, 3)
+        ix.verify()
