@@ -239,8 +239,13 @@ def pack_tombstone_chunks(space: int, run_id: int, fps: np.ndarray, stamps: np.n
     return out
 
 
-def unpack_tombstone_chunk(key: bytes, value, low_expected: int | None):
-    """(fps, stamps) of a tombstone chunk, checked; low_expected: previous chunk's last."""
+def unpack_tombstone_chunk(key: bytes, value, low_expected: int | None,
+                           repeats: bool = False):
+    """(fps, stamps, is_last) of a tombstone chunk, checked; low_expected: previous chunk's last.
+
+    repeats: accept a fingerprint repeated in a row (what compactions before
+    the fix in compaction._newest_tombstones wrote; recover takes them in).
+    """
     raw = bytes(value)
     if len(key) != 13 or len(raw) < FP_CHUNK_HEAD.size:
         raise _bad("tombstone chunk too short", key)
@@ -256,7 +261,8 @@ def unpack_tombstone_chunk(key: bytes, value, low_expected: int | None):
     pairs = np.frombuffer(raw, dtype=[("fp", "<u8"), ("stamp", "<u4")], count=entries,
                           offset=FP_CHUNK_HEAD.size)
     fps = pairs["fp"].astype(np.uint64)
-    if (len(fps) > 1 and not np.all(fps[1:] > fps[:-1])) or int(fps[-1]) != \
+    increasing = fps[1:] >= fps[:-1] if repeats else fps[1:] > fps[:-1]
+    if (len(fps) > 1 and not np.all(increasing)) or int(fps[-1]) != \
             int.from_bytes(key[5:], "big") or (low_expected is not None and int(fps[0]) <= low):
         raise _bad("tombstone chunk values out of order", key)
     return fps, pairs["stamp"].astype(np.uint32), bool(flags & FLAG_LAST)

@@ -413,8 +413,7 @@ class Compactor:
         keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
         fps = np.concatenate([t_fps[keep], log.removes])
         stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
-        order = np.argsort(fps, kind="stable")
-        fps, stamps = fps[order], stamps[order]
+        fps, stamps = _newest_tombstones(fps, stamps)
         alive = stamps > _min_fp_run_id(man)
         fps, stamps = fps[alive], stamps[alive]
         if not np.array_equal(fps, t_fps):
@@ -680,6 +679,20 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
         if len(here) > 1:  # a level holds one run; two appear while one was busy
             return None, here, level
     return None
+
+
+def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:
+    """Tombstones (older ones first, each part sorted) sorted by fingerprint, one
+    a fingerprint: the newest.  A fingerprint removed again (re-added and
+    removed inside one log) has a tombstone already; the newer stamp hides
+    every run the older one did.  (Before this, both were written: a
+    tombstone chunk with a repeated value, which readers reject as damage and
+    `ndindex recover` repairs.)"""
+    order = np.argsort(fps, kind="stable")
+    fps, stamps = fps[order], stamps[order]
+    newest = np.ones(len(fps), bool)
+    newest[:-1] = fps[1:] != fps[:-1]
+    return fps[newest], stamps[newest]
 
 
 def merge_runs(parts: list, hidden: np.ndarray) -> np.ndarray:

@@ -280,7 +280,8 @@ def _tombstone_chunk(key: bytes, value):
         raise CorruptionError("tombstone chunk too short", database=rec.DB_CHUNKS, key=key)
     flags = raw[5]
     low = ch.FP_CHUNK_HEAD.unpack_from(raw)[6]
-    fps, stamps, _ = ch.unpack_tombstone_chunk(key, raw, None if flags & ch.FLAG_FIRST else low)
+    fps, stamps, _ = ch.unpack_tombstone_chunk(key, raw, None if flags & ch.FLAG_FIRST else low,
+                                               repeats=True)
     return fps, stamps, bool(flags & ch.FLAG_FIRST), bool(flags & ch.FLAG_LAST)
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from damage import (build_fixture, chunk_keys, contents, damage_value, flip, leaf_keys,
                     occurrences, page_map, pages_of, records)
-from ndindex import FormatError, cli, records as rec, recover
+from ndindex import CorruptionError, FormatError, cli, records as rec, recover
 from ndindex.index import Index
 
 
@@ -140,6 +140,34 @@ def test_damaged_tombstone_chunk_brings_removed_fingerprints_back(damaged, tmp_p
     assert got == expected
     assert report["status"] == 1
     assert any("tombstone" in p for p in report["problems"])
+
+
+def test_repeated_tombstone_of_an_older_writer_is_repaired(tmp_path, monkeypatch):
+    # Compactions before compaction._newest_tombstones wrote a fingerprint
+    # removed twice as two tombstones in a row (checksums intact): readers
+    # reject the chunk; recover keeps one and hides the fingerprint still.
+    from ndindex import compaction
+    path = str(tmp_path / "old.ndx")
+    fps = np.arange(1, 200, dtype=np.uint64) * 0x9E3779B97F4A7C15
+    monkeypatch.setattr(compaction, "_newest_tombstones",
+                        lambda f, s: tuple(a[np.argsort(f, kind="stable")] for a in (f, s)))
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact()
+        x = int(fps[5])
+        ix.remove(fingerprints=[x])
+        ix.compact()
+        ix.add([x])
+        ix.remove(fingerprints=[x])
+        with pytest.raises(CorruptionError):  # the flush commits; the merge after it reads
+            ix.compact()
+    monkeypatch.undo()
+    with Index.open(path, readonly=True) as ix:
+        with pytest.raises(CorruptionError, match="tombstone chunk values out of order"):
+            ix.verify()
+    report, got = run_recover(path, tmp_path)
+    assert report["status"] == 0, report["problems"]
+    assert set(got) == set(fps.tolist()) - {x}
 
 
 def test_damaged_key_chunks_in_both_spaces_lose_only_their_shared_keys(damaged, tmp_path):

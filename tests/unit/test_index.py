@@ -427,6 +427,28 @@ def test_readd_after_remove_revives(path, compact_between):
         assert 11 in ix and len(ix) == 2 and ix.stats()["removed_pending"] == 0
 
 
+@pytest.mark.parametrize("compact_between", [False, True])
+def test_remove_readd_remove_keeps_one_tombstone(path, compact_between):
+    # The second removal meets the first one's tombstone at the flush: one
+    # entry with the newer stamp (two made the tombstone chunk unreadable).
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 300, dtype=np.uint64) * 0x9E3779B97F4A7C15)
+        ix.compact()
+        x = int(ix.fingerprints()[7])
+        ix.remove(fingerprints=[x])
+        if compact_between:
+            ix.compact()
+        ix.add([x])
+        ix.remove(fingerprints=[x])
+        ix.compact()
+        ix.verify()
+        assert x not in ix and ix.query(x, 3) == [] and len(ix) == 298
+        ix.add([x])
+        ix.compact()
+        assert x in ix and len(ix) == 299
+        ix.verify()
+
+
 def test_check_and_add(path):
     with Index.create(path, k=3, expected_n=100) as ix:
         assert ix.check_and_add(0b1111, key="first") == []
