@@ -6,7 +6,10 @@ Each job is a lane with its own index file.  A cycle forks a writer that
 creates the index if there is no file (Index.create), or opens it, then
 runs operations numbered from where the last cycle stopped: add (new
 fingerprints, half with document keys), remove by fingerprint, remove by
-key, compact, full compact.  Operation j is a pure function of (seed, lane,
+key, compact, full compact; with --option documents=True the index has a
+fingerprinter and documents go in too (add_documents of short texts under
+keys drawn from a small pool, so later ones replace earlier ones), and
+removals by key take documents as well.  Operation j is a pure function of (seed, lane,
 j), so the parent recomputes it instead of reading it back.  The writer
 tells the parent through a pipe when it starts an operation and, after the
 call returns, that the operation is acknowledged.  The parent picks an
@@ -33,7 +36,8 @@ log_limit=N) the writer's compaction thread flushes and merges all the
 time; it announces each step, and a third of the kills aim at a random
 moment inside one (counted as "background compaction").  With --option
 durability='normal' an operation counts as acknowledged only after sync()
-returns.
+returns.  With documents, the check also compares documents() (key,
+fingerprint, data) with the model.
 
 After each check the parent takes the state found as the new model; every
 --fresh-every cycles (and after a file that fails) the lane starts over
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import multiprocessing
 import os
@@ -61,31 +66,101 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sweep_common import (Child, IndexModel, accepted, api_options, parse_options,  # noqa: E402
                           remove_index_files, run_child, state_of)
+from sweep_corruption import _doc_texts  # noqa: E402
 
 K = 3
 EXPECTED_N = 100_000
 OPS = ("add", "add", "add", "add", "remove_fp", "remove_key", "compact", "add", "remove_fp",
        "compact_full")
+#: With documents: a third of the operations add documents.
+OPS_DOCUMENTS = OPS + ("add_documents",) * 5
+#: Document keys come from this many names, so that adds replace documents.
+DOC_KEYS = 120
 #: The duration assumed for an operation never timed yet (seconds).
 FIRST_GUESS_SECONDS = 0.05
+#: Whether this lane's index holds documents (options["documents"]; set by
+#: run_lane, inherited by the forked writer and checker).
+DOCUMENTS = False
+
+
+def _ops() -> tuple:
+    return OPS_DOCUMENTS if DOCUMENTS else OPS
+
+
+class LaneModel(IndexModel):
+    """IndexModel and the documents: key -> (fingerprint, data), as documents() yields them."""
+
+    def __init__(self):
+        super().__init__()
+        self.docs: dict = {}
+
+    def copy(self) -> "LaneModel":
+        other = LaneModel()
+        other.keys = {fp: set(ks) for fp, ks in self.keys.items()}
+        other.docs = dict(self.docs)
+        return other
+
+    def add_documents(self, fps, keys: list, data: list) -> None:
+        """A key names one document: its earlier document goes (as remove(keys=))."""
+        self.remove(keys=[k for k in keys if k in self.docs])
+        self.add(fps, keys)
+        for key, fp, d in zip(keys, fps.tolist(), data):
+            self.docs[key] = (fp, d)
+
+    def remove(self, fingerprints=None, keys=None) -> None:
+        super().remove(fingerprints=fingerprints, keys=keys)
+        for key in keys or ():
+            self.docs.pop(key, None)
+
+    def documents(self) -> list:
+        return sorted((key, fp, d) for key, (fp, d) in self.docs.items())
+
+    @classmethod
+    def of(cls, state: dict, documents: list | None) -> "LaneModel":
+        """The model of a state read back (read_back's state and documents)."""
+        model = cls()
+        model.keys = {fp: set(ks) for fp, ks in state.items()}
+        model.docs = {key: (fp, d) for key, fp, d in documents or ()}
+        return model
+
+
+@functools.lru_cache(maxsize=4096)
+def _document_fingerprints(texts: tuple) -> np.ndarray:
+    """The simhashes add_documents gives these texts (the default Fingerprinter's)."""
+    from ndindex.docstore import key_design_for
+    from ndindex.documents import fingerprint_documents
+    from ndindex.fingerprint import Fingerprinter
+    fpr = Fingerprinter()
+    return fingerprint_documents(list(texts), fpr, key_design_for(fpr), workers=1,
+                                 simhash=True).simhashes
 
 
 def operation(seed: int, lane: int, j: int) -> tuple[str, dict]:
     """Operation j of a lane: its kind and arguments, a pure function of (seed, lane, j)."""
     rng = np.random.default_rng([seed, lane, j])
-    kind = OPS[int(rng.integers(len(OPS)))]
+    ops = _ops()
+    kind = ops[int(rng.integers(len(ops)))]
     if kind == "add":
         fps = np.unique(rng.integers(0, 2**64, int(rng.integers(1, 400)), dtype=np.uint64))
         keys = [f"{j}/{i}" for i in range(len(fps))] if j % 2 == 0 else None
         return kind, dict(fps=fps, keys=keys)
+    if kind == "add_documents":
+        n = int(rng.integers(1, 30))
+        texts = tuple(_doc_texts(rng, n, []))
+        keys = [f"doc{int(i)}" for i in rng.choice(DOC_KEYS, n, replace=False)]
+        return kind, dict(texts=texts, keys=keys, data=[f"{j}/{i}".encode() for i in range(n)],
+                          fps=_document_fingerprints(texts))
     if kind in ("remove_fp", "remove_key"):
         # Fingerprints or keys of a recent add: recomputed, not remembered.
-        earlier = [i for i in range(max(0, j - 40), j) if operation_kind(seed, lane, i) == "add"]
+        earlier = [i for i in range(max(0, j - 40), j)
+                   if operation_kind(seed, lane, i) in ("add", "add_documents")]
         if not earlier:
             return "compact", {}
         src = earlier[int(rng.integers(len(earlier)))]
-        _, args = operation(seed, lane, src)
+        src_kind, args = operation(seed, lane, src)
         pick = rng.random(len(args["fps"])) < 0.3
+        if src_kind == "add_documents":  # documents go by key
+            return "remove_key", dict(keys=[k for k, p in zip(args["keys"], pick) if p])
         if kind == "remove_fp" or args["keys"] is None:
             return "remove_fp", dict(fps=args["fps"][pick])
         return kind, dict(keys=[k for k, p in zip(args["keys"], pick) if p])
@@ -94,12 +169,15 @@ def operation(seed: int, lane: int, j: int) -> tuple[str, dict]:
 
 def operation_kind(seed: int, lane: int, j: int) -> str:
     rng = np.random.default_rng([seed, lane, j])
-    return OPS[int(rng.integers(len(OPS)))]
+    ops = _ops()
+    return ops[int(rng.integers(len(ops)))]
 
 
-def apply_model(model: IndexModel, kind: str, args: dict) -> None:
+def apply_model(model: LaneModel, kind: str, args: dict) -> None:
     if kind == "add":
         model.add(args["fps"], args["keys"])
+    elif kind == "add_documents":
+        model.add_documents(args["fps"], args["keys"], args["data"])
     elif kind == "remove_fp":
         model.remove(fingerprints=args["fps"])
     elif kind == "remove_key":
@@ -124,6 +202,9 @@ def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> 
         ix = ndindex.open(path, **api_options(ndindex.Index.open, options))
     else:
         send("start", "create")
+        if DOCUMENTS:
+            from ndindex.fingerprint import Fingerprinter
+            options = dict(options, fingerprinter=Fingerprinter())
         ix = ndindex.Index.create(path, k=K, expected_n=EXPECTED_N,
                                   **api_options(ndindex.Index.create, options))
         send("ack", "create")
@@ -132,6 +213,8 @@ def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> 
         send("start", j)
         if kind == "add":
             ix.add(args["fps"], keys=args["keys"])
+        elif kind == "add_documents":
+            ix.add_documents(list(args["texts"]), args["keys"], data=args["data"], workers=1)
         elif kind == "remove_fp":
             ix.remove(fingerprints=args["fps"])
         elif kind == "remove_key":
@@ -190,7 +273,8 @@ def read_back(path: str, options: dict, universe: set, send) -> dict:
             ix.verify()
         except Exception as exc:
             return dict(exists=True, verify_error=f"{type(exc).__qualname__}: {exc}"[:300])
-        return dict(exists=True, state=state_of(ix, universe))
+        return dict(exists=True, state=state_of(ix, universe),
+                    documents=sorted(ix.documents()) if DOCUMENTS else None)
     finally:
         ix.close()
 
@@ -199,10 +283,12 @@ def read_back(path: str, options: dict, universe: set, send) -> dict:
 
 
 def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fresh_every: int,
-             timeout: float) -> list[dict]:
-    """Run a lane's cycles; return one record per cycle."""
+             timeout: float, keep_dir: str | None = None) -> list[dict]:
+    """Run a lane's cycles; return one record per cycle (keep_dir: see sweep)."""
     import ndindex  # noqa: F401  (imported once, before the forks)
 
+    global DOCUMENTS
+    DOCUMENTS = bool(options.get("documents"))
     path = os.path.join(workdir, f"lane-{lane}.ndx")
     remove_index_files(path)
     background = bool(options.get("background_compaction"))
@@ -210,11 +296,11 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
     taken = collections.defaultdict(lambda: [FIRST_GUESS_SECONDS])  # durations seen, by kind
     # universe: every fingerprint an add of this file may have written; the
     # check reads back exactly these (the public API has no enumeration).
-    model, next_op, records, universe = IndexModel(), 0, [], set()
+    model, next_op, records, universe = LaneModel(), 0, [], set()
     for cycle in range(cycles):
         if cycle % fresh_every == 0 and cycle:
             remove_index_files(path)
-            model, universe = IndexModel(), set()
+            model, universe = LaneModel(), set()
         fresh = not os.path.exists(path)
         # The kill: `delay` after operation `target` starts (counted from this
         # cycle's first), a random fraction of a duration that kind of
@@ -269,22 +355,26 @@ def run_lane(lane: int, cycles: int, seed: int, options: dict, workdir: str, fre
             elif kind == "escaped":
                 escaped = obj
         child.wait()
+        if keep_dir and os.path.exists(path):  # as the kill left it, before the check opens it
+            shutil.copyfile(path, path + ".killed")
         rec = check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,
                           existed=not fresh, universe=universe)
         if bg_running:
             rec["background_step"] = True
             if target == "background" or in_flight is None:
                 rec["killed_in"] = "background compaction"
+        if keep_dir and rec["outcome"] != "ok" and os.path.exists(path + ".killed"):
+            rec["kept"] = os.path.join(keep_dir, f"lane-{lane}-cycle-{cycle}.ndx")
+            shutil.move(path + ".killed", rec["kept"])
         records.append(rec)
         next_op = max([next_op - 1] + [a for a in acked if a != "create"]
                       + ([in_flight] if isinstance(in_flight, int) else [])) + 1
-        state = rec.pop("state", None)
+        state, documents = rec.pop("state", None), rec.pop("documents", None)
         if rec["outcome"] in ("unopenable", "verify-failed", "checker-crash"):
             remove_index_files(path)  # start the lane over
-            model, universe = IndexModel(), set()
+            model, universe = LaneModel(), set()
         elif state is not None:
-            model = IndexModel()
-            model.keys = {fp: set(ks) for fp, ks in state.items()}
+            model = LaneModel.of(state, documents)
     remove_index_files(path)
     return records
 
@@ -294,7 +384,7 @@ def _added(seed: int, lane: int, j) -> list[int]:
     if j == "create":
         return []
     kind, args = operation(seed, lane, j)
-    return args["fps"].tolist() if kind == "add" else []
+    return args["fps"].tolist() if kind in ("add", "add_documents") else []
 
 
 def check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,
@@ -318,7 +408,7 @@ def check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escap
     return rec
 
 
-def _compare(path, options, done: IndexModel, maybe: IndexModel, universe: set,
+def _compare(path, options, done: LaneModel, maybe: LaneModel, universe: set,
              must_exist: bool) -> dict:
     """Read the file back in a forked child and compare it with the two allowed states."""
     rec = {}
@@ -340,12 +430,19 @@ def _compare(path, options, done: IndexModel, maybe: IndexModel, universe: set,
     if "verify_error" in res:
         rec.update(outcome="verify-failed", detail=res["verify_error"])
         return rec
-    state = res["state"]
-    if state in (done.state(), maybe.state()):
-        rec.update(outcome="ok", state=state,
-                   detail="in-flight committed" if state != done.state() else "")
+    state, documents = res["state"], res.get("documents")
+    got = (state, documents if DOCUMENTS else None)
+    allowed = [(m.state(), m.documents() if DOCUMENTS else None) for m in (done, maybe)]
+    if got in allowed:
+        rec.update(outcome="ok", state=state, documents=documents,
+                   detail="in-flight committed" if got != allowed[0] else "")
         return rec
     want = done.state()
+    if state in (done.state(), maybe.state()):  # the tables agree, the documents do not
+        rec.update(outcome="lost", state=state, documents=documents, lost_fingerprints=0,
+                   lost_keys=0, detail=f"documents() differs: {len(documents)} documents, "
+                   f"{len(done.docs)} acknowledged")
+        return rec
     missing_fps = [fp for fp in want if fp not in state]
     missing_keys = sum(len(set(want[fp]) - set(state.get(fp, ()))) for fp in want)
     rec.update(outcome="lost", state=state, lost_fingerprints=len(missing_fps),
@@ -366,7 +463,9 @@ def _lane_entry(args) -> list[dict]:
 
 
 def sweep(cycles: int, jobs: int, seed: int, options: dict, workdir: str | None,
-          fresh_every: int, timeout: float) -> dict:
+          fresh_every: int, timeout: float, keep_dir: str | None = None) -> dict:
+    """Run the lanes; keep_dir: where each file a cycle found not ok is kept, as the
+    kill left it (before the check opened it)."""
     # On disk, not in RAM: fsync gives writes their real length, so kills land inside them.
     tmp = tempfile.mkdtemp(prefix="ndx-kill-", dir=workdir)
     t0 = time.monotonic()
@@ -375,8 +474,8 @@ def sweep(cycles: int, jobs: int, seed: int, options: dict, workdir: str | None,
         per_lane = [cycles // lanes + (1 if i < cycles % lanes else 0) for i in range(lanes)]
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(lanes) as pool:
-            parts = pool.map(_lane_entry, [(i, n, seed, options, tmp, fresh_every, timeout)
-                                           for i, n in enumerate(per_lane)])
+            parts = pool.map(_lane_entry, [(i, n, seed, options, tmp, fresh_every, timeout,
+                                            keep_dir) for i, n in enumerate(per_lane)])
         records = [r for part in parts for r in part]
         return dict(records=records, seconds=time.monotonic() - t0)
     finally:
@@ -414,7 +513,8 @@ def print_report(s: dict, out=sys.stdout) -> None:
         print("\nfirst cycles that were not ok:", file=out)
         for r in s["examples"]:
             print(f"  lane {r['lane']} cycle {r.get('cycle')}: {r['outcome']} (killed in "
-                  f"{r['killed_in']}): {str(r.get('detail'))[-200:]}", file=out)
+                  f"{r['killed_in']}): {str(r.get('detail'))[-200:]}"
+                  + (f"; file kept: {r['kept']}" if r.get("kept") else ""), file=out)
 
 
 def main(argv=None) -> int:
@@ -429,10 +529,14 @@ def main(argv=None) -> int:
     ap.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     ap.add_argument("--workdir", help="where the lanes' files go (default: the temp dir)")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--keep-failures", metavar="DIR",
+                    help="copy each file a cycle found not ok here, as the kill left it")
     ap.add_argument("--expect-clean", action="store_true", help="exit 1 unless every cycle is ok")
     args = ap.parse_args(argv)
+    if args.keep_failures:
+        os.makedirs(args.keep_failures, exist_ok=True)
     run = sweep(args.cycles, args.jobs, args.seed, parse_options(args.option), args.workdir,
-                args.fresh_every, args.timeout)
+                args.fresh_every, args.timeout, args.keep_failures)
     summary = summarize(run)
     print_report(summary)
     if args.json:

@@ -86,6 +86,37 @@ def test_document_model_agrees_with_a_document_index(tmp_path):
         assert got == want
 
 
+def test_kill_sweep_lane_model_agrees_with_a_document_index(tmp_path, monkeypatch):
+    # The kill sweep's operations with documents, applied without kills: its
+    # model must hold what the index holds, documents() included.
+    from ndindex.fingerprint import Fingerprinter
+
+    monkeypatch.setattr(sweep_kill, "DOCUMENTS", True)
+    model = sweep_kill.LaneModel()
+    universe, kinds = set(), set()
+    with Index.create(tmp_path / "k.ndx", k=3, expected_n=1000, fingerprinter=Fingerprinter(),
+                      background_compaction=False) as ix:
+        for j in range(60):
+            kind, args = sweep_kill.operation(9, 0, j)
+            kinds.add(kind)
+            if kind == "add_documents":
+                ix.add_documents(list(args["texts"]), args["keys"], data=args["data"], workers=1)
+            elif kind == "add":
+                ix.add(args["fps"], keys=args["keys"])
+            elif kind == "remove_fp":
+                ix.remove(fingerprints=args["fps"])
+            elif kind == "remove_key":
+                ix.remove(keys=args["keys"])
+            else:
+                ix.compact(full=kind == "compact_full")
+            sweep_kill.apply_model(model, kind, args)
+            universe.update(sweep_kill._added(9, 0, j))
+            assert sweep_common.state_of(ix, universe) == model.state(), (j, kind)
+            assert sorted(ix.documents()) == model.documents(), (j, kind)
+    assert {"add_documents", "remove_key", "add"} <= kinds
+    assert len(model.docs) > 20
+
+
 def test_option_filtering_keeps_only_accepted_keywords():
     def create(path, *, k=3, durability="full", background_compaction=True):
         pass
@@ -200,6 +231,18 @@ def test_kill_sweep_bounded(tmp_path):
     s = sweep_kill.summarize(run)
     assert s["cycles"] == 120
     assert {"create", "add", "compact_full"} <= set(s["by_killed_in"])
+    assert s["lost_fingerprints"] == 0 and s["lost_keys"] == 0
+    for r in run["records"]:
+        assert r["outcome"] == "ok", r
+
+
+@pytest.mark.slow
+def test_kill_sweep_bounded_with_documents(tmp_path):
+    run = sweep_kill.sweep(cycles=80, jobs=2, seed=21, options=dict(documents=True),
+                           workdir=str(tmp_path), fresh_every=10, timeout=60)
+    s = sweep_kill.summarize(run)
+    assert s["cycles"] == 80
+    assert "add_documents" in s["by_killed_in"]
     assert s["lost_fingerprints"] == 0 and s["lost_keys"] == 0
     for r in run["records"]:
         assert r["outcome"] == "ok", r
