@@ -36,6 +36,7 @@ class IndexMachine(RuleBasedStateMachine):
         self.opts = dict(log_limit=log_limit, durability=durability, background_compaction=False)
         self.ix = Index.create(self.path, k=3, expected_n=200, **self.opts)
         self.keys = {}  # fingerprint -> set of keys (None marks a keyless add)
+        self.removed = set()  # fingerprints removed once: added again by readd
 
     def live(self):
         return np.array(sorted(self.keys), dtype=np.uint64)
@@ -53,6 +54,19 @@ class IndexMachine(RuleBasedStateMachine):
         fp = data.draw(st.sampled_from(sorted(self.keys)))
         assert self.ix.remove(fingerprints=[fp]) == 1
         del self.keys[fp]
+        self.removed.add(fp)
+
+    @precondition(lambda self: self.removed)
+    @rule(data=st.data(), again=st.booleans())
+    def readd(self, data, again):
+        # Removed, added again (and maybe removed again at once): the
+        # tombstone cases drawn fingerprints almost never reach.
+        fp = data.draw(st.sampled_from(sorted(self.removed)))
+        self.ix.add([fp])
+        self.keys.setdefault(fp, set()).add(None)
+        if again:
+            assert self.ix.remove(fingerprints=[fp]) == 1
+            del self.keys[fp]
 
     @rule(key=doc_key)
     def remove_key(self, key):
