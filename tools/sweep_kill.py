@@ -6,7 +6,8 @@ Each job is a lane with its own index file.  A cycle forks a writer that
 creates the index if there is no file (Index.create), or opens it, then
 runs operations numbered from where the last cycle stopped: add (new
 fingerprints, half with document keys), remove by fingerprint, remove by
-key, compact, full compact; with --option documents=True the index has a
+key, compact, full compact, and a transaction of check_and_add calls
+(new fingerprints and near-duplicates of earlier ones, one commit); with --option documents=True the index has a
 fingerprinter and documents go in too (add_documents of short texts under
 keys drawn from a small pool, so later ones replace earlier ones), and
 removals by key take documents as well.  Operation j is a pure function of (seed, lane,
@@ -71,7 +72,7 @@ from sweep_corruption import _doc_texts  # noqa: E402
 K = 3
 EXPECTED_N = 100_000
 OPS = ("add", "add", "add", "add", "remove_fp", "remove_key", "compact", "add", "remove_fp",
-       "compact_full")
+       "compact_full", "check_and_add")
 #: With documents: a third of the operations add documents.
 OPS_DOCUMENTS = OPS + ("add_documents",) * 5
 #: Document keys come from this many names, so that adds replace documents.
@@ -144,6 +145,16 @@ def operation(seed: int, lane: int, j: int) -> tuple[str, dict]:
         fps = np.unique(rng.integers(0, 2**64, int(rng.integers(1, 400)), dtype=np.uint64))
         keys = [f"{j}/{i}" for i in range(len(fps))] if j % 2 == 0 else None
         return kind, dict(fps=fps, keys=keys)
+    if kind == "check_and_add":
+        # New fingerprints, half of them near-duplicates (1 bit off) of an
+        # earlier add's: those find a match and are not added.
+        fps = rng.integers(0, 2**64, int(rng.integers(1, 200)), dtype=np.uint64)
+        earlier = [i for i in range(max(0, j - 40), j) if operation_kind(seed, lane, i) == "add"]
+        if earlier:
+            _, args = operation(seed, lane, earlier[int(rng.integers(len(earlier)))])
+            near = args["fps"][:len(fps) // 2]
+            fps[:len(near)] = near ^ (np.uint64(1) << rng.integers(0, 64, len(near)).astype(np.uint64))
+        return kind, dict(fps=fps)
     if kind == "add_documents":
         n = int(rng.integers(1, 30))
         texts = tuple(_doc_texts(rng, n, []))
@@ -178,6 +189,10 @@ def apply_model(model: LaneModel, kind: str, args: dict) -> None:
         model.add(args["fps"], args["keys"])
     elif kind == "add_documents":
         model.add_documents(args["fps"], args["keys"], args["data"])
+    elif kind == "check_and_add":
+        for fp in args["fps"].tolist():
+            if not model.query(fp, K):
+                model.add([fp])
     elif kind == "remove_fp":
         model.remove(fingerprints=args["fps"])
     elif kind == "remove_key":
@@ -211,19 +226,28 @@ def writer(path: str, seed: int, lane: int, first: int, options: dict, send) -> 
     for j in range(first, first + 100_000):
         kind, args = operation(seed, lane, j)
         send("start", j)
-        if kind == "add":
-            ix.add(args["fps"], keys=args["keys"])
-        elif kind == "add_documents":
-            ix.add_documents(list(args["texts"]), args["keys"], data=args["data"], workers=1)
-        elif kind == "remove_fp":
-            ix.remove(fingerprints=args["fps"])
-        elif kind == "remove_key":
-            ix.remove(keys=args["keys"])
-        else:
-            ix.compact(**accepted(ix.compact, full=kind == "compact_full"))
+        run_operation(ix, kind, args)
         if normal:
             ix.sync()
         send("ack", j)
+
+
+def run_operation(ix, kind: str, args: dict) -> None:
+    """Operation (kind, args) on an open index, as the writer runs it."""
+    if kind == "add":
+        ix.add(args["fps"], keys=args["keys"])
+    elif kind == "add_documents":
+        ix.add_documents(list(args["texts"]), args["keys"], data=args["data"], workers=1)
+    elif kind == "check_and_add":
+        with ix.transaction():
+            for fp in args["fps"].tolist():
+                ix.check_and_add(fp)
+    elif kind == "remove_fp":
+        ix.remove(fingerprints=args["fps"])
+    elif kind == "remove_key":
+        ix.remove(keys=args["keys"])
+    else:
+        ix.compact(**accepted(ix.compact, full=kind == "compact_full"))
 
 
 def _announce_background_steps(send) -> None:
@@ -384,7 +408,7 @@ def _added(seed: int, lane: int, j) -> list[int]:
     if j == "create":
         return []
     kind, args = operation(seed, lane, j)
-    return args["fps"].tolist() if kind in ("add", "add_documents") else []
+    return args["fps"].tolist() if kind in ("add", "add_documents", "check_and_add") else []
 
 
 def check_cycle(path, seed, lane, cycle, model, acked, in_flight, options, escaped,

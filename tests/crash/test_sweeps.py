@@ -88,7 +88,8 @@ def test_document_model_agrees_with_a_document_index(tmp_path):
 
 def test_kill_sweep_lane_model_agrees_with_a_document_index(tmp_path, monkeypatch):
     # The kill sweep's operations with documents, applied without kills: its
-    # model must hold what the index holds, documents() included.
+    # model must hold what the index holds, documents() included, and
+    # check_and_add must have turned some near-duplicates away.
     from ndindex.fingerprint import Fingerprinter
 
     monkeypatch.setattr(sweep_kill, "DOCUMENTS", True)
@@ -96,25 +97,21 @@ def test_kill_sweep_lane_model_agrees_with_a_document_index(tmp_path, monkeypatc
     universe, kinds = set(), set()
     with Index.create(tmp_path / "k.ndx", k=3, expected_n=1000, fingerprinter=Fingerprinter(),
                       background_compaction=False) as ix:
-        for j in range(60):
+        turned_away = 0
+        for j in range(80):
             kind, args = sweep_kill.operation(9, 0, j)
             kinds.add(kind)
-            if kind == "add_documents":
-                ix.add_documents(list(args["texts"]), args["keys"], data=args["data"], workers=1)
-            elif kind == "add":
-                ix.add(args["fps"], keys=args["keys"])
-            elif kind == "remove_fp":
-                ix.remove(fingerprints=args["fps"])
-            elif kind == "remove_key":
-                ix.remove(keys=args["keys"])
-            else:
-                ix.compact(full=kind == "compact_full")
+            before = len(model.keys)
+            sweep_kill.run_operation(ix, kind, args)
             sweep_kill.apply_model(model, kind, args)
+            if kind == "check_and_add":
+                turned_away += len(args["fps"]) - (len(model.keys) - before)
             universe.update(sweep_kill._added(9, 0, j))
             assert sweep_common.state_of(ix, universe) == model.state(), (j, kind)
             assert sorted(ix.documents()) == model.documents(), (j, kind)
-    assert {"add_documents", "remove_key", "add"} <= kinds
+    assert {"add_documents", "remove_key", "add", "check_and_add"} <= kinds
     assert len(model.docs) > 20
+    assert turned_away > 0
 
 
 def test_option_filtering_keeps_only_accepted_keywords():
