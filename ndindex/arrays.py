@@ -12,6 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 EMPTY_U64 = np.empty(0, dtype=np.uint64)
+#: insert_sorted moves base with np.insert when it is this many times longer
+#: than the new values, else sorts both with numpy's stable sort (timsort:
+#: it finds the two sorted runs and merges them in one pass; np.insert's
+#: set-up costs more): a log's 1,000 new values into 4,096 took 23.7 us inserted,
+#: 4.9 sorted; into 65,536, 100 and 52; into 2^20, 595 and 732
+#: (python -m timeit, numpy 2).
+INSERT_RATIO = 256
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
@@ -39,8 +46,11 @@ def insert_sorted(base: np.ndarray, new_sorted: np.ndarray) -> np.ndarray:
         return base
     if not len(base):
         return new_sorted
-    # np.insert beats a stable sort of the two runs (timsort merge) by ~2x.
-    return np.insert(base, np.searchsorted(base, new_sorted), new_sorted)
+    if len(base) > INSERT_RATIO * len(new_sorted):
+        return np.insert(base, np.searchsorted(base, new_sorted), new_sorted)
+    out = np.concatenate([base, new_sorted])
+    out.sort(kind="stable")
+    return out
 
 
 def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:

@@ -1,0 +1,47 @@
+"""Set operations on sorted uint64 arrays (ndindex.arrays) against numpy's own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ndindex import arrays
+
+u64 = st.integers(0, 2**64 - 1)
+
+
+def as_sorted(values) -> np.ndarray:
+    return np.unique(np.array(values, dtype=np.uint64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(u64, max_size=300), st.lists(u64, max_size=300))
+def test_insert_sorted_is_the_union_of_disjoint_sorted_arrays(base, new):
+    base = as_sorted(base)
+    new = as_sorted(new)
+    new = new[~np.isin(new, base)]
+    got = arrays.insert_sorted(base, new)
+    assert got.dtype == np.uint64
+    assert np.array_equal(got, np.union1d(base, new))
+
+
+@pytest.mark.parametrize("n_base, n_new", [(10_000, 3), (3, 10_000), (5_000, 5_000), (0, 7), (7, 0)])
+def test_insert_sorted_both_ways(n_base, n_new):
+    # Far longer base: np.insert; otherwise the merge by stable sort.
+    rng = np.random.default_rng(n_base + n_new)
+    both = as_sorted(rng.integers(0, 2**64, n_base + n_new, dtype=np.uint64))
+    pick = np.zeros(len(both), bool)
+    pick[rng.choice(len(both), min(n_new, len(both)), replace=False)] = True
+    assert np.array_equal(arrays.insert_sorted(both[~pick], both[pick]), both)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(u64, max_size=200), st.lists(u64, max_size=200), st.lists(u64, max_size=50))
+def test_merge_sorted_and_isin_sorted(existing, new, gone):
+    existing, new, gone = as_sorted(existing), as_sorted(new), as_sorted(gone)
+    want = np.setdiff1d(np.union1d(existing, new), gone)
+    assert np.array_equal(arrays.merge_sorted(existing, new, gone), want)
+    values = np.concatenate([new, existing[:5]])
+    assert np.array_equal(arrays.isin_sorted(values, existing), np.isin(values, existing))
+    assert np.array_equal(arrays.sorted_unique(np.concatenate([new, new[::-1]])), new)
