@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ndindex.errors import NdindexError
+from ndindex.errors import CorruptionError, NdindexError
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
 
@@ -685,9 +685,11 @@ def _cmd_verify(args) -> int:
         with Index.open(args.index, readonly=True) as ix:
             report = ix.verify()
     except NdindexError as exc:
-        print(_error_line(_damage_text(exc), args.index), file=sys.stderr)
         if not args.repair:
+            print(_error_line(_damage_text(exc), args.index) + _repair_hint(exc, args),
+                  file=sys.stderr)
             return EXIT_ERROR
+        print(_error_line(_damage_text(exc), args.index), file=sys.stderr)
         out = args.output if args.output is not None else args.index + ".recovered"
         return _recover_into(args.index, out, args.json)
     if args.json:
@@ -698,6 +700,21 @@ def _cmd_verify(args) -> int:
               f"runs, {report['log_entries']:,} operations in the log)"
               + ("; nothing to repair" if args.repair else ""))
     return EXIT_OK
+
+
+#: Commands whose INDEX is an existing index file the error may be about.
+_READS_INDEX = {"add", "query", "remove", "compact", "stats", "verify", "export", "similar",
+                "pairs", "clusters"}
+
+
+def _repair_hint(exc: BaseException, args) -> str:
+    """For damage found in the command's index: the command that salvages it
+    (appended to the error's one line)."""
+    index = getattr(args, "index", None)
+    if isinstance(exc, CorruptionError) and index and \
+            getattr(args, "command", None) in _READS_INDEX:
+        return f"; `ndindex verify --repair {index}` salvages what it can"
+    return ""
 
 
 def _damage_text(exc: NdindexError) -> str:
@@ -1373,8 +1390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ndindex: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except (OSError, NdindexError, _FileError) as exc:
-        print(_error_line(exc, getattr(args, "index", None), _named_files(args)),
-              file=sys.stderr)
+        print(_error_line(exc, getattr(args, "index", None), _named_files(args))
+              + _repair_hint(exc, args), file=sys.stderr)
         return EXIT_ERROR
     except (_UsageError, ValueError, TypeError) as exc:
         print(f"ndindex: error: {_one_line(exc)}", file=sys.stderr)

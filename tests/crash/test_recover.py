@@ -382,7 +382,11 @@ def test_cli_verify_repair_writes_index_recovered(damaged, tmp_path, capsys):
     flip(path, branch * 4096 + 16)
     assert cli.main(["verify", path]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"ndindex: {path}: ")
+    hint = f"; `ndindex verify --repair {path}` salvages what it can"
+    assert len(err) == 1 and err[0].startswith(f"ndindex: {path}: ") and err[0].endswith(hint)
+    assert cli.main(["query", path, "0x1234"]) == 2  # any command that meets the damage
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(hint)
     assert cli.main(["verify", "--repair", path]) == 0
     assert contents(path + ".recovered") == info["state"]
     out = str(tmp_path / "chosen.ndx")
