@@ -43,6 +43,10 @@ from ndindex.errors import (CapacityError, ClosedError, CorruptionError, FormatE
 #: The map is address space, not memory or disk: LMDB extends the file only
 #: as pages are written.  1 TiB on 64-bit systems means it never has to grow.
 INITIAL_MAP_SIZE_BYTES = (1 << 40) if sys.maxsize > 2**32 else (256 << 20)
+#: Indexes one 64-bit process can hold open at once: 128 TiB of user
+#: address space (4-level paging) over the map (127 measured: the process's
+#: own mappings take the rest).
+MAX_OPEN_INDEXES = 127 if sys.maxsize > 2**32 else 8
 #: LMDB's reader table: one 64-byte slot per reader.
 MAX_READERS = 256
 #: Bytes of the lock file written before LMDB maps it (LMDB needs about
@@ -69,6 +73,13 @@ def translate_error(exc: Exception, path: str, database: str = "lmdb",
         return exc
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
+    if isinstance(exc, lmdb.MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+        # Most often the address space, not memory: every open index
+        # reserves INITIAL_MAP_SIZE_BYTES of it for LMDB's map.
+        return CapacityError(
+            f"{path}: out of memory or address space: each open index reserves "
+            f"{INITIAL_MAP_SIZE_BYTES >> 30:,} GiB of address space for its map, so a process "
+            f"holds about {MAX_OPEN_INDEXES} at once; close some ({_reason(exc)})")
     text = str(exc)
     code = getattr(exc, "errno", None)
     if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) \

@@ -631,3 +631,25 @@ def test_errors_are_ndindex_errors():
     for cls in (CapacityError, ClosedError, FormatError, ReadOnlyError):
         assert issubclass(cls, NdindexError)
     assert ndindex.NdindexError is NdindexError
+
+
+def test_running_out_of_address_space_is_a_capacity_error(tmp_path):
+    # Each open index reserves 1 TiB of address space for LMDB's map: the
+    # open after the last that fits is a CapacityError that says so, and
+    # the indexes already open go on working.
+    from ndindex import store
+    opened = []
+    try:
+        with pytest.raises(CapacityError, match="address space") as err:
+            for i in range(store.MAX_OPEN_INDEXES + 64):
+                opened.append(Index.create(tmp_path / f"{i}.ndx", k=3, expected_n=100,
+                                           background_compaction=False))
+                opened[-1].add([i])
+        if len(opened) == store.MAX_OPEN_INDEXES + 64:
+            pytest.skip("this machine has more address space (5-level paging?)")
+        assert f"about {store.MAX_OPEN_INDEXES}" in str(err.value)
+        assert len(opened) >= store.MAX_OPEN_INDEXES // 2
+        assert opened[0].query(0, 0)[0].fingerprint == 0 and 1 in opened[1]
+    finally:
+        for ix in opened:
+            ix.close()
