@@ -685,11 +685,10 @@ def _cmd_verify(args) -> int:
         with Index.open(args.index, readonly=True) as ix:
             report = ix.verify()
     except NdindexError as exc:
+        hint = "" if args.repair else _repair_hint(exc, args)
+        print(_error_line(_damage_text(exc), args.index) + hint, file=sys.stderr)
         if not args.repair:
-            print(_error_line(_damage_text(exc), args.index) + _repair_hint(exc, args),
-                  file=sys.stderr)
             return EXIT_ERROR
-        print(_error_line(_damage_text(exc), args.index), file=sys.stderr)
         out = args.output if args.output is not None else args.index + ".recovered"
         return _recover_into(args.index, out, args.json)
     if args.json:

@@ -71,17 +71,17 @@ def translate_error(exc: Exception, path: str, database: str = "lmdb",
     """
     if isinstance(exc, NdindexError):
         return exc
+    text = str(exc)
+    code = getattr(exc, "errno", None)
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
-    if isinstance(exc, lmdb.MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+    if isinstance(exc, lmdb.MemoryError) or code == errno.ENOMEM:
         # Most often the address space, not memory: every open index
         # reserves INITIAL_MAP_SIZE_BYTES of it for LMDB's map.
         return CapacityError(
             f"{path}: out of memory or address space: each open index reserves "
             f"{INITIAL_MAP_SIZE_BYTES >> 30:,} GiB of address space for its map, so a process "
             f"holds about {MAX_OPEN_INDEXES} at once; close some ({_reason(exc)})")
-    text = str(exc)
-    code = getattr(exc, "errno", None)
     if isinstance(exc, lmdb.DiskError) or code in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) \
             or "No space left" in text or os.strerror(errno.EFBIG) in text \
             or (os.strerror(errno.EIO) in text and _out_of_space(path)):

@@ -663,12 +663,18 @@ def wait_for(condition, seconds=30.0):
         time.sleep(0.01)
 
 
-def test_large_runs_are_listed_in_the_background_and_answers_stay_exact(path, background_listing):
-    rng = np.random.default_rng(21)
-    fps = rng.integers(0, 2**64, size=20000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+def compacted(path, rng, n: int) -> np.ndarray:
+    """A fully compacted index of n random fingerprints at path; returns them."""
+    fps = rng.integers(0, 2**64, size=n, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=n, background_compaction=False) as ix:
         ix.add(fps)
         ix.compact(full=True)
+    return fps
+
+
+def test_large_runs_are_listed_in_the_background_and_answers_stay_exact(path, background_listing):
+    rng = np.random.default_rng(21)
+    fps = compacted(path, rng, 20000)
     queries = np.concatenate([near(rng, fps, 60, 3), rng.integers(0, 2**64, 20, dtype=np.uint64)])
     with Index.open(path, background_compaction=False) as ix:
         main = [runs[0].run_id for runs in ix._snapshot().table_runs]
@@ -683,10 +689,7 @@ def test_large_runs_are_listed_in_the_background_and_answers_stay_exact(path, ba
 
 def test_close_waits_for_the_background_lister(path, background_listing):
     rng = np.random.default_rng(22)
-    fps = rng.integers(0, 2**64, size=40000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
-        ix.add(fps)
-        ix.compact(full=True)
+    compacted(path, rng, 40000)
     for _ in range(3):
         ix = Index.open(path, readonly=True)
         for q in rng.integers(0, 2**64, size=21, dtype=np.uint64).tolist():
@@ -699,10 +702,8 @@ def test_close_waits_for_the_background_lister(path, background_listing):
 
 def test_vacuum_restarts_the_background_lister(path, background_listing):
     rng = np.random.default_rng(23)
-    fps = rng.integers(0, 2**64, size=20000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
-        ix.add(fps)
-        ix.compact(full=True)
+    fps = compacted(path, rng, 20000)
+    with Index.open(path, background_compaction=False) as ix:
         for q in rng.integers(0, 2**64, size=21, dtype=np.uint64).tolist():
             ix.query(q, 3)
         ix.vacuum()
