@@ -134,7 +134,7 @@ class DirectoryCache(dict):
                 snap, run = self._jobs.pop(0)
             try:
                 # The kernel releases the GIL while it reads the chunk headers.
-                cap, _, inline, _ = snap._list_chunks(run, _list_start(run))
+                cap, _, inline, _ = snap._list_chunks(run, rn.live_start(run) or 0)
             except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
                 cap = None
             with self.lock:
@@ -288,7 +288,7 @@ class Snapshot:
         cap = cache.get(run.run_id)
         if cap is not None:
             return cap
-        cap, _, inline, _ = self._list_chunks(run, _list_start(run))
+        cap, _, inline, _ = self._list_chunks(run, rn.live_start(run) or 0)
         if not inline:
             if isinstance(cache, DirectoryCache):
                 cache.drop_stale({r.run_id for r in self.manifest.runs})
@@ -620,14 +620,6 @@ def _ranked(records, rank: int):
 
 def _inverse(design) -> tuple:
     return tuple((dst, src, n) for src, dst, n in design.runs())
-
-
-def _list_start(run) -> int:
-    """Where a run's directory starts: a merge input's live part only.  As
-    its cursor advances, the chunks below go, and with them the directory's
-    first entries, which no query probes any more (their values are below
-    the run's live range)."""
-    return int.from_bytes(run.cursor, "big") + 1 if run.merge_input and run.cursor else 0
 
 
 def _kernel_run(run, directory=None) -> tuple:

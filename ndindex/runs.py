@@ -34,8 +34,10 @@ def run_code(run: Run) -> codec.HuffmanCode | None:
     return code_of(run.code) if run.kind == KIND_HUFFMAN else None
 
 
-def _live_start(run: Run) -> int | None:
-    """The first value a reader may take from a merge input (above its cursor)."""
+def live_start(run: Run) -> int | None:
+    """The first value a reader may take from a merge input (above its cursor);
+    None for other runs.  A merge input's chunks below it go as its merge
+    advances, and no query probes them any more."""
     if run.merge_input and run.cursor:
         return int.from_bytes(run.cursor, "big") + 1
     return None
@@ -86,7 +88,7 @@ def read_values(view: PageView, run: Run, above: int | None = None,
     are checked.  Merge inputs start above their cursor; merge outputs stop
     at theirs.  Raises CorruptionError.
     """
-    start = _live_start(run)
+    start = live_start(run)
     if above is not None:
         if above + 1 >= 1 << 64:
             return Slice(EMPTY_U64, (1 << 64) - 1, True, [])

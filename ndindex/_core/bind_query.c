@@ -279,8 +279,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         if (ndx_parse_runs(PyTuple_GET_ITEM(item, 1), &tb->fwd) < 0 ||
             ndx_parse_runs(PyTuple_GET_ITEM(item, 2), &tb->inv) < 0)
             goto fail;
-        uint64_t top = tb->p == 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-        tb->orig_mask = perm_apply(&tb->inv, top);
+        tb->orig_mask = perm_apply(&tb->inv, prefix_mask(tb->p));
         PyObject *runs = PySequence_Fast(PyTuple_GET_ITEM(item, 3), "table runs must be a sequence");
         if (!runs)
             goto fail;

@@ -372,7 +372,7 @@ KERNEL_INLINE int slot_start(probe_slot *S, codec_lane *l) {
             return 0;
         }
     }
-    const uint64_t mask = l->p <= 0 ? 0 : (l->p >= 64 ? ~0ull : ~0ull << (64 - l->p));
+    const uint64_t mask = prefix_mask(l->p);
     uint64_t first = load_le64(l->block + 6);
     if ((first & mask) > (l->q & mask))
         return 0;

@@ -62,6 +62,11 @@ typedef struct {
 #define HOT_KERNEL
 #endif
 
+/* The top p bits set (0 <= p <= 64): the prefix of a table's p-bit buckets. */
+static inline uint64_t prefix_mask(int p) {
+    return p <= 0 ? 0 : (p >= 64 ? ~0ull : ~0ull << (64 - p));
+}
+
 /* The number of 1-bits of x.  Written out rather than __builtin_popcountll:
  * GCC turns this into the popcnt instruction inside the HOT_KERNEL clones
  * that may use it, and elsewhere it is a few instructions, where the

@@ -178,6 +178,36 @@ static inline uint64_t node_child(const uint8_t *nd) {
     return (uint64_t)ld16(nd) | ((uint64_t)ld16(nd + 2) << 16) | ((uint64_t)ld16(nd + 4) << 32);
 }
 
+/* A leaf node's data (its overflow page number when F_BIGDATA) and size. */
+static inline const uint8_t *node_data(const uint8_t *nd, size_t *dsize) {
+    *dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
+    return nd + MDBP_NODE_HEADER + ld16(nd + 6);
+}
+
+/* Binary search of a checked page's n nodes as LMDB's mdb_node_search: in
+ * a branch, *at is one past the last node whose key is <= key (node 0
+ * stands for everything below node 1); in a leaf, the first node whose key
+ * is >= key (n if none). */
+static int node_search(const mdbp_map *map, const uint8_t *page, unsigned n, int leaf,
+                       mdbp_compare_fn cmp, const uint8_t *key, size_t klen, unsigned *at,
+                       mdbp_error *e) {
+    unsigned lo = leaf ? 0 : 1, hi = n;
+    while (lo < hi) {
+        unsigned mid = lo + (hi - lo) / 2;
+        const uint8_t *nd, *k;
+        size_t kl;
+        if (get_node(map, page, mid, &nd, e) < 0)
+            return MDBP_CORRUPT;
+        node_key(nd, &k, &kl);
+        if (cmp(k, kl, key, klen) < (leaf ? 0 : 1))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *at = lo;
+    return 0;
+}
+
 int mdbp_compare_uint(const uint8_t *a, size_t alen, const uint8_t *b, size_t blen) {
     if (alen != blen || (alen != 4 && alen != 8))
         return alen != blen ? (alen < blen ? -1 : 1) : mdbp_compare(a, alen, b, blen);
@@ -327,22 +357,9 @@ int mdbp_seek(const mdbp_map *map, const mdbp_db *db, const uint8_t *key, size_t
         const uint8_t *page = c->page[lvl];
         unsigned n = c->nkeys[lvl];
         int leaf = lvl == db->depth - 1;
-        /* Binary search as LMDB's mdb_node_search: in a branch, the last
-         * node whose key is <= key (node 0 stands for everything below
-         * node 1); in a leaf, the first node whose key is >= key. */
-        unsigned lo = leaf ? 0 : 1, hi = n;
-        while (lo < hi) {
-            unsigned mid = lo + (hi - lo) / 2;
-            const uint8_t *nd, *k;
-            size_t kl;
-            if (get_node(map, page, mid, &nd, e) < 0)
-                return MDBP_CORRUPT;
-            node_key(nd, &k, &kl);
-            if (c->cmp(k, kl, key, klen) < (leaf ? 0 : 1))
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
+        unsigned lo;
+        if (node_search(map, page, n, leaf, c->cmp, key, klen, &lo, e) < 0)
+            return MDBP_CORRUPT;
         if (leaf) {
             c->index[lvl] = lo;
             if (lo < n)
@@ -388,9 +405,8 @@ int mdbp_value(const mdbp_cursor *c, const uint8_t **val, size_t *vlen, unsigned
     if (get_node(c->map, c->page[leaf], c->index[leaf], &nd, e) < 0)
         return MDBP_CORRUPT;
     unsigned nflags = ld16(nd + 4);
-    size_t ksize = ld16(nd + 6);
-    size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
-    const uint8_t *data = nd + MDBP_NODE_HEADER + ksize;
+    size_t dsize;
+    const uint8_t *data = node_data(nd, &dsize);
     *flags = nflags;
     if (!(nflags & MDBP_F_BIGDATA)) {
         *val = data;
@@ -467,28 +483,19 @@ void mdbp_prefetch_seeks(const mdbp_map *map, const mdbp_db *db, const uint8_t *
                 mdbp_hint(map->base + pg[i] * map->psize, map->psize);
         }
         for (int i = 0; i < n; i++) {
-            const uint8_t *page, *nd, *k;
-            size_t kl;
+            const uint8_t *page, *nd;
             unsigned nkeys;
             if (pg[i] == MDBP_INVALID_PGNO ||
                 get_page(map, pg[i], leaf ? MDBP_P_LEAF : MDBP_P_BRANCH, &page, &nkeys, &e) < 0) {
                 pg[i] = MDBP_INVALID_PGNO;
                 continue;
             }
-            /* The node mdbp_seek picks (see there). */
-            unsigned lo = leaf ? 0 : 1, hi = nkeys;
-            int bad = 0;
-            while (lo < hi && !bad) {
-                unsigned mid = lo + (hi - lo) / 2;
-                bad = get_node(map, page, mid, &nd, &e) < 0;
-                if (bad)
-                    break;
-                node_key(nd, &k, &kl);
-                if (cmp(k, kl, keys + (size_t)i * klen, klen) < (leaf ? 0 : 1))
-                    lo = mid + 1;
-                else
-                    hi = mid;
-            }
+            /* The node mdbp_seek lands on (the last one when the key is
+             * past them all: the answer starts the next leaf, which only
+             * a real seek reads). */
+            unsigned lo;
+            int bad = node_search(map, page, nkeys, leaf, cmp, keys + (size_t)i * klen, klen,
+                                  &lo, &e) < 0;
             unsigned at = leaf ? (lo < nkeys ? lo : nkeys - 1) : lo - 1;
             if (bad || get_node(map, page, at, &nd, &e) < 0) {
                 pg[i] = MDBP_INVALID_PGNO;
@@ -498,9 +505,8 @@ void mdbp_prefetch_seeks(const mdbp_map *map, const mdbp_db *db, const uint8_t *
                 pg[i] = node_child(nd);
                 continue;
             }
-            size_t ksize = ld16(nd + 6);
-            size_t dsize = (size_t)ld16(nd) | ((size_t)ld16(nd + 2) << 16);
-            const uint8_t *data = nd + MDBP_NODE_HEADER + ksize;
+            size_t dsize;
+            const uint8_t *data = node_data(nd, &dsize);
             if (!(ld16(nd + 4) & MDBP_F_BIGDATA)) {
                 vals[i] = data;
                 vlens[i] = dsize;

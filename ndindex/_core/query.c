@@ -112,12 +112,41 @@ void search_aid_free(search_aid *aid) {
     memset(aid, 0, sizeof *aid);
 }
 
-/* First group whose top is >= v (ntop if none): the guide's range for v's
- * top bits holds it, or it is the first group past that range. */
+/* A search of a search_aid for v, in steps, so that locate_listed can
+ * interleave the searches of many runs (each step prefetches what the next
+ * reads). */
+typedef struct {
+    uint64_t v;
+    size_t g, end;
+} aid_search;
+
+/* Step 1: the guide's range for v's top bits (prefetched). */
+static inline void aid_search_start(const search_aid *aid, uint64_t v, aid_search *a) {
+    a->v = v;
+    a->g = (size_t)(v >> (64 - aid->guide_bits));
+    __builtin_prefetch(aid->guide + a->g);
+}
+
+/* Step 2: read the guide; prefetch the top entries it names. */
+static inline void aid_search_guide(const search_aid *aid, aid_search *a) {
+    size_t r = a->g;
+    a->g = aid->guide[r];
+    a->end = aid->guide[r + 1];
+    __builtin_prefetch(aid->top + a->g);
+}
+
+/* Step 3: the first group whose top is >= v (ntop if none): the guide's
+ * range for v's top bits holds it, or it is the first group past it. */
+static inline size_t aid_search_group(const search_aid *aid, const aid_search *a) {
+    return a->g + lower_bound(aid->top + a->g, a->end - a->g, a->v);
+}
+
+/* The three steps at once. */
 static inline size_t aid_group(const search_aid *aid, uint64_t v) {
-    size_t r = (size_t)(v >> (64 - aid->guide_bits));
-    size_t g = aid->guide[r], end = aid->guide[r + 1];
-    return g + lower_bound(aid->top + g, end - g, v);
+    aid_search a;
+    aid_search_start(aid, v, &a);
+    aid_search_guide(aid, &a);
+    return aid_search_group(aid, &a);
 }
 
 /* First index i of sorted a[0..n) with a[i] >= v, given g, the first group
@@ -968,30 +997,9 @@ typedef struct {
     uint64_t qp, lo, hi;
 } table_probe;
 
-/* A search of a search_aid for v, in steps (see locate_listed). */
-typedef struct {
-    uint64_t v;
-    size_t g, end;
-} aid_search;
-
-/* Step 1: the guide's range for v's top bits (prefetched). */
-static inline void aid_search_start(const search_aid *aid, uint64_t v, aid_search *a) {
-    a->v = v;
-    a->g = (size_t)(v >> (64 - aid->guide_bits));
-    __builtin_prefetch(aid->guide + a->g);
-}
-
-/* Step 2: read the guide; prefetch the top entries it names. */
-static inline void aid_search_guide(const search_aid *aid, aid_search *a) {
-    size_t r = a->g;
-    a->g = aid->guide[r];
-    a->end = aid->guide[r + 1];
-    __builtin_prefetch(aid->top + a->g);
-}
-
-/* Step 3: the first group whose top is >= v (ntop if none). */
-static inline size_t aid_search_group(const search_aid *aid, const aid_search *a) {
-    return a->g + lower_bound(aid->top + a->g, a->end - a->g, a->v);
+static inline table_probe table_probe_of(const query_table *tb, uint64_t q) {
+    uint64_t mask = prefix_mask(tb->p), qp = perm_apply(&tb->fwd, q);
+    return (table_probe){qp, qp & mask, (qp & mask) | ~mask};
 }
 
 /* For tables [t0, t1) probed at tp[]: at[t - t0][r], the first block of
@@ -1149,11 +1157,10 @@ void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
     const int ntables = k == 0 ? 1 : s->ntables;
     for (int t = 0; t < ntables; t++) {
         const query_table *tb = &s->tables[t];
-        uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-        uint64_t qp = perm_apply(&tb->fwd, q);
+        const table_probe tp = table_probe_of(tb, q);
         for (int r = 0; r < tb->nruns && n < MAX_SEEKS; r++) {
             const query_run *run = &tb->runs[r];
-            uint64_t lo = qp & mask, hi = lo | ~mask;
+            uint64_t lo = tp.lo, hi = tp.hi;
             if (run->dir || !clip_to_run(run, &lo, &hi))
                 continue;
             chunk_key(keys[n], run->space, run->run_id, lo);
@@ -1191,12 +1198,8 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     size_t at[LOCATE_TABLES][LOCATE_RUNS], log_at[LOCATE_TABLES];
     for (int t0 = 0; t0 < ntables; t0 += LOCATE_TABLES) {
         int t1 = t0 + LOCATE_TABLES < ntables ? t0 + LOCATE_TABLES : ntables;
-        for (int t = t0; t < t1; t++) {
-            const query_table *tb = &s->tables[t];
-            uint64_t mask = tb->p <= 0 ? 0 : (tb->p >= 64 ? ~0ull : ~0ull << (64 - tb->p));
-            uint64_t qp = perm_apply(&tb->fwd, q);
-            tp[t - t0] = (table_probe){qp, qp & mask, (qp & mask) | ~mask};
-        }
+        for (int t = t0; t < t1; t++)
+            tp[t - t0] = table_probe_of(&s->tables[t], q);
         locate_listed(s, t0, t1, tp, at, log_at);
         size_t group_start = out->n;
         int rc = probe_tables(s, t0, t1, tp, q, k, at, out, err);
