@@ -260,6 +260,11 @@ class Index(DocumentMethods):
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            # The meta pages' view pins the file's mapping: without this a
+            # closed index left bound to a name (after a with block) kept
+            # the file mapped, and a deleted file's space in use.  Zeros
+            # read as txnid 0, so a late _snapshot() gets ClosedError.
+            self._meta = bytes(2 * self._psize)
             os.close(self._lock_fd)
             self._store.close()
 

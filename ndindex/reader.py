@@ -151,13 +151,15 @@ class DirectoryCache(dict):
             self._wake.notify()
         if thread is not None:
             thread.join()
+        with self.lock:
+            # The directories point into the file's mapping and keep it.
+            self.clear()
+            self.outputs.clear()
 
     def reopen(self) -> None:
         """Forget everything (the file was replaced) and accept work again."""
         self.close()
         with self.lock:
-            self.clear()
-            self.outputs.clear()
             self._asked.clear()
             self._closed = False
 

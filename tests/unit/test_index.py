@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ndindex import chunks as ch, compaction, plan as plans, runs as rn
-from ndindex.errors import FormatError
+from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
 from tests.oracle import brute_force, clustered, near
 
@@ -737,3 +737,40 @@ def test_a_merge_input_is_listed_in_the_background_from_its_cursor(path, backgro
             ix._compactor.step()          # the cursor moves on past the listed start
         check_queries(ix, live, queries, 3)
         ix.verify()
+
+
+def _maps_of(path) -> list:
+    """Lines of this process's memory map and open descriptors that name path."""
+    real = os.path.realpath(path)
+    with open("/proc/self/maps") as fh:
+        lines = [line for line in fh if line.rstrip().endswith(real)]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == real:
+                lines.append(f"fd {fd}")
+        except OSError:
+            pass  # the listing's own descriptor, gone by now
+    return lines
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+@pytest.mark.parametrize("readonly", [False, True])
+def test_close_unmaps_the_file_while_the_index_object_lives(path, readonly):
+    # A closed index still bound to a name (as after a with block) must not
+    # hold the file: its space would stay in use after the file is deleted.
+    from ndindex.fingerprint import Fingerprinter
+    fps = np.random.default_rng(8).integers(0, 2**64, 5000, dtype=np.uint64)
+    texts = [f"document {i} about item {i % 7} and its many words" for i in range(50)]
+    with Index.create(path, k=3, fingerprinter=Fingerprinter()) as ix:
+        ix.add(fps)
+        ix.add_documents(texts, [f"d{i}" for i in range(50)])
+        ix.compact()
+    ix = Index.open(path, readonly=readonly)
+    assert ix.query(int(fps[0]))
+    assert len(ix.query_many(fps[:100])) == 100
+    assert ix.similar(texts[3])
+    assert _maps_of(path)
+    ix.close()
+    assert _maps_of(path) == []
+    with pytest.raises(ClosedError):
+        ix.query(int(fps[0]))
