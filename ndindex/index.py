@@ -94,7 +94,11 @@ class Index(DocumentMethods):
         # Write locks need a descriptor open for writing.
         self._lock_fd = os.open(store.path, (os.O_RDONLY if store.readonly else os.O_RDWR)
                                 | getattr(os, "O_CLOEXEC", 0))
-        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, __import__("fcntl").F_RDLCK)
+        fcntl = __import__("fcntl")
+        if not store.readonly and compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE,
+                                                       fcntl.F_WRLCK):
+            _clear_vacuum_leftover(store.path)  # alone with the file: no vacuum is running
+        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
         self.log_limit = log_limit
         self._writer = None
         self._compactor = None
@@ -713,8 +717,18 @@ class Index(DocumentMethods):
         try:
             with self._writer.lock, self._compactor._lock:
                 self._writer.checkpoint()
-                tmp = f"{self.path}.{os.urandom(6).hex()}.vacuum"
-                size = self.vacuum_into(tmp)
+                # One fixed name: only the holder of the exclusive lock
+                # vacuums, and an open that finds the name left by a killed
+                # vacuum may delete it (_clear_vacuum_leftover).
+                tmp = vacuum_temp_path(self.path)
+                _clear_vacuum_leftover(self.path)
+                try:
+                    self._copy_compacted(tmp)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+                size = os.path.getsize(tmp)
                 self._directories.reopen()  # they point into the old file
                 with self._snap_lock:
                     snap, self._snap = self._snap, None
@@ -748,14 +762,17 @@ class Index(DocumentMethods):
         tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
                            f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
         try:
-            self._store.copy_to(tmp)
-            st.restamp_commits(tmp)
+            self._copy_compacted(tmp)
             st.publish(tmp, dest)
         finally:
-            for leftover in (tmp, tmp + "-lock"):
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         return os.path.getsize(dest)
+
+    def _copy_compacted(self, tmp: str) -> None:
+        """Write the live pages to tmp (a new name) as a complete, synced index."""
+        self._store.copy_to(tmp)
+        st.restamp_commits(tmp)
 
     # -- inspection ---------------------------------------------------------
 
@@ -875,6 +892,23 @@ def check_commit_records(store: st.Store) -> None:
     if len(found) == 2 and abs(found[0] - found[1]) != 1:
         raise CorruptionError(f"{store.path}: the meta pages name transactions {found[0]} and "
                               f"{found[1]}, not consecutive ones", database="lmdb")
+
+
+def vacuum_temp_path(path: str) -> str:
+    """Where vacuum() builds the compact copy of the index at path (FORMAT.md section 7)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.vacuum")
+
+
+def _clear_vacuum_leftover(path: str) -> None:
+    """Delete the copy a vacuum killed before its rename left beside path.
+
+    Call only while holding the file's open byte exclusively: vacuum holds
+    it too, so no vacuum of path is running.  The copy is not the index
+    (the rename never happened), so nothing stored goes with it.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(vacuum_temp_path(path))
 
 
 def _check_durability(durability) -> None:

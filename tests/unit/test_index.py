@@ -774,3 +774,60 @@ def test_close_unmaps_the_file_while_the_index_object_lives(path, readonly):
     assert _maps_of(path) == []
     with pytest.raises(ClosedError):
         ix.query(int(fps[0]))
+
+
+def test_a_killed_vacuum_leaves_nothing_behind_after_the_next_open(path):
+    # A vacuum killed after its copy is written and before the rename:
+    # the index is whole, and the next open (alone with the file) deletes
+    # the copy, which would otherwise keep a file-sized leftover for ever.
+    import subprocess
+    import sys
+    from ndindex.index import vacuum_temp_path
+    fps = np.random.default_rng(9).integers(0, 2**64, 20000, dtype=np.uint64)
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact()
+        ix.remove(fingerprints=fps[:10000])
+        ix.compact()
+    kill = ("import os, sys\n"
+            "from ndindex import Index\n"
+            "os.replace = lambda src, dst: os._exit(9)\n"
+            "Index.open(sys.argv[1]).vacuum()\n")
+    rc = subprocess.run([sys.executable, "-c", kill, str(path)], timeout=120).returncode
+    assert rc == 9
+    assert os.path.getsize(vacuum_temp_path(path)) > 0
+    with Index.open(path, readonly=True) as ro:  # a reader leaves it: it may not be alone
+        assert len(ro) == 10000
+    assert os.path.exists(vacuum_temp_path(path))
+    with Index.open(path) as ix:
+        assert not os.path.exists(vacuum_temp_path(path))
+        assert sorted(ix.fingerprints().tolist()) == sorted(set(fps[10000:].tolist()))
+        ix.verify()
+        ix.vacuum()
+        assert len(ix) == 10000
+    assert not os.path.exists(vacuum_temp_path(path))
+
+
+def test_an_open_beside_another_process_keeps_the_vacuum_name(path):
+    # Another process has the index open (it could be vacuuming): the
+    # name is not ours to delete.
+    import subprocess
+    import sys
+    from ndindex.index import vacuum_temp_path
+    Index.create(path, k=3).close()
+    open(vacuum_temp_path(path), "wb").close()
+    hold = ("import sys, time\n"
+            "from ndindex import Index\n"
+            "ix = Index.open(sys.argv[1], readonly=True)\n"
+            "print('open', flush=True)\n"
+            "sys.stdin.read()\n")
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "open"
+        with Index.open(path):
+            assert os.path.exists(vacuum_temp_path(path))
+    finally:
+        proc.communicate("", timeout=60)
+    with Index.open(path):
+        assert not os.path.exists(vacuum_temp_path(path))
