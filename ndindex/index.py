@@ -94,11 +94,11 @@ class Index(DocumentMethods):
         # Write locks need a descriptor open for writing.
         self._lock_fd = os.open(store.path, (os.O_RDONLY if store.readonly else os.O_RDWR)
                                 | getattr(os, "O_CLOEXEC", 0))
-        fcntl = __import__("fcntl")
-        if not store.readonly and compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE,
-                                                       fcntl.F_WRLCK):
-            _clear_vacuum_leftover(store.path)  # alone with the file: no vacuum is running
-        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
+        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, __import__("fcntl").F_RDLCK)
+        if not store.readonly:
+            # What a killed create or vacuum left would stay for ever.
+            st.clear_build_leftover(store.path, "creating")
+            st.clear_build_leftover(store.path, "vacuum")
         self.log_limit = log_limit
         self._writer = None
         self._compactor = None
@@ -717,26 +717,24 @@ class Index(DocumentMethods):
         try:
             with self._writer.lock, self._compactor._lock:
                 self._writer.checkpoint()
-                # One fixed name: only the holder of the exclusive lock
-                # vacuums, and an open that finds the name left by a killed
-                # vacuum may delete it (_clear_vacuum_leftover).
-                tmp = vacuum_temp_path(self.path)
-                _clear_vacuum_leftover(self.path)
+                # One fixed name, held (flock) while the copy is built: an
+                # open that finds it free deletes a killed vacuum's copy.
+                tmp = st.build_path(self.path, "vacuum")
+                build = st.claim_build(tmp, self.path)
                 try:
-                    self._copy_compacted(tmp)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
-                size = os.path.getsize(tmp)
-                self._directories.reopen()  # they point into the old file
-                with self._snap_lock:
-                    snap, self._snap = self._snap, None
-                if snap is not None:
-                    snap.close()
-                path = self.path
-                self._store.close()
-                os.replace(tmp, path)
+                    os.ftruncate(build, 0)  # a killed vacuum's copy, if any
+                    self._copy_compacted(tmp, build)
+                    size = os.path.getsize(tmp)
+                    self._directories.reopen()  # they point into the old file
+                    with self._snap_lock:
+                        snap, self._snap = self._snap, None
+                    if snap is not None:
+                        snap.close()
+                    path = self.path
+                    self._store.close()
+                    os.replace(tmp, path)
+                finally:
+                    st.release_build(build, tmp)  # deletes the copy unless renamed
                 st._fsync_path(os.path.dirname(os.path.abspath(path)))
                 fresh = st.Store.open(path, durability=self._store.durability)
                 self._store.__dict__.update(fresh.__dict__)
@@ -769,9 +767,10 @@ class Index(DocumentMethods):
                 os.unlink(tmp)
         return os.path.getsize(dest)
 
-    def _copy_compacted(self, tmp: str) -> None:
-        """Write the live pages to tmp (a new name) as a complete, synced index."""
-        self._store.copy_to(tmp)
+    def _copy_compacted(self, tmp: str, fd: int | None = None) -> None:
+        """Write the live pages to tmp (a new name, or fd open on it, empty) as a
+        complete, synced index."""
+        self._store.copy_to(tmp, fd)
         st.restamp_commits(tmp)
 
     # -- inspection ---------------------------------------------------------
@@ -892,23 +891,6 @@ def check_commit_records(store: st.Store) -> None:
     if len(found) == 2 and abs(found[0] - found[1]) != 1:
         raise CorruptionError(f"{store.path}: the meta pages name transactions {found[0]} and "
                               f"{found[1]}, not consecutive ones", database="lmdb")
-
-
-def vacuum_temp_path(path: str) -> str:
-    """Where vacuum() builds the compact copy of the index at path (FORMAT.md section 7)."""
-    path = os.path.abspath(path)
-    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.vacuum")
-
-
-def _clear_vacuum_leftover(path: str) -> None:
-    """Delete the copy a vacuum killed before its rename left beside path.
-
-    Call only while holding the file's open byte exclusively: vacuum holds
-    it too, so no vacuum of path is running.  The copy is not the index
-    (the rename never happened), so nothing stored goes with it.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(vacuum_temp_path(path))
 
 
 def _check_durability(durability) -> None:

@@ -146,6 +146,84 @@ def check_path_for_open(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such index", path)
 
 
+#: How long create waits for another process creating the same index.
+BUILD_WAIT_SECONDS = 10.0
+
+
+def build_path(path: str, what: str) -> str:
+    """The one name beside path under which create ("creating") or vacuum
+    ("vacuum") builds the file that becomes path (FORMAT.md section 7)."""
+    path = os.path.abspath(path)
+    return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{what}")
+
+
+def _same_inode(fd: int, name: str) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(name)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def claim_build(tmp: str, path: str) -> int:
+    """Open the build name tmp and hold it (an flock); return the descriptor.
+
+    The lock tells a live builder from a leftover of a killed one.  Waits
+    while another process builds under the name (then, as a rule, path
+    exists and publish says so); FileExistsError if that takes longer
+    than BUILD_WAIT_SECONDS.
+    """
+    import fcntl
+    import time
+    deadline = time.monotonic() + BUILD_WAIT_SECONDS
+    while True:
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise FileExistsError(errno.EEXIST, "another process is creating it", path) \
+                    from None
+            time.sleep(0.01)
+            continue
+        except BaseException:
+            os.close(fd)
+            raise
+        # The name may have gone (its builder finished, or a leftover was
+        # cleared) between the open and the lock: then take it afresh.
+        if _same_inode(fd, tmp):
+            return fd
+        os.close(fd)
+
+
+def release_build(fd: int, tmp: str) -> None:
+    """Drop the build name (still holding it, so no one else's goes) and the lock."""
+    try:
+        if _same_inode(fd, tmp):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    finally:
+        os.close(fd)
+
+
+def clear_build_leftover(path: str, what: str) -> None:
+    """Delete what a killed create or vacuum of path left under its build name
+    (only a name no live builder holds)."""
+    tmp = build_path(path, what)
+    try:
+        fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return  # nothing there (as a rule), or nothing this process may clear
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)  # a builder holds it
+        return
+    release_build(fd, tmp)
+
+
 def publish(tmp: str, path: str) -> None:
     """Give the finished file tmp its name path, never replacing an existing path.
 
@@ -318,8 +396,11 @@ class Store:
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path)
         directory = os.path.dirname(os.path.abspath(path))
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.creating")
+        tmp = build_path(path, "creating")
+        build = None
         try:
+            build = claim_build(tmp, path)
+            os.ftruncate(build, 0)  # a killed creator's leftover, if any
             env = lmdb.open(tmp, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, map_size=1 << 26,
                             lock=False, meminit=False)
             try:
@@ -359,9 +440,8 @@ class Store:
                 raise
             raise translate_error(exc, path) from exc
         finally:
-            for leftover in (tmp, tmp + "-lock"):
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
+            if build is not None:
+                release_build(build, tmp)
         return cls.open(path, durability=durability)
 
     def close(self) -> None:
@@ -487,10 +567,14 @@ class Store:
     def file_bytes(self) -> int:
         return os.path.getsize(self.path)
 
-    def copy_to(self, dest: str) -> None:
-        """Write a compacted copy of the environment (only live pages) to dest."""
+    def copy_to(self, dest: str, fd: int | None = None) -> None:
+        """Write a compacted copy of the environment (only live pages) to dest, a
+        new name, or to fd, open on dest and empty."""
         try:
-            self.env.copy(dest, compact=True)
+            if fd is None:
+                self.env.copy(dest, compact=True)
+            else:
+                self.env.copyfd(fd, compact=True)
         except lmdb.Error as exc:
             raise translate_error(exc, dest) from exc
 

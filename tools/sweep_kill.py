@@ -38,7 +38,9 @@ time; it announces each step, and a third of the kills aim at a random
 moment inside one (counted as "background compaction").  With --option
 durability='normal' an operation counts as acknowledged only after sync()
 returns.  With documents, the check also compares documents() (key,
-fingerprint, data) with the model.
+fingerprint, data) with the model.  A file named after the index still
+beside it once the check's writer has opened and closed it (a killed
+vacuum's copy, say) makes the cycle "leftover".
 
 After each check the parent takes the state found as the new model; every
 --fresh-every cycles (and after a file that fails) the lane starts over
@@ -297,10 +299,19 @@ def read_back(path: str, options: dict, universe: set, send) -> dict:
             ix.verify()
         except Exception as exc:
             return dict(exists=True, verify_error=f"{type(exc).__qualname__}: {exc}"[:300])
-        return dict(exists=True, state=state_of(ix, universe),
-                    documents=sorted(ix.documents()) if DOCUMENTS else None)
+        found = dict(exists=True, state=state_of(ix, universe),
+                     documents=sorted(ix.documents()) if DOCUMENTS else None)
     finally:
         ix.close()
+    return dict(found, leftovers=leftovers_of(path))
+
+
+def leftovers_of(path: str) -> list:
+    """Files beside the index named after it, other than it and its lock file: what a
+    killed operation left that the open did not clear (a vacuum's copy, say)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return sorted(f for f in os.listdir(directory)
+                  if name in f and f not in (name, name + "-lock"))
 
 
 # -- one lane -------------------------------------------------------------------------------
@@ -460,6 +471,9 @@ def _compare(path, options, done: LaneModel, maybe: LaneModel, universe: set,
     if got in allowed:
         rec.update(outcome="ok", state=state, documents=documents,
                    detail="in-flight committed" if got != allowed[0] else "")
+        if res.get("leftovers"):  # the content is right, but disk space leaks
+            rec.update(outcome="leftover", detail="left beside the index after a writer's "
+                       "open: " + ", ".join(res["leftovers"]))
         return rec
     want = done.state()
     if state in (done.state(), maybe.state()):  # the tables agree, the documents do not

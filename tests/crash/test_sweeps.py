@@ -114,6 +114,25 @@ def test_kill_sweep_lane_model_agrees_with_a_document_index(tmp_path, monkeypatc
     assert turned_away > 0
 
 
+def test_kill_sweep_read_back_names_what_a_killed_build_left(tmp_path):
+    # The check opens the index as a writer, which clears a killed build's
+    # leftover; one it cannot clear (held, or of another kind) is reported.
+    import fcntl
+    path = str(tmp_path / "lane.ndx")
+    Index.create(path, k=3).close()
+    for name in (".lane.ndx.vacuum", ".lane.ndx.creating", ".lane.ndx.1234.copying"):
+        open(tmp_path / name, "wb").close()
+    held = os.open(tmp_path / ".lane.ndx.vacuum", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        res = sweep_kill.read_back(path, {}, set(), lambda *a: None)
+    finally:
+        os.close(held)
+    assert res["leftovers"] == [".lane.ndx.1234.copying", ".lane.ndx.vacuum"]
+    res = sweep_kill.read_back(path, {}, set(), lambda *a: None)
+    assert res["leftovers"] == [".lane.ndx.1234.copying"]
+
+
 def test_option_filtering_keeps_only_accepted_keywords():
     def create(path, *, k=3, durability="full", background_compaction=True):
         pass

@@ -776,58 +776,90 @@ def test_close_unmaps_the_file_while_the_index_object_lives(path, readonly):
         ix.query(int(fps[0]))
 
 
-def test_a_killed_vacuum_leaves_nothing_behind_after_the_next_open(path):
-    # A vacuum killed after its copy is written and before the rename:
-    # the index is whole, and the next open (alone with the file) deletes
-    # the copy, which would otherwise keep a file-sized leftover for ever.
+def _killed_at(path, call: str, target: str, code: str) -> None:
+    """Run code (an operation on path) in a child that dies at its first os.<call>."""
     import subprocess
     import sys
-    from ndindex.index import vacuum_temp_path
+    kill = (f"import os, sys\n"
+            f"os.{call} = lambda *a, **k: os._exit(9)\n"
+            f"from ndindex import Index\n{code}\n")
+    assert subprocess.run([sys.executable, "-c", kill, str(path)], timeout=120).returncode == 9
+
+
+def test_a_killed_vacuum_leaves_nothing_behind_after_the_next_open(path):
+    # A vacuum killed after its copy is written and before the rename: the
+    # index is whole, and the next writer's open deletes the copy, which
+    # would otherwise take the index's size on disk for ever.
+    from ndindex.store import build_path
     fps = np.random.default_rng(9).integers(0, 2**64, 20000, dtype=np.uint64)
     with Index.create(path, k=3, background_compaction=False) as ix:
         ix.add(fps)
         ix.compact()
         ix.remove(fingerprints=fps[:10000])
         ix.compact()
-    kill = ("import os, sys\n"
-            "from ndindex import Index\n"
-            "os.replace = lambda src, dst: os._exit(9)\n"
-            "Index.open(sys.argv[1]).vacuum()\n")
-    rc = subprocess.run([sys.executable, "-c", kill, str(path)], timeout=120).returncode
-    assert rc == 9
-    assert os.path.getsize(vacuum_temp_path(path)) > 0
-    with Index.open(path, readonly=True) as ro:  # a reader leaves it: it may not be alone
+    _killed_at(path, "replace", path, "Index.open(sys.argv[1]).vacuum()")
+    copy = build_path(path, "vacuum")
+    assert os.path.getsize(copy) > 0
+    with Index.open(path, readonly=True) as ro:  # a reader deletes nothing
         assert len(ro) == 10000
-    assert os.path.exists(vacuum_temp_path(path))
+    assert os.path.exists(copy)
     with Index.open(path) as ix:
-        assert not os.path.exists(vacuum_temp_path(path))
+        assert not os.path.exists(copy)
         assert sorted(ix.fingerprints().tolist()) == sorted(set(fps[10000:].tolist()))
         ix.verify()
         ix.vacuum()
         assert len(ix) == 10000
-    assert not os.path.exists(vacuum_temp_path(path))
+    assert sorted(os.listdir(os.path.dirname(path))) == ["test.ndx", "test.ndx-lock"]
 
 
-def test_an_open_beside_another_process_keeps_the_vacuum_name(path):
-    # Another process has the index open (it could be vacuuming): the
-    # name is not ours to delete.
+@pytest.mark.parametrize("call", ["link", "fsync"])
+def test_a_killed_create_leaves_nothing_behind(path, call):
+    # Killed before its file is linked into place (fsync: while building)
+    # the next create reuses the name; killed after (link: the name is then
+    # a second link to the index) the next writer's open deletes it.
+    from ndindex.store import build_path
+    build = build_path(path, "creating")
+    if call == "link":  # die right after the link
+        _killed_at(path, "unlink", path, "Index.create(sys.argv[1], k=3)")
+        assert os.path.exists(path) and os.path.samefile(path, build)
+        with Index.open(path) as ix:
+            ix.add([1, 2, 3])
+    else:
+        _killed_at(path, "fsync", path, "Index.create(sys.argv[1], k=3)")
+        assert not os.path.exists(path) and os.path.exists(build)
+        with Index.create(path, k=3) as ix:
+            ix.add([1, 2, 3])
+    assert not os.path.exists(build)
+    with Index.open(path) as ix:
+        assert sorted(ix.fingerprints().tolist()) == [1, 2, 3]
+
+
+def test_a_build_name_held_by_a_live_process_stays(path, monkeypatch):
+    # Another process builds under the name (a create or vacuum at work):
+    # an open leaves it, and a create of the same index waits, then says so.
     import subprocess
     import sys
-    from ndindex.index import vacuum_temp_path
+    from ndindex import store
     Index.create(path, k=3).close()
-    open(vacuum_temp_path(path), "wb").close()
-    hold = ("import sys, time\n"
-            "from ndindex import Index\n"
-            "ix = Index.open(sys.argv[1], readonly=True)\n"
-            "print('open', flush=True)\n"
+    hold = ("import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
             "sys.stdin.read()\n")
-    proc = subprocess.Popen([sys.executable, "-c", hold, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    names = [store.build_path(path, "vacuum"), store.build_path(path, "creating")]
+    procs = [subprocess.Popen([sys.executable, "-c", hold, name], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for name in names]
     try:
-        assert proc.stdout.readline().strip() == "open"
+        assert [p.stdout.readline().strip() for p in procs] == ["held", "held"]
         with Index.open(path):
-            assert os.path.exists(vacuum_temp_path(path))
+            assert all(os.path.exists(name) for name in names)
+        monkeypatch.setattr(store, "BUILD_WAIT_SECONDS", 0.2)
+        os.unlink(path)
+        with pytest.raises(FileExistsError, match="another process is creating it"):
+            Index.create(path, k=3)
     finally:
-        proc.communicate("", timeout=60)
-    with Index.open(path):
-        assert not os.path.exists(vacuum_temp_path(path))
+        for p in procs:
+            p.communicate("", timeout=60)
+    with Index.create(path, k=3) as ix:  # the holders are gone
+        assert len(ix) == 0
+    assert not any(os.path.exists(name) for name in names)
