@@ -173,14 +173,8 @@ class _RunReader:
     def fill(self) -> None:
         if self.exhausted or len(self.buf):
             return
-        run = self.run
-        if self.above is not None and not run.merge_output and self.above >= run.last:
-            # The chunk holding the run's last value has been read (a read
-            # past it finds nothing, and reads that as a missing last chunk).
-            self.exhausted = True
-            self._check_whole()
-            return
-        sl = rn.read_values(self.view, run, self.above, READ_CHUNKS)
+        # A run's chunk flagged last ends it (read_values reports a missing one).
+        sl = rn.read_values(self.view, self.run, self.above, READ_CHUNKS)
         self.chunks += len(sl.chunk_keys)
         self.entries += len(sl.values)
         if len(sl.values):

@@ -137,6 +137,21 @@ def pack_fp_chunks(space: int, run_id: int, kind: int, enc: codec.EncodedTable, 
     return out
 
 
+def marked_last(key: bytes, value) -> bytes:
+    """A fingerprint or record chunk's value with FLAG_LAST set, its header checksum
+    redone: for a merge whose final step has nothing left to write (every
+    remaining value removed), the chunk written last becomes the run's last."""
+    v = bytearray(value)
+    if v[4] == KIND_RECORDS:
+        _, _, _, _, _, _, dir_bytes, fence_len, filt = RECORD_CHUNK_HEAD.unpack_from(v)
+        head = RECORD_CHUNK_HEAD.size + fence_len + dir_bytes + filt
+    else:
+        head = FP_CHUNK_HEAD.size + 8 * FP_CHUNK_HEAD.unpack_from(v)[3]
+    v[5] |= FLAG_LAST
+    struct.pack_into("<I", v, 0, _core.crc32c(key + bytes(v[4:head])))
+    return bytes(v)
+
+
 def block_entry_counts(enc: codec.EncodedTable, kind: int) -> np.ndarray:
     """Entries per block of freshly encoded blocks."""
     if kind == KIND_HUFFMAN:

@@ -42,7 +42,7 @@ import numpy as np
 
 from ndindex import _core, chunks as ch, codec, docstore, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
-from ndindex.errors import ClosedError, NdindexError
+from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
@@ -509,6 +509,9 @@ class Compactor:
             output.last = last
         removed = []
         if final:
+            if not written and output.chunks:
+                pairs = [_last_chunk_marked(snap, ch.fp_chunk_key(space, output.run_id,
+                                                                  output.last))]
             seen = set(deletes)
             for r in inputs:
                 deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
@@ -559,6 +562,9 @@ class Compactor:
             output.fence = pairs[-1][0][5:]
         removed = []
         if final:
+            if not pairs and output.chunks:
+                pairs = [_last_chunk_marked(snap, ch.run_prefix(space, output.run_id)
+                                            + output.fence)]
             seen = set(deletes)
             for r in inputs:
                 deletes += [k for k in rn.chunk_keys(snap.view, r) if k not in seen]
@@ -573,6 +579,21 @@ class Compactor:
             for r in inputs:
                 r.cursor = output.cursor
         return pairs, deletes, removed
+
+
+def _last_chunk_marked(snap, key: bytes) -> tuple:
+    """(key, value) of a merge output's last written chunk, marked the run's last.
+
+    A merge's final step writes the chunk that ends the run; when every value
+    left for it was removed (tombstones, deleted records) it has nothing to
+    write, and the chunk an earlier step wrote must end the run instead.
+    (Before this, the run had no last chunk: every later read of it failed.)
+    """
+    value = snap.view.get(DB_CHUNKS, key)
+    if value is None:
+        raise CorruptionError("a merge output's last chunk is missing", database=DB_CHUNKS,
+                              key=key)
+    return key, ch.marked_last(key, value)
 
 
 # -- policy ------------------------------------------------------------------------

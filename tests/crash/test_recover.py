@@ -170,6 +170,32 @@ def test_repeated_tombstone_of_an_older_writer_is_repaired(tmp_path, monkeypatch
     assert set(got) == set(fps.tolist()) - {x}
 
 
+def test_run_without_a_last_chunk_of_an_older_writer_is_recovered(tmp_path, monkeypatch):
+    # Merges before compaction._last_chunk_marked left a run with no chunk
+    # flagged last when every value left for the final step was removed:
+    # every read of the run fails; recover gives back every fingerprint.
+    from ndindex import chunks as ch, compaction
+    path = str(tmp_path / "old.ndx")
+    fps = np.unique(np.random.default_rng(12).integers(0, 2**64, 4000, dtype=np.uint64))
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    monkeypatch.setattr(compaction, "_last_chunk_marked",
+                        lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        for part in (fps, fps[:500]):
+            ix.add(part)
+            ix._compactor.flush_log()
+        ix.remove(fingerprints=fps[3000:])
+        ix._compactor.flush_log()
+        ix.compact()
+        with pytest.raises(CorruptionError, match="lacks its last chunk"):
+            len(ix)
+    monkeypatch.undo()
+    report, got = run_recover(path, tmp_path)
+    assert report["status"] == 0, report["problems"]
+    assert sorted(got) == sorted(fps[:3000].tolist())
+
+
 def test_damaged_key_chunks_in_both_spaces_lose_only_their_shared_keys(damaged, tmp_path):
     path, info = damaged
     # The first chunk of each key space: keys-by-fingerprint holds the

@@ -863,3 +863,51 @@ def test_a_build_name_held_by_a_live_process_stays(path, monkeypatch):
     with Index.create(path, k=3) as ix:  # the holders are gone
         assert len(ix) == 0
     assert not any(os.path.exists(name) for name in names)
+
+
+def test_a_merge_whose_last_values_were_all_removed_still_ends_its_run(path, small_steps):
+    # The merge's final step had nothing left to write (every value above
+    # the cursor tombstoned), so no chunk was flagged the run's last: then
+    # len(), fingerprints(), verify() and every later merge of the run
+    # failed with "lacks its last chunk".
+    fps = np.unique(np.random.default_rng(12).integers(0, 2**64, 4000, dtype=np.uint64))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add(fps)
+        flush(ix)
+        ix.add(fps[:500])
+        flush(ix)
+        ix.remove(fingerprints=fps[3000:])   # the largest: the end of table 0's order
+        flush(ix)
+        ix.compact()
+        for runs in ix._snapshot().table_runs:
+            last = rn.fp_chunks(ix._snapshot().view, runs[-1])[-1]
+            assert last.flags & ch.FLAG_LAST
+        assert len(ix) == 3000
+        ix.verify()
+        ix.add(fps[3000:3100])
+        ix.compact(full=True)
+        assert sorted(ix.fingerprints().tolist()) == sorted(fps[:3100].tolist())
+        ix.verify()
+
+
+def test_a_record_merge_whose_last_records_were_all_deleted_still_ends_its_run(path,
+                                                                             monkeypatch):
+    # The same for the key spaces: the keys of the largest fingerprints go.
+    monkeypatch.setattr(ch, "RECORD_CHUNK_BLOCKS", 1)
+    monkeypatch.setattr(ch, "RECORD_BLOCK_BYTES", 256)
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    fps = np.unique(np.random.default_rng(13).integers(0, 2**64, 3000, dtype=np.uint64))[:2000]
+    with Index.create(path, k=3, background_compaction=False, log_limit=1 << 30) as ix:
+        ix.add(fps, keys=[f"k{i:04d}" for i in range(2000)])
+        ix.compact()
+        ix.remove(keys=[f"k{i:04d}" for i in range(1500, 2000)])
+        ix.compact()
+        snap = ix._snapshot()
+        record_runs = [r for r in snap.manifest.runs if r.kind == rn.KIND_RECORDS and r.chunks]
+        assert record_runs
+        for run in record_runs:  # (readers of record runs went on without the flag)
+            assert rn.record_chunks(snap.view, run, b"", -1)[-1].flags & ch.FLAG_LAST
+        ix.compact(full=True)
+        ix.verify()
+        assert len(ix) == 1500
+        assert ix.keys(int(fps[10])) == ("k0010",) and ix.keys(int(fps[1600])) == ()
