@@ -3,7 +3,9 @@
 Operations: add (with and without keys), remove by fingerprint and by key,
 single compaction steps (so queries meet half-done merges), compact
 (incremental and full), transactions that commit or roll back, reopen,
-query (one and many), with durability "full" or "normal".  Chunks and
+query (one and many), with durability "full" or "normal"; batches of
+hundreds of values spread over the whole range, and removals of the
+largest values of one table's order.  Chunks and
 merge steps are shrunk so that tiny indexes pass through every state the
 layout has.  After every step queries equal brute force over the model,
 and verify() passes after compactions.  Values come from a few tight clusters, so near-duplicates,
@@ -47,6 +49,29 @@ class IndexMachine(RuleBasedStateMachine):
         self.ix.add(fps, keys=keys)
         for i, fp in enumerate(fps):
             self.keys.setdefault(fp, set()).add(keys[i] if keys else None)
+
+    @rule(n=st.integers(150, 500), seed=st.integers(0, 2**32 - 1))
+    def add_many(self, n, seed):
+        # Spread over the whole range: runs of several chunks, merged in
+        # several steps.
+        fps = np.random.default_rng(seed).integers(0, 2**64, n, dtype=np.uint64)
+        self.ix.add(fps)
+        for fp in fps.tolist():
+            self.keys.setdefault(fp, set()).add(None)
+
+    @precondition(lambda self: len(self.keys) > 20)
+    @rule(table=st.integers(0, 3), fraction=st.floats(0.05, 0.6))
+    def remove_a_tables_tail(self, table, fraction):
+        # The largest values of one table's order: a merge of that table may
+        # then find nothing left for its final step.
+        live = self.live()
+        design = self.ix.plan.tables[table % len(self.ix.plan.tables)]
+        order = np.argsort(design.apply(live))
+        gone = live[order[len(live) - max(1, int(fraction * len(live))):]]
+        assert self.ix.remove(fingerprints=gone) == len(gone)
+        for fp in gone.tolist():
+            del self.keys[fp]
+            self.removed.add(fp)
 
     @precondition(lambda self: self.keys)
     @rule(data=st.data())
