@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndindex import _core, chunks as ch, runs as rn
+from ndindex import _core, chunks as ch, runs as rn, store as st
 from ndindex.arrays import isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_FINGERPRINTER, KEY_HEADER,
@@ -52,10 +52,9 @@ def check_lmdb(view) -> dict:
 
 def verify(ix) -> dict:
     """Check the whole file behind an open Index; return a summary."""
-    from ndindex.index import check_commit_records
     store = ix._store
     store.env  # noqa: B018 - raises ClosedError after close()
-    check_commit_records(store)
+    st.check_commit_records(store)
     snap = ix._snapshot()
     view = snap.view
     lmdb_stats = check_lmdb(view)

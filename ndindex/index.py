@@ -207,7 +207,7 @@ class Index(DocumentMethods):
     @classmethod
     def _from_store(cls, store, durability, background_compaction, log_limit) -> "Index":
         try:
-            check_commit_records(store)
+            st.check_commit_records(store)
             txn, view = store.snapshot()
             try:
                 raw = view.get(rec.DB_META, rec.KEY_HEADER)
@@ -844,53 +844,6 @@ class Index(DocumentMethods):
                 yield values[~np.isin(values, gone)] if len(gone) else values
         if part == parts - 1 and len(new):
             yield new
-
-
-def check_commit_records(store: st.Store) -> None:
-    """Both meta pages must name transactions that wrote our state record ([F9]).
-
-    Every commit rewrites the state record with its own transaction id.  A
-    damaged transaction id in a meta page would make LMDB open the other,
-    older commit, silently undoing the last one; a damaged root would make
-    it read garbage.  Checked in O(1): one lookup per meta page.
-    """
-    metas = store.filemap.metas()
-    slot, picked = st.pick_meta(metas, store.path)
-    size = store.filemap.file_bytes()
-    buf = store.filemap.buffer(size)
-    from ndindex import pages
-    found = {}
-    for s, meta in enumerate(metas):
-        if meta["txnid"] == 0 and meta["main"]["root"] == (1 << 64) - 1:
-            continue  # the empty initial meta page of a new environment
-        npages = min(size // meta["psize"], meta["last_pg"] + 1)
-        try:
-            main = pages.Tree.from_record(meta["main"])
-            trees = pages.named_trees(buf, meta["psize"], npages, main, [rec.DB_META])
-            view = pages.PageView(buf, meta["psize"], npages, meta["txnid"], trees)
-            raw = view.get(rec.DB_META, rec.KEY_STATE)
-            state = State.unpack(rec.unframe(raw, rec.DB_META, rec.KEY_STATE)) if raw is not None \
-                else None
-        except CorruptionError as exc:
-            if s == slot:
-                raise
-            raise CorruptionError(f"{store.path}: meta page {s} (transaction {meta['txnid']}) "
-                                  f"leads to damaged pages: {exc}", database="lmdb") from exc
-        if state is None:
-            raise CorruptionError(f"{store.path}: meta page {s} (transaction {meta['txnid']}) has "
-                                  "no state record", database="lmdb")
-        if state.txnid != meta["txnid"]:
-            other = metas[1 - s]["txnid"]
-            raise CorruptionError(
-                f"{store.path}: meta page {s} names transaction {meta['txnid']}, but its state "
-                f"record was written by transaction {state.txnid}: the meta page is damaged; "
-                f"LMDB would open transaction {max(meta['txnid'], other)} "
-                f"({'this page' if meta['txnid'] > other else 'the other page, an older state'})",
-                database="lmdb")
-        found[s] = state.txnid
-    if len(found) == 2 and abs(found[0] - found[1]) != 1:
-        raise CorruptionError(f"{store.path}: the meta pages name transactions {found[0]} and "
-                              f"{found[1]}, not consecutive ones", database="lmdb")
 
 
 def _check_durability(durability) -> None:
