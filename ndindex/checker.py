@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex import _core, chunks as ch, runs as rn, store as st
-from ndindex.arrays import isin_sorted, sorted_unique
+from ndindex.arrays import isin_sorted
 from ndindex.errors import CorruptionError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_FINGERPRINTER, KEY_HEADER,
                              KEY_KEY_DESIGN, KEY_MANIFEST, KEY_PLAN, KEY_STATE, KIND_RECORDS,
@@ -108,32 +108,26 @@ READ_CHUNKS = 64
 
 def _table_digest(view, design, runs, tombstones: np.ndarray) -> tuple:
     """(count, digest) of the distinct fingerprints a table holds apart from the tombstones,
-    checking each run against its manifest entry as it is read.
+    checking each run against its manifest entry.
 
-    The runs are read side by side in slices (a k-way merge by value), so
-    memory is bounded by READ_CHUNKS chunks a run, not by N: the table
-    comparison used to sort every table whole (2 GB at 30M, so 60 GB at
-    1B).  Tables are compared by an order-free digest of their sets (two
-    sums of 64-bit mixes of each fingerprint), as they are kept in
-    different orders: two different sets agree by chance with probability
-    about 2^-128.  Merges drop tombstoned values table by table, so those
-    are left out.
+    The runs are read side by side in slices (runs.union_slices), so memory
+    is bounded by READ_CHUNKS chunks a run, not by N: the table comparison
+    used to sort every table whole (2 GB at 30M, so 60 GB at 1B).  Tables
+    are compared by an order-free digest of their sets (two sums of 64-bit
+    mixes of each fingerprint), as they are kept in different orders: two
+    different sets agree by chance with probability about 2^-128.  Merges
+    drop tombstoned values table by table, so those are left out.
     """
     hidden = np.sort(design.apply(tombstones)) if len(tombstones) else tombstones
-    readers = [_RunReader(view, run) for run in runs]
+    readers = [rn.RunReader(view, run, READ_CHUNKS) for run in runs]
     count, digest = 0, (0, 0)
-    while readers:
-        for r in readers:
-            r.fill()
-        # Every run has read past `frontier` or is done: values up to it are final.
-        frontier = min((r.end for r in readers if not r.exhausted), default=None)
-        parts = [r.take(frontier) for r in readers]
-        values = sorted_unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+    for values, _ in rn.union_slices(readers):
         if len(hidden) and len(values):
             values = values[~isin_sorted(values, hidden)]
         count += len(values)
         digest = _add_digest(digest, design.invert(values))
-        readers = [r for r in readers if not r.done]
+    for r in readers:
+        _check_run_read(r)
     return count, digest
 
 
@@ -153,63 +147,21 @@ def _add_digest(digest: tuple, fps: np.ndarray) -> tuple:
     return ((digest[0] + a) & (2**64 - 1), (digest[1] + b) & (2**64 - 1))
 
 
-class _RunReader:
-    """A table run read a few chunks at a time, checked against its manifest entry."""
-
-    def __init__(self, view, run):
-        self.view, self.run = view, run
-        self.buf = np.empty(0, dtype=np.uint64)
-        self.above = None           # the last value read, None before the first read
-        self.end = 0
-        self.exhausted = False      # nothing of the run is left to read
-        self.chunks = self.entries = 0
-        self.first = self.last = None
-
-    @property
-    def done(self) -> bool:
-        return self.exhausted and not len(self.buf)
-
-    def fill(self) -> None:
-        if self.exhausted or len(self.buf):
-            return
-        # A run's chunk flagged last ends it (read_values reports a missing one).
-        sl = rn.read_values(self.view, self.run, self.above, READ_CHUNKS)
-        self.chunks += len(sl.chunk_keys)
-        self.entries += len(sl.values)
-        if len(sl.values):
-            if self.first is None:
-                self.first = int(sl.values[0])
-            self.last = int(sl.values[-1])
-        self.buf = sl.values
-        if sl.end is not None:
-            self.above = self.end = sl.end
-        self.exhausted = sl.exhausted or sl.end is None
-        if self.exhausted:
-            self._check_whole()
-
-    def take(self, frontier) -> np.ndarray:
-        """The buffered values up to frontier (all of them when it is None)."""
-        if frontier is None:
-            out, self.buf = self.buf, self.buf[:0]
-            return out
-        cut = int(np.searchsorted(self.buf, np.uint64(frontier), side="right"))
-        out, self.buf = self.buf[:cut], self.buf[cut:]
-        return out
-
-    def _check_whole(self) -> None:
-        run = self.run
-        name = f"{space_name(run.space)} run {run.run_id}"
-        if not (run.merge_input and run.cursor) and self.chunks != run.chunks:
-            raise CorruptionError(f"{name} has {self.chunks} chunks, the manifest says "
-                                  f"{run.chunks}", database=DB_CHUNKS)
-        if run.merge_into:
-            return
-        if self.entries != run.entries:
-            raise CorruptionError(f"{name} holds {self.entries} values, the manifest says "
-                                  f"{run.entries}", database=DB_CHUNKS)
-        if self.entries and (self.first != run.first or self.last != run.last):
-            raise CorruptionError(f"{name} spans other values than the manifest says",
-                                  database=DB_CHUNKS)
+def _check_run_read(r) -> None:
+    """A run read whole (a RunReader) holds what its manifest entry says."""
+    run = r.run
+    name = f"{space_name(run.space)} run {run.run_id}"
+    if not (run.merge_input and run.cursor) and r.chunks != run.chunks:
+        raise CorruptionError(f"{name} has {r.chunks} chunks, the manifest says {run.chunks}",
+                              database=DB_CHUNKS)
+    if run.merge_into:
+        return
+    if r.entries != run.entries:
+        raise CorruptionError(f"{name} holds {r.entries} values, the manifest says "
+                              f"{run.entries}", database=DB_CHUNKS)
+    if r.entries and (r.first != run.first or r.last != run.last):
+        raise CorruptionError(f"{name} spans other values than the manifest says",
+                              database=DB_CHUNKS)
 
 
 def _check_meta_records(view) -> bool:

@@ -549,48 +549,27 @@ class Snapshot:
     def table_values(self, table: int = 0, chunk_target: int = 1 << 20):
         """Yield the live permuted values of one table, sorted, in order, in pieces.
 
-        Runs overlap (a fingerprint added twice lives in two runs until they
-        merge), so pieces are cut on the largest run's chunk boundaries and
-        every run contributes its values in the same range.  Tombstones and
-        the log's removals are dropped; the log's additions are merged in.
+        The runs are read side by side (runs.union_slices), about
+        chunk_target values a run at a time.  Tombstones and the log's
+        removals are dropped; the log's additions are merged in.
         """
         runs = [r for r in self.table_runs[table] if r.chunks]
         design = self.plan.tables[table]
         hidden = np.sort(design.apply(self.hidden)) if len(self.hidden) else EMPTY_U64
         log = insert_sorted(*self.log_tables[table])
-        spine = max(runs, key=lambda r: r.entries) if runs else None
-        others = [r for r in runs if r is not spine]
-        pending_others = {r.run_id: (EMPTY_U64, None, False) for r in others}
         per_chunk = max(1, chunk_target // (63 * 150))
+        readers = [rn.RunReader(self.view, r, per_chunk) for r in runs]
         lo = -1
-        while True:
-            if spine is not None:
-                vals, end, exhausted, _ = rn.read_values(self.view, spine, lo if lo >= 0 else None,
-                                                         per_chunk)
-            else:
-                vals, end, exhausted = EMPTY_U64, None, True
-            hi = (1 << 64) - 1 if exhausted or end is None else end
-            parts = [vals]
-            for r in others:
-                have, have_end, done = pending_others[r.run_id]
-                while not done and (have_end is None or have_end < hi):
-                    more, have_end, done, _ = rn.read_values(
-                        self.view, r, have_end if have_end is not None else None, per_chunk)
-                    have = np.concatenate([have, more])
-                cut = np.searchsorted(have, np.uint64(hi), side="right")
-                parts.append(have[:cut])
-                pending_others[r.run_id] = (have[cut:], have_end, done)
+        for merged, upto in rn.union_slices(readers) if readers else [(EMPTY_U64, None)]:
+            hi = (1 << 64) - 1 if upto is None else upto
+            if len(hidden) and len(merged):
+                merged = merged[~isin_sorted(merged, hidden)]
             a = np.searchsorted(log, np.uint64(lo), side="right") if lo >= 0 else 0
             b = np.searchsorted(log, np.uint64(hi), side="right")
-            merged = sorted_unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]
-            if len(hidden):
-                merged = merged[~isin_sorted(merged, hidden)]
             if b > a:
                 merged = sorted_unique(np.concatenate([merged, log[a:b]]))
             if len(merged):
                 yield merged
-            if hi == (1 << 64) - 1:
-                return
             lo = hi
 
     def count(self) -> int:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ndindex import _core, chunks as ch, codec
+from ndindex.arrays import sorted_unique
 from ndindex.errors import CorruptionError
 from ndindex.pages import PageView
 from ndindex.records import (DB_CHUNKS, KIND_HUFFMAN, KIND_RAW, KIND_RECORDS,
@@ -110,6 +111,70 @@ def read_values(view: PageView, run: Run, above: int | None = None,
         raise CorruptionError(f"{space_name(run.space)} run {run.run_id} has no chunk at or "
                               "after its start", database=DB_CHUNKS)
     return Slice(values, end if keys else None, bool(exhausted), keys)
+
+
+class RunReader:
+    """A run read read_chunks chunks at a time (read_values), counting what it read."""
+
+    def __init__(self, view: PageView, run: Run, read_chunks: int):
+        self.view, self.run, self.read_chunks = view, run, read_chunks
+        self.buf = EMPTY_U64
+        self.above = None           # the last value read (exclusive start of the next read)
+        self.end = 0
+        self.exhausted = False      # nothing of the run is left to read
+        self.chunks = self.entries = 0
+        self.first = self.last = None
+
+    @property
+    def done(self) -> bool:
+        return self.exhausted and not len(self.buf)
+
+    def fill(self) -> None:
+        """Read the next chunks if everything read so far was taken."""
+        if self.exhausted or len(self.buf):
+            return
+        # The run's chunk flagged last ends it (read_values reports a missing one).
+        sl = read_values(self.view, self.run, self.above, self.read_chunks)
+        self.chunks += len(sl.chunk_keys)
+        self.entries += len(sl.values)
+        if len(sl.values):
+            if self.first is None:
+                self.first = int(sl.values[0])
+            self.last = int(sl.values[-1])
+        self.buf = sl.values
+        if sl.end is not None:
+            self.above = self.end = sl.end
+        self.exhausted = sl.exhausted or sl.end is None
+
+    def take(self, upto: int | None) -> np.ndarray:
+        """The values read and not yet taken up to upto (all of them for None)."""
+        if upto is None:
+            out, self.buf = self.buf, EMPTY_U64
+            return out
+        cut = int(np.searchsorted(self.buf, np.uint64(upto), side="right"))
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        return out
+
+
+def union_slices(readers: list):
+    """Yield (values, upto): the distinct live values of the readers' runs together,
+    sorted, in slices; a slice holds every value up to `upto` (None: the
+    last slice, the rest) not in an earlier one.
+
+    A k-way merge by value that reads each run a few chunks at a time, so
+    memory is bounded by the readers' read_chunks, not by the runs.  Runs
+    overlap (a fingerprint added twice lives in two runs until they merge):
+    a value is yielded once.
+    """
+    readers = list(readers)
+    while readers:
+        for r in readers:
+            r.fill()
+        # Every run has been read past `upto` or is done: values up to it are final.
+        upto = min((r.end for r in readers if not r.exhausted), default=None)
+        parts = [r.take(upto) for r in readers]
+        yield (sorted_unique(np.concatenate(parts)) if len(parts) > 1 else parts[0]), upto
+        readers = [r for r in readers if not r.done]
 
 
 def all_values(view: PageView, run: Run) -> np.ndarray:
