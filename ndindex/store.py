@@ -180,21 +180,19 @@ def claim_build(tmp: str, path: str) -> int:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # The name may have gone (its builder finished, or a leftover
+            # was cleared) between the open and the lock: then try again.
+            if _same_inode(fd, tmp):
+                return fd
         except BlockingIOError:
-            os.close(fd)
-            if time.monotonic() > deadline:
-                raise FileExistsError(errno.EEXIST, "another process is creating it", path) \
-                    from None
-            time.sleep(0.01)
-            continue
+            pass
         except BaseException:
             os.close(fd)
             raise
-        # The name may have gone (its builder finished, or a leftover was
-        # cleared) between the open and the lock: then take it afresh.
-        if _same_inode(fd, tmp):
-            return fd
         os.close(fd)
+        if time.monotonic() > deadline:
+            raise FileExistsError(errno.EEXIST, "another process is creating it", path)
+        time.sleep(0.01)
 
 
 def release_build(fd: int, tmp: str) -> None:
