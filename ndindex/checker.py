@@ -50,8 +50,12 @@ def check_lmdb(view) -> dict:
     return {"entries": pages}
 
 
-def verify(ix) -> dict:
-    """Check the whole file behind an open Index; return a summary."""
+def verify(ix, progress=None) -> dict:
+    """Check the whole file behind an open Index; return a summary.
+
+    progress(phase, done, total), if given, is called as the tables are read
+    (done and total count table entries).
+    """
     store = ix._store
     store.env  # noqa: B018 - raises ClosedError after close()
     st.check_commit_records(store)
@@ -72,8 +76,9 @@ def verify(ix) -> dict:
                                   "not name", database=DB_CHUNKS, key=key)
     runs_checked = 0
     reference = None
+    read = _Read(progress, sum(r.entries for runs in snap.table_runs for r in runs))
     for t, design in enumerate(ix.plan.tables):
-        digest = _table_digest(view, design, snap.table_runs[t], snap.tombstones)
+        digest = _table_digest(view, design, snap.table_runs[t], snap.tombstones, read)
         runs_checked += len(snap.table_runs[t])
         if reference is None:
             reference = digest
@@ -106,7 +111,19 @@ def verify(ix) -> dict:
 READ_CHUNKS = 64
 
 
-def _table_digest(view, design, runs, tombstones: np.ndarray) -> tuple:
+class _Read:
+    """Table entries read so far, reported to a progress callback."""
+
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.done = progress, total, 0
+
+    def add(self, n: int) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress("verify", min(self.done, self.total), self.total)
+
+
+def _table_digest(view, design, runs, tombstones: np.ndarray, read: _Read) -> tuple:
     """(count, digest) of the distinct fingerprints a table holds apart from the tombstones,
     checking each run against its manifest entry.
 
@@ -122,6 +139,7 @@ def _table_digest(view, design, runs, tombstones: np.ndarray) -> tuple:
     readers = [rn.RunReader(view, run, READ_CHUNKS) for run in runs]
     count, digest = 0, (0, 0)
     for values, _ in rn.union_slices(readers):
+        read.add(len(values))
         if len(hidden) and len(values):
             values = values[~isin_sorted(values, hidden)]
         count += len(values)

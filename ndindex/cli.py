@@ -681,9 +681,13 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
 def _cmd_verify(args) -> int:
     if args.output is not None and not args.repair:
         raise ValueError("-o is for --repair")
+    progress = _Progress(not args.json, interval=1.0)
     try:
-        with Index.open(args.index, readonly=True) as ix:
-            report = ix.verify()
+        try:
+            with Index.open(args.index, readonly=True) as ix:
+                report = ix.verify(progress=progress)
+        finally:
+            progress.clear()
     except NdindexError as exc:
         hint = "" if args.repair else _repair_hint(exc, args)
         print(_error_line(_damage_text(exc), args.index) + hint, file=sys.stderr)

@@ -801,14 +801,16 @@ class Index(DocumentMethods):
             compaction_steps=self._compactor.steps if self._compactor else 0,
             plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
 
-    def verify(self) -> dict:
+    def verify(self, progress=None) -> dict:
         """Check every LMDB page, checksum, ordering and run; raise on the first problem.
 
         Raises CorruptionError naming the first problem; returns a summary
-        otherwise.  Cost: a full read of the file.
+        otherwise.  Cost: a full read of the file; memory beyond the mapped
+        file stays at a few MB a run, whatever N.  progress(phase, done,
+        total), if given, is called as the tables are read.
         """
         from ndindex import checker
-        return checker.verify(self)
+        return checker.verify(self, progress)
 
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""

@@ -107,3 +107,18 @@ def test_verify_finds_a_table_that_holds_other_fingerprints(path, table, monkeyp
         other = 1 if table == 0 else table  # the first to differ from table 0
         with pytest.raises(CorruptionError, match=f"table {other} holds different fingerprints"):
             ix.verify()
+
+
+def test_verify_reports_progress_over_every_table_entry(path, monkeypatch):
+    monkeypatch.setattr(checker, "READ_CHUNKS", 1)
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    fps = np.unique(np.random.default_rng(14).integers(0, 2**64, 3000, dtype=np.uint64))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact()
+        calls = []
+        ix.verify(progress=lambda phase, done, total: calls.append((phase, done, total)))
+    tables = len(ix.plan.tables)
+    assert len(calls) > tables and {c[0] for c in calls} == {"verify"}
+    assert [c[1] for c in calls] == sorted(c[1] for c in calls)
+    assert calls[-1][1:] == (tables * len(fps), tables * len(fps))

@@ -365,3 +365,15 @@ def test_documents_in_any_charset_are_text(ix, tmp_path, capsys):
     assert status == 0 and json.loads(out)["added"] == 1 and err == ""
     status, out, _ = run(capsys, "query", ix, "--file", str(tmp_path / "utf8.txt"), "--json")
     assert status == 0 and json.loads(out)["matches"][0]["distance"] == 0
+
+
+def test_verify_draws_a_progress_bar_on_a_terminal_and_clears_it(ix, capsys, monkeypatch):
+    assert run(capsys, "add", ix, "-", stdin="".join(f"{i * 7919}\n" for i in range(1, 500)),
+               monkeypatch=monkeypatch)[0] == 0
+    assert run(capsys, "compact", ix)[0] == 0
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    status, out, err = run(capsys, "verify", ix)
+    assert status == 0 and "ok (" in out
+    assert "verify   [" in err and err.endswith("\r")      # drawn, then wiped
+    status, out, err = run(capsys, "verify", ix, "--json")
+    assert status == 0 and err == "" and json.loads(out)["ok"] is True
