@@ -612,8 +612,12 @@ def _cmd_remove(args) -> int:
 
 
 def _cmd_compact(args) -> int:
-    with Index.open(args.index) as ix:
-        report = ix.compact(full=args.full)
+    progress = _Progress(not args.json, interval=1.0)
+    try:
+        with Index.open(args.index) as ix:
+            report = ix.compact(full=args.full, progress=progress)
+    finally:
+        progress.clear()
     if args.json:
         _json(report)
     else:

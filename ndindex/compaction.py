@@ -148,6 +148,8 @@ class Compactor:
         self._next_space = 0
         self.error: BaseException | None = None
         self.steps = 0
+        #: Input chunks merged away so far (the progress of Index.compact).
+        self.chunks_merged = 0
         #: Most runs below the main level any table holds, and the log's
         #: operations, as of the last commit (for throttle).
         self.level0_runs = 0
@@ -218,11 +220,15 @@ class Compactor:
                 self._wake.wait(IDLE_WAIT_SECONDS)
                 self._wake.clear()
 
-    def run(self, force_flush: bool = True, full: bool = False, wait: bool = True) -> int:
-        """Do every step there is to do now; return how many.  Used by Index.compact()."""
+    def run(self, force_flush: bool = True, full: bool = False, wait: bool = True,
+            on_step=None) -> int:
+        """Do every step there is to do now; return how many.  Used by Index.compact();
+        on_step(), if given, is called after each step."""
         n = 0
         while self.step(force_flush=force_flush, full=full, wait=wait):
             n += 1
+            if on_step is not None:
+                on_step()
         return n
 
     # -- one step -------------------------------------------------------------
@@ -333,6 +339,7 @@ class Compactor:
             for run in gone:
                 man.runs.remove(run)
         self._commit(snap, puts, deletes, man)
+        self.chunks_merged += len(deletes)
         return True
 
     # -- committing ---------------------------------------------------------------

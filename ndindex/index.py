@@ -662,7 +662,7 @@ class Index(DocumentMethods):
 
     # -- compaction ---------------------------------------------------------
 
-    def compact(self, full: bool = False) -> dict:
+    def compact(self, full: bool = False, progress=None) -> dict:
         """Flush the log into the runs and do every merge that is due, now.
 
         full=True merges each table (and each key space) into one run and
@@ -670,19 +670,31 @@ class Index(DocumentMethods):
         gives the free space back to the disk (:meth:`vacuum`).  Returns a
         summary: steps done, seconds, runs per table, file bytes.
         Compaction also runs by itself in the background unless the index
-        was opened with background_compaction=False.
+        was opened with background_compaction=False.  progress(phase, done,
+        total), if given, is called after each step: done counts the chunks
+        merged so far against the chunks the file holds (an estimate: a
+        merge that is not due leaves its chunks, a chunk may merge twice).
         """
         self._check_writable()
         import time
         t0 = time.perf_counter()
         if self._writer.durability == "normal":
             self._writer.checkpoint()
-        steps = self._compactor.run(force_flush=True, full=False, wait=True)
+        comp = self._compactor
+        total = max(1, sum(r.chunks for r in self._snapshot().manifest.runs))
+        start = comp.chunks_merged
+
+        def step():
+            if progress is not None:
+                progress("compact", min(comp.chunks_merged - start, total - 1), total)
+        steps = comp.run(force_flush=True, full=False, wait=True, on_step=step)
         if full:
-            steps += self._compactor.run(force_flush=True, full=True, wait=True)
-        if self._compactor.error is not None:
-            err, self._compactor.error = self._compactor.error, None
+            steps += comp.run(force_flush=True, full=True, wait=True, on_step=step)
+        if comp.error is not None:
+            err, comp.error = comp.error, None
             raise err
+        if progress is not None:
+            progress("compact", total, total)
         vacuumed = False
         if full:
             vacuumed = self._vacuum_if_alone()

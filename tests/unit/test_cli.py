@@ -367,11 +367,18 @@ def test_documents_in_any_charset_are_text(ix, tmp_path, capsys):
     assert status == 0 and json.loads(out)["matches"][0]["distance"] == 0
 
 
-def test_verify_draws_a_progress_bar_on_a_terminal_and_clears_it(ix, capsys, monkeypatch):
+@pytest.mark.parametrize("command", ["verify", "compact"])
+def test_long_commands_draw_a_progress_bar_on_a_terminal_and_clear_it(ix, capsys, monkeypatch,
+                                                                       command):
     assert run(capsys, "add", ix, "-", stdin="".join(f"{i * 7919}\n" for i in range(1, 500)),
                monkeypatch=monkeypatch)[0] == 0
-    assert run(capsys, "compact", ix)[0] == 0
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    if command == "compact":
+        status, out, err = run(capsys, "compact", ix, "--full")
+        assert status == 0 and out.startswith("compacted:")
+        assert "compact  [" in err and err.endswith("\r")
+        return
+    assert run(capsys, "compact", ix)[0] == 0
     status, out, err = run(capsys, "verify", ix)
     assert status == 0 and "ok (" in out
     assert "verify   [" in err and err.endswith("\r")      # drawn, then wiped

@@ -911,3 +911,18 @@ def test_a_record_merge_whose_last_records_were_all_deleted_still_ends_its_run(p
         ix.verify()
         assert len(ix) == 1500
         assert ix.keys(int(fps[10])) == ("k0010",) and ix.keys(int(fps[1600])) == ()
+
+
+def test_compact_reports_progress_up_to_the_end(path, small_steps):
+    fps = np.random.default_rng(15).integers(0, 2**64, 20000, dtype=np.uint64)
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        for part in np.array_split(fps, 4):
+            ix.add(part)
+            flush(ix)
+        calls = []
+        report = ix.compact(full=True, progress=lambda *a: calls.append(a))
+        assert len(calls) == report["steps"] + 1 > 10
+        assert {c[0] for c in calls} == {"compact"}
+        done = [c[1] for c in calls]
+        assert done == sorted(done) and done[-1] == calls[-1][2] and done[-2] < done[-1]
+        assert done[len(done) // 2] > 0
