@@ -64,7 +64,9 @@ def export_index(index: Index, out: BinaryIO) -> dict:
     for fps, keys in index.items(CHUNK_FINGERPRINTS):
         deltas = np.diff(fps, prepend=np.uint64(previous))   # the first from the last chunk
         parts = [U32.pack(len(fps)), deltas.astype("<u8").tobytes()]
-        for ks in keys:
+        if not any(keys):
+            parts.append(bytes(U16.size * len(fps)))   # no keys: a zero count each
+        for ks in keys if any(keys) else ():
             parts.append(U16.pack(len(ks)))
             for key in ks:
                 raw = encode_doc_key(key)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ndindex import codec, compaction, docstore, plan as plans, records as rec, removal, \
     store as st, validate
-from ndindex.arrays import EMPTY_U64, sorted_unique
+from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_DELTA
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
@@ -48,6 +48,10 @@ UNIFORM_FLIP_PROBABILITY = 0.25
 #: buffer (128 MiB), and at about a microsecond a probe more would take
 #: minutes per query.
 MAX_PROBES = 1 << 24
+
+
+#: items() and fingerprints() read table 0 about this many values a run at a time.
+ORDER_SLICE_VALUES = 1 << 20
 
 
 class Match(NamedTuple):
@@ -548,15 +552,20 @@ class Index(DocumentMethods):
         writers without pending operations get empty arrays.
         """
         snap, pend = self._view()
+        return (snap, *self._pending_changes(snap, pend))
+
+    def _pending_changes(self, snap, pend) -> tuple:
+        """What pending operations pend change in snap: (fingerprints they add,
+        stored fingerprints they remove), both sorted (see _pending_view)."""
         if pend is None:
-            return snap, EMPTY_U64, EMPTY_U64
+            return EMPTY_U64, EMPTY_U64
         with self._writer.lock:
             adds = np.unique(pend.adds())
             removes = pend.removes().copy()
         probe = np.concatenate([adds, removes])
         found = np.zeros(len(probe), dtype=bool)
         found[np.frombuffer(snap.query_many(probe, 0, None)[0], dtype=np.int64)] = True
-        return snap, adds[~found[:len(adds)]], removes[found[len(adds):]]
+        return adds[~found[:len(adds)]], removes[found[len(adds):]]
 
     # -- writes -------------------------------------------------------------
 
@@ -827,18 +836,50 @@ class Index(DocumentMethods):
     def fingerprints(self) -> np.ndarray:
         """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""
         snap, new, gone = self._pending_view()
-        design = self.plan.tables[0]
-        parts = [design.invert(v) for v in snap.table_values(0)] + [new]
-        values = np.sort(np.concatenate(parts))
-        return values[~np.isin(values, gone)] if len(gone) else values
+        return np.concatenate(list(self._in_order(snap, new, gone)) + [EMPTY_U64])
 
     def items(self, chunk: int = 65536):
-        """Yield (fingerprints, keys) chunks of every live fingerprint, in order."""
-        values = self.fingerprints()
-        for start in range(0, len(values), chunk):
-            part = values[start:start + chunk]
-            snap, pend = self._view()
+        """Yield (fingerprints, keys) chunks of every live fingerprint, in order.
+
+        One snapshot serves the whole iteration.  Memory stays bounded (a few
+        MB a run) when the plan's first table keeps the fingerprints' order,
+        as every plan the planner makes does; otherwise the fingerprints are
+        sorted whole first.
+        """
+        snap, pend = self._view()
+        new, gone = self._pending_changes(snap, pend)
+        held = []   # sorted pieces not yet given out, in order
+        count = 0
+        for values in self._in_order(snap, new, gone):
+            held.append(values)
+            count += len(values)
+            while count >= chunk:
+                run = np.concatenate(held)
+                part, rest = run[:chunk], run[chunk:]
+                held, count = [rest], len(rest)
+                yield part, snap.keys_of(part.tolist(), pend)
+        if count:
+            part = np.concatenate(held)
             yield part, snap.keys_of(part.tolist(), pend)
+
+    def _in_order(self, snap, new: np.ndarray, gone: np.ndarray):
+        """Yield snap's live fingerprints with new added and gone taken out, in ascending
+        order, in sorted pieces (all of them at once unless table 0 keeps the order)."""
+        design = self.plan.tables[0]
+        if not design.keeps_order:
+            values = np.sort(np.concatenate([design.invert(v) for v in snap.table_values(0)]
+                                            + [new]))
+            yield values[~isin_sorted(values, gone)] if len(gone) else values
+            return
+        taken = 0   # new[:taken] are given out
+        for values in snap.table_values(0, ORDER_SLICE_VALUES):
+            upto = int(np.searchsorted(new, values[-1], side="right"))
+            if upto > taken:
+                values = np.sort(np.concatenate([values, new[taken:upto]]))
+                taken = upto
+            yield values[~isin_sorted(values, gone)] if len(gone) else values
+        if taken < len(new):
+            yield new[taken:]
 
     def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.

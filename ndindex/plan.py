@@ -137,6 +137,11 @@ class TableDesign:
             i = j + 1
         return tuple(runs)
 
+    @property
+    def keeps_order(self) -> bool:
+        """Whether apply() is the identity, so the table's order is the fingerprints'."""
+        return self.permutation == tuple(range(F_BITS - 1, -1, -1))
+
     def runs(self) -> tuple[tuple[int, int, int], ...]:
         """Return the maximal runs (src_lo, dst_lo, length) of the permutation.
 

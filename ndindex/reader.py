@@ -450,6 +450,12 @@ class Snapshot:
         """
         return self.record_groups(space, [group], pending)[0]
 
+    def may_hold_records(self, space: int, pending: PendingOps | None = None) -> bool:
+        """False when neither the space's runs, the log nor pending hold a record: an
+        index without keys then skips every key lookup (export, remove)."""
+        return any(r.chunks for r in self.manifest.of(space)) or bool(len(self.log.ops)) or \
+            (pending is not None and bool(len(pending.ops)))
+
     def record_groups(self, space: int, groups: list, pending: PendingOps | None = None) -> list:
         """record_group() of many groups at once: [{key: value}] in the order given.
 
@@ -458,6 +464,9 @@ class Snapshot:
         microseconds.
         """
         decided = [{} for _ in groups]
+        if not self.may_hold_records(space, pending):
+            return decided
+        runs = [r for r in self.manifest.of(space) if r.chunks]
         if space == SPACE_LOOKUP:
             for i, group in enumerate(groups):
                 lk = U64_BE.unpack(group)[0]
@@ -473,7 +482,6 @@ class Snapshot:
                 for key, op in self.log.ops.group(space, group).items():
                     decided[i].setdefault(key, op)
         exact = space == SPACE_FPS_BY_KEY
-        runs = [r for r in self.manifest.of(space) if r.chunks]
         with self.lock:
             for run in runs:  # newest first
                 for i, found in rn.record_lookup_many(self.view, run, groups).items():
@@ -495,6 +503,8 @@ class Snapshot:
 
     def keys_of(self, fps, pending: PendingOps | None = None) -> list[tuple]:
         """The document keys of each fingerprint, as sorted tuples."""
+        if not self.may_hold_records(SPACE_KEYS_BY_FP, pending):
+            return [()] * len(fps)
         out = []
         groups = [U64_BE.pack(fp) for fp in fps]
         for found in self.record_groups(SPACE_KEYS_BY_FP, groups, pending):

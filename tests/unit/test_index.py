@@ -926,3 +926,58 @@ def test_compact_reports_progress_up_to_the_end(path, small_steps):
         done = [c[1] for c in calls]
         assert done == sorted(done) and done[-1] == calls[-1][2] and done[-2] < done[-1]
         assert done[len(done) // 2] > 0
+
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("first_table", ["in order", "permuted"])
+def test_items_and_fingerprints_stream_in_order_with_pending_operations(path, state, first_table,
+                                                                        small_steps,
+                                                                        monkeypatch):
+    # Read in one-chunk slices (table 0 keeps the fingerprints' order in
+    # every planned index), with a transaction's adds and removes pending;
+    # a plan whose first table is permuted sorts the values whole instead.
+    import ndindex.index as index_module
+    monkeypatch.setattr(index_module, "ORDER_SLICE_VALUES", 1)
+    rng = np.random.default_rng(16)
+    fps = np.unique(rng.integers(0, 2**64, 3000, dtype=np.uint64))
+    plan = plans.choose_plan(3000, 3)
+    if first_table == "permuted":
+        plan = plans.Plan(k=3, tables=tuple(reversed(plan.tables)))
+    assert plan.tables[0].keeps_order == (first_table == "in order")
+    with Index.create(path, k=3, plan=plan, background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        ix.add(fps[:40], keys=[f"k{i}" for i in range(40)])
+        with ix.transaction():
+            extra = np.unique(rng.integers(0, 2**64, 300, dtype=np.uint64))
+            ix.add(extra)
+            ix.remove(fingerprints=fps[100:400])
+            want = np.setdiff1d(np.union1d(fps, extra), fps[100:400])
+            assert np.array_equal(ix.fingerprints(), want)
+            parts = list(ix.items(97))
+        assert [len(p) for p, _ in parts[:-1]] == [97] * (len(parts) - 1)
+        assert np.array_equal(np.concatenate([p for p, _ in parts]), want)
+        keys = dict(zip(np.concatenate([p for p, _ in parts]).tolist(),
+                        [k for _, ks in parts for k in ks]))
+        assert keys[int(fps[7])] == ("k7",) and keys[int(extra[0])] == ()
+
+
+def test_keys_are_found_wherever_they_are_when_most_fingerprints_have_none(path):
+    # An index without keys skips key lookups; one key anywhere (pending,
+    # log, runs) turns them back on.
+    from ndindex.records import SPACE_KEYS_BY_FP
+    fps = np.random.default_rng(17).integers(1, 2**64, 2000, dtype=np.uint64)
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact()
+        snap = ix._snapshot()
+        assert not snap.may_hold_records(SPACE_KEYS_BY_FP)
+        assert ix.keys(int(fps[0])) == ()
+        with ix.transaction():
+            ix.add([int(fps[1])], keys=["one"])
+            assert ix.keys(int(fps[1])) == ("one",)                 # pending
+            assert [k for _, per_fp in ix.items() for ks in per_fp for k in ks] == ["one"]
+        assert ix.keys(int(fps[1])) == ("one",)                     # in the log
+        ix.compact()
+        assert ix.keys(int(fps[1])) == ("one",)                     # in the runs
+        # Its last key gone, the fingerprint goes too (remove's rule).
+        assert ix.remove(keys=["one"]) == 1 and int(fps[1]) not in ix
