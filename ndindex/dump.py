@@ -49,8 +49,9 @@ def _crc(data: bytes) -> bytes:
 def export_index(index: Index, out: BinaryIO) -> dict:
     """Write the dump of an open index to a binary stream; return the counts.
 
-    Cost: one decode of table 0 and one key lookup per fingerprint, from one
-    snapshot (a concurrent writer does not tear the dump).
+    Cost: one decode of table 0, read in slices (memory bounded, not O(N)),
+    and one key lookup per fingerprint unless the index holds no keys; all
+    from one snapshot (a concurrent writer does not tear the dump).
     """
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
     writer = cctx.stream_writer(out, closefd=False)
