@@ -228,3 +228,35 @@ def test_query_keys_come_from_the_same_snapshot_as_the_fingerprints(tmp_path):
     if errors:
         raise errors[0]
     assert seen[0] > 0
+
+
+def _create_racing(path, results, barrier):
+    barrier.wait()
+    try:
+        Index.create(path, k=3).close()
+        results.put("created")
+    except FileExistsError:
+        results.put("exists")
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_processes_racing_to_create_one_index(tmp_path):
+    # One wins; the others are told the index exists; the build name they
+    # share (held in turn) is gone after them.
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(8):
+        path = str(tmp_path / f"race{round_}.ndx")
+        results, barrier = ctx.Queue(), ctx.Barrier(3)
+        procs = [ctx.Process(target=_create_racing, args=(path, results, barrier))
+                 for _ in range(3)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert sorted(results.get(timeout=10) for _ in procs) == ["created", "exists", "exists"]
+        with Index.open(path) as ix:
+            assert len(ix) == 0
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        name for r in range(8) for name in (f"race{r}.ndx", f"race{r}.ndx-lock"))
