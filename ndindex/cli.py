@@ -547,11 +547,16 @@ def _document_text(path: str) -> str:
 def _cmd_add(args) -> int:
     fps, keys, invalid = _read_fingerprint_lines(args.source, args.skip_invalid)
     added = 0
-    with Index.open(args.index) as ix:
-        for start in range(0, len(fps), ADD_BATCH_LINES):
-            added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
-                            keys=keys[start:start + ADD_BATCH_LINES])
-        total = len(ix)
+    progress = _Progress(not args.json, interval=1.0)
+    try:
+        with Index.open(args.index) as ix:
+            for start in range(0, len(fps), ADD_BATCH_LINES):
+                added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
+                                keys=keys[start:start + ADD_BATCH_LINES])
+                progress("add", min(start + ADD_BATCH_LINES, len(fps)), len(fps))
+            total = len(ix)
+    finally:
+        progress.clear()
     if args.json:
         _json(dict(added=added, skipped=0, invalid=invalid, fingerprints=total))
     else:

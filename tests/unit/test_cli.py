@@ -367,11 +367,17 @@ def test_documents_in_any_charset_are_text(ix, tmp_path, capsys):
     assert status == 0 and json.loads(out)["matches"][0]["distance"] == 0
 
 
-@pytest.mark.parametrize("command", ["verify", "compact"])
+@pytest.mark.parametrize("command", ["add", "verify", "compact"])
 def test_long_commands_draw_a_progress_bar_on_a_terminal_and_clear_it(ix, capsys, monkeypatch,
                                                                        command):
-    assert run(capsys, "add", ix, "-", stdin="".join(f"{i * 7919}\n" for i in range(1, 500)),
-               monkeypatch=monkeypatch)[0] == 0
+    lines = "".join(f"{i * 7919}\n" for i in range(1, 500))
+    if command == "add":
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+        status, out, err = run(capsys, "add", ix, "-", stdin=lines, monkeypatch=monkeypatch)
+        assert status == 0 and out.startswith("added 499 fingerprints")
+        assert "add      [" in err and "499/499" in err and err.endswith("\r")
+        return
+    assert run(capsys, "add", ix, "-", stdin=lines, monkeypatch=monkeypatch)[0] == 0
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     if command == "compact":
         status, out, err = run(capsys, "compact", ix, "--full")
