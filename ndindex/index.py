@@ -33,7 +33,7 @@ from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_DELTA
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
-from ndindex.reader import WARM_QUERIES, DirectoryCache, Snapshot
+from ndindex.reader import REAPER, WARM_QUERIES, DirectoryCache, Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
@@ -90,6 +90,7 @@ class Index(DocumentMethods):
         self.plan = plan
         self._snap: Snapshot | None = None
         self._snap_lock = threading.Lock()
+        self._uses = 0   # snapshot requests, for the idle-snapshot reaper
         self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
         self._pool = None
@@ -111,6 +112,7 @@ class Index(DocumentMethods):
             self._writer = Writer(self, durability)
             self._compactor = compaction.Compactor(self, background_compaction)
         self._finalizer = weakref.finalize(self, _close_quietly, self._writer, self._compactor)
+        REAPER.watch(self)
 
     # -- opening and closing ----------------------------------------------
 
@@ -327,6 +329,7 @@ class Index(DocumentMethods):
 
     def _snapshot(self) -> Snapshot:
         """The snapshot of the newest commit (refreshed when the file changed)."""
+        self._uses += 1
         cur = self._snap
         if cur is not None and self._latest_txnid() == cur.txnid:
             return cur
@@ -348,6 +351,15 @@ class Index(DocumentMethods):
             # reading its pages right now.
             self._snap = snap
             return snap
+
+    def _let_go_if_moved_on(self) -> None:
+        """Drop the snapshot if the file has newer commits (SnapshotReaper: idle)."""
+        with self._snap_lock:
+            snap = self._snap
+            if snap is not None and self._store._env is not None and \
+                    self._latest_txnid() != snap.txnid:
+                self._snap = None
+        # Its read transaction ends when the last call using it lets go.
 
     def _wrote(self, state: State, began: float) -> None:
         """A commit that began at time.monotonic() began is done."""

@@ -260,3 +260,49 @@ def test_processes_racing_to_create_one_index(tmp_path):
             assert len(ix) == 0
     assert sorted(os.listdir(tmp_path)) == sorted(
         name for r in range(8) for name in (f"race{r}.ndx", f"race{r}.ndx-lock"))
+
+
+def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
+    # A reader that opens the index, asks once and then waits held its
+    # snapshot (an LMDB read transaction) for as long as it stayed open,
+    # so no page a compaction freed after it could be reused: the file grew
+    # by about a third of its size with every churn cycle.  Idle, it lets
+    # the snapshot go (reader.SnapshotReaper) and the file holds steady.
+    path = str(tmp_path / "idle.ndx")
+    rng = np.random.default_rng(18)
+    live = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(live)) as ix:
+        ix.add(live)
+        ix.compact()
+    reader = textwrap.dedent("""
+        import sys
+        from ndindex import Index, reader
+        reader.IDLE_SNAPSHOT_SECONDS = 0.1
+        ix = Index.open(sys.argv[1], readonly=True)
+        ix.query(1)
+        print("ready", flush=True)
+        sys.stdin.readline()
+        print(len(ix.query(int(sys.argv[2]), 0)), flush=True)
+    """)
+    sizes = []
+    with Index.open(path) as ix:
+        later = int(rng.integers(0, 2**64, dtype=np.uint64))
+        proc = subprocess.Popen([sys.executable, "-c", reader, path, str(later)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            for cycle in range(8):
+                ix.remove(fingerprints=live[:3000])
+                live = np.concatenate([live[3000:],
+                                       rng.integers(0, 2**64, 3000, dtype=np.uint64)])
+                ix.add(live[-3000:])
+                ix.compact()
+                sizes.append(os.path.getsize(path))
+                time.sleep(0.25)   # the reader's idle time
+            ix.add([later])
+            # The reader, asked again, sees the newest state.
+            assert proc.communicate("go\n", timeout=60)[0].split() == ["1"]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert sizes[-1] <= 1.3 * sizes[1], sizes
