@@ -146,6 +146,8 @@ def check_path_for_open(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such index", path)
 
 
+#: A writer looks for reader slots of dead processes at most this often.
+READER_CHECK_SECONDS = 1.0
 #: How long create waits for another process creating the same index.
 BUILD_WAIT_SECONDS = 10.0
 
@@ -319,6 +321,7 @@ class Store:
         self._dbs = {name: env.open_db(name.encode(), create=False) for name in rec.ALL_DBS}
         self._write_lock = threading.RLock()
         self.bytes_written = 0  # by this process's commits (values and pages are not counted apart)
+        self._readers_checked = 0.0   # time.monotonic() of the last clear_dead_readers
 
     # -- opening and creating --------------------------------------------------
 
@@ -526,6 +529,7 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(f"{self.path}: opened read-only")
         env = self.env
+        self.clear_dead_readers()
         with self._write_lock:
             try:
                 txn = env.begin(write=True)
@@ -553,6 +557,26 @@ class Store:
             except lmdb.Error as exc:
                 raise translate_error(exc, self.path) from exc
         return result
+
+    def clear_dead_readers(self, every: float | None = None) -> None:
+        """Free the reader slots of processes that died inside a read (at most once
+        every READER_CHECK_SECONDS).
+
+        A reader killed while its snapshot was open leaves its slot in LMDB's
+        lock file, naming that snapshot: LMDB then reuses no page freed after
+        it, and a writer's file grew with every compaction for as long as the
+        writer stayed open (LMDB clears such slots only when an environment is
+        opened with no one else in it).
+        """
+        import time
+        now = time.monotonic()
+        if now - self._readers_checked < (READER_CHECK_SECONDS if every is None else every):
+            return
+        self._readers_checked = now
+        try:
+            self.env.reader_check()
+        except lmdb.Error as exc:
+            raise translate_error(exc, self.path) from exc
 
     def sync(self) -> None:
         """Flush every commit to disk (the meta page included)."""

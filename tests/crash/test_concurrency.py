@@ -306,3 +306,43 @@ def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
             if proc.poll() is None:
                 proc.kill()
     assert sizes[-1] <= 1.3 * sizes[1], sizes
+
+
+def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_path,
+                                                                          monkeypatch):
+    # Its slot in LMDB's lock file outlived it, naming its snapshot: no page
+    # freed after that was reused while the writer stayed open.  The writer
+    # now clears slots of dead processes (Store.clear_dead_readers).
+    import signal
+    from ndindex import store
+    monkeypatch.setattr(store, "READER_CHECK_SECONDS", 0.0)
+    path = str(tmp_path / "dead.ndx")
+    rng = np.random.default_rng(19)
+    live = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(live)) as ix:
+        ix.add(live)
+        ix.compact()
+    reader = textwrap.dedent("""
+        import sys
+        from ndindex import Index, reader
+        reader.IDLE_SNAPSHOT_SECONDS = 1e9   # it would hold its snapshot: then it dies
+        ix = Index.open(sys.argv[1], readonly=True)
+        ix.query(1)
+        print("ready", flush=True)
+        sys.stdin.read()
+    """)
+    sizes = []
+    with Index.open(path) as ix:
+        proc = subprocess.Popen([sys.executable, "-c", reader, path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+        for _ in range(6):
+            ix.remove(fingerprints=live[:3000])
+            live = np.concatenate([live[3000:], rng.integers(0, 2**64, 3000, dtype=np.uint64)])
+            ix.add(live[-3000:])
+            ix.compact()
+            sizes.append(os.path.getsize(path))
+        assert f" {proc.pid} " not in ix._store.env.readers()
+    assert sizes[-1] <= 1.3 * sizes[1], sizes
