@@ -75,6 +75,9 @@ def translate_error(exc: Exception, path: str, database: str = "lmdb",
     code = getattr(exc, "errno", None)
     if isinstance(exc, lmdb.MapFullError):
         return CapacityError(f"{path}: map full")
+    if isinstance(exc, lmdb.ReadersFullError):
+        return CapacityError(f"{path}: {MAX_READERS} snapshots are open at once across the "
+                             "processes reading the file; end some (close idle indexes)")
     if isinstance(exc, lmdb.MemoryError) or code == errno.ENOMEM:
         # Most often the address space, not memory: every open index
         # reserves INITIAL_MAP_SIZE_BYTES of it for LMDB's map.
@@ -485,6 +488,12 @@ class Store:
                     txn = ReadTxn(env.begin(buffers=True), self.path)
                 except lmdb.MapResizedError:
                     env.set_mapsize(0)
+                    continue
+                except lmdb.ReadersFullError:
+                    # Slots of readers that died may fill the table: free
+                    # them and try once more (else the error stands).
+                    if not env.reader_check():
+                        raise
                     continue
                 txnid = txn.id()
             except lmdb.Error as exc:

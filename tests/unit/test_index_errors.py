@@ -653,3 +653,42 @@ def test_running_out_of_address_space_is_a_capacity_error(tmp_path):
     finally:
         for ix in opened:
             ix.close()
+
+
+def test_a_full_reader_table_frees_dead_readers_or_says_what_is_full(path, monkeypatch):
+    import lmdb
+    from ndindex import store
+    from ndindex.errors import CapacityError
+    with Index.open(path, readonly=True) as ix:
+        want = ix.query(1)
+        env = ix._store.env
+        real_begin = env.begin
+        calls = []
+
+        class Env:   # LMDB's table full once; then, freed slots or not
+            def __getattr__(self, name):
+                return getattr(env, name)
+
+            def begin(self, **kw):
+                calls.append(1)
+                if len(calls) == 1:
+                    raise lmdb.ReadersFullError("MDB_READERS_FULL")
+                return real_begin(**kw)
+
+            def reader_check(self):
+                return 1
+        monkeypatch.setattr(ix._store, "_env", Env())
+        ix._snap = None
+        assert ix.query(1) == want and len(calls) == 2   # freed one slot, began again
+
+        class Full(Env):
+            def begin(self, **kw):
+                raise lmdb.ReadersFullError("MDB_READERS_FULL")
+
+            def reader_check(self):
+                return 0
+        monkeypatch.setattr(ix._store, "_env", Full())
+        ix._snap = None
+        with pytest.raises(CapacityError, match=f"{store.MAX_READERS} snapshots are open"):
+            ix.query(1)
+        monkeypatch.setattr(ix._store, "_env", env)
