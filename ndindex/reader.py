@@ -174,6 +174,10 @@ class DirectoryCache(dict):
         with self.lock:
             for stale in [rid for rid in self if rid not in live]:
                 del self[stale]
+            # And that they were asked for: an index open for months sees
+            # run ids come and go without end.
+            queued = {run.run_id for _, run in self._jobs}
+            self._asked &= live | queued
 
     def list_later(self, snap: "Snapshot", run) -> None:
         """List run in the background (once; it holds snap's pages meanwhile)."""

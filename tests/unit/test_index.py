@@ -981,3 +981,27 @@ def test_keys_are_found_wherever_they_are_when_most_fingerprints_have_none(path)
         assert ix.keys(int(fps[1])) == ("one",)                     # in the runs
         # Its last key gone, the fingerprint goes too (remove's rule).
         assert ix.remove(keys=["one"]) == 1 and int(fps[1]) not in ix
+
+
+def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypatch):
+    # An index open for months lists run after run: what it remembers of
+    # runs merged away must go with them.  (No vacuum, which starts the
+    # lister afresh.)
+    monkeypatch.setattr(Index, "_vacuum_if_alone", lambda self: False)
+    rng = np.random.default_rng(25)
+    compacted(path, rng, 20000)
+    with Index.open(path, background_compaction=False) as ix:
+        asked = set()
+        for _ in range(3):
+            for q in rng.integers(0, 2**64, size=21, dtype=np.uint64).tolist():
+                ix.query(q, 3)
+            main = {runs[0].run_id for runs in ix._snapshot().table_runs}
+            assert main <= ix._directories._asked
+            asked |= main
+            wait_for(lambda: not ix._directories._jobs)
+            ix.add(rng.integers(0, 2**64, size=3000, dtype=np.uint64))
+            ix.compact(full=True)                        # new main runs
+            ix.query(1, 3)
+            live = {r.run_id for r in ix._snapshot().manifest.runs}
+            assert not asked & live
+            assert ix._directories._asked <= live and set(ix._directories) <= live
