@@ -262,6 +262,29 @@ def test_processes_racing_to_create_one_index(tmp_path):
         name for r in range(8) for name in (f"race{r}.ndx", f"race{r}.ndx-lock"))
 
 
+def _compacted_index(path: str, seed: int) -> tuple:
+    """A compacted index of 60,000 random fingerprints at path: (rng, fingerprints)."""
+    rng = np.random.default_rng(seed)
+    live = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(live)) as ix:
+        ix.add(live)
+        ix.compact()
+    return rng, live
+
+
+def _churn(ix, rng, live, cycles: int, gap: float = 0.0) -> list:
+    """Cycles of removing 5% and adding as many, a compaction each; the file's sizes."""
+    sizes = []
+    for _ in range(cycles):
+        ix.remove(fingerprints=live[:3000])
+        live = np.concatenate([live[3000:], rng.integers(0, 2**64, 3000, dtype=np.uint64)])
+        ix.add(live[-3000:])
+        ix.compact()
+        sizes.append(os.path.getsize(ix.path))
+        time.sleep(gap)
+    return sizes
+
+
 def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
     # A reader that opens the index, asks once and then waits held its
     # snapshot (an LMDB read transaction) for as long as it stayed open,
@@ -269,11 +292,7 @@ def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
     # by about a third of its size with every churn cycle.  Idle, it lets
     # the snapshot go (reader.SnapshotReaper) and the file holds steady.
     path = str(tmp_path / "idle.ndx")
-    rng = np.random.default_rng(18)
-    live = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=len(live)) as ix:
-        ix.add(live)
-        ix.compact()
+    rng, live = _compacted_index(path, 18)
     reader = textwrap.dedent("""
         import sys
         from ndindex import Index, reader
@@ -284,21 +303,13 @@ def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
         sys.stdin.readline()
         print(len(ix.query(int(sys.argv[2]), 0)), flush=True)
     """)
-    sizes = []
     with Index.open(path) as ix:
         later = int(rng.integers(0, 2**64, dtype=np.uint64))
         proc = subprocess.Popen([sys.executable, "-c", reader, path, str(later)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout.readline().strip() == "ready"
-            for cycle in range(8):
-                ix.remove(fingerprints=live[:3000])
-                live = np.concatenate([live[3000:],
-                                       rng.integers(0, 2**64, 3000, dtype=np.uint64)])
-                ix.add(live[-3000:])
-                ix.compact()
-                sizes.append(os.path.getsize(path))
-                time.sleep(0.25)   # the reader's idle time
+            sizes = _churn(ix, rng, live, 8, gap=0.25)   # gap: the reader's idle time
             ix.add([later])
             # The reader, asked again, sees the newest state.
             assert proc.communicate("go\n", timeout=60)[0].split() == ["1"]
@@ -317,11 +328,7 @@ def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_p
     from ndindex import store
     monkeypatch.setattr(store, "READER_CHECK_SECONDS", 0.0)
     path = str(tmp_path / "dead.ndx")
-    rng = np.random.default_rng(19)
-    live = rng.integers(0, 2**64, 60_000, dtype=np.uint64)
-    with Index.create(path, k=3, expected_n=len(live)) as ix:
-        ix.add(live)
-        ix.compact()
+    rng, live = _compacted_index(path, 19)
     reader = textwrap.dedent("""
         import sys
         from ndindex import Index, reader
@@ -331,18 +338,12 @@ def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_p
         print("ready", flush=True)
         sys.stdin.read()
     """)
-    sizes = []
     with Index.open(path) as ix:
         proc = subprocess.Popen([sys.executable, "-c", reader, path], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)
-        for _ in range(6):
-            ix.remove(fingerprints=live[:3000])
-            live = np.concatenate([live[3000:], rng.integers(0, 2**64, 3000, dtype=np.uint64)])
-            ix.add(live[-3000:])
-            ix.compact()
-            sizes.append(os.path.getsize(path))
+        sizes = _churn(ix, rng, live, 6)
         assert f" {proc.pid} " not in ix._store.env.readers()
     assert sizes[-1] <= 1.3 * sizes[1], sizes
