@@ -131,7 +131,6 @@ class SnapshotReaper:
                     pass
             seen[index] = uses
 
-
     def _forked(self) -> None:
         # A forked child has none of the parent's threads (and must not use
         # its open indexes): start afresh.
