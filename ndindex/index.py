@@ -865,11 +865,14 @@ class Index(DocumentMethods):
         for values in self._in_order(snap, new, gone):
             held.append(values)
             count += len(values)
-            while count >= chunk:
-                run = np.concatenate(held)
-                part, rest = run[:chunk], run[chunk:]
-                held, count = [rest], len(rest)
+            if count < chunk:
+                continue
+            run = np.concatenate(held)   # once a piece: the parts below are views
+            whole = len(run) - len(run) % chunk
+            for start in range(0, whole, chunk):
+                part = run[start:start + chunk]
                 yield part, snap.keys_of(part.tolist(), pend)
+            held, count = [run[whole:]], len(run) - whole
         if count:
             part = np.concatenate(held)
             yield part, snap.keys_of(part.tolist(), pend)

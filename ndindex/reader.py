@@ -134,9 +134,7 @@ class SnapshotReaper:
     def _forked(self) -> None:
         # A forked child has none of the parent's threads (and must not use
         # its open indexes): start afresh.
-        self._indexes = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._thread = None
+        self.__init__()
 
 
 REAPER = SnapshotReaper()

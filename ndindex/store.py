@@ -567,7 +567,7 @@ class Store:
                 raise translate_error(exc, self.path) from exc
         return result
 
-    def clear_dead_readers(self, every: float | None = None) -> None:
+    def clear_dead_readers(self) -> None:
         """Free the reader slots of processes that died inside a read (at most once
         every READER_CHECK_SECONDS).
 
@@ -579,7 +579,7 @@ class Store:
         """
         import time
         now = time.monotonic()
-        if now - self._readers_checked < (READER_CHECK_SECONDS if every is None else every):
+        if now - self._readers_checked < READER_CHECK_SECONDS:
             return
         self._readers_checked = now
         try:
