@@ -18,7 +18,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Sequence
 
-import numpy as np
+# ndindex does no linear algebra, but numpy's OpenBLAS starts a thread per
+# core that spins for its first tenth of a second: as much CPU again as a
+# whole `ndindex query`.  Set before numpy's first import; a caller's own
+# setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402 - after the setting above
 
 from ndindex.errors import CorruptionError, NdindexError
 from ndindex.index import Index

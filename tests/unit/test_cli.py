@@ -390,3 +390,25 @@ def test_long_commands_draw_a_progress_bar_on_a_terminal_and_clear_it(ix, capsys
     assert "verify   [" in err and err.endswith("\r")      # drawn, then wiped
     status, out, err = run(capsys, "verify", ix, "--json")
     assert status == 0 and err == "" and json.loads(out)["ok"] is True
+
+
+@pytest.mark.parametrize("given, seen", [(None, "1"), ("3", "3")])
+def test_the_command_keeps_numpys_blas_to_one_thread_unless_told(given, seen):
+    # The command does no linear algebra; OpenBLAS's spinning threads would
+    # double a short command's CPU time.  A user's own setting is kept.
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    # What the setting is when numpy is first imported, as the command runs.
+    code = ("import os, sys\n"
+            "seen = []\n"
+            "class Spy:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'numpy' and not seen:\n"
+            "            seen.append(os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+            "sys.meta_path.insert(0, Spy())\n"
+            "import ndindex.cli\n"
+            "print(seen[0])\n")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout.strip()
+    assert out == seen
