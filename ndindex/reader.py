@@ -273,7 +273,11 @@ class Snapshot:
         self._prev = (prev.state, prev.log, prev.__dict__.get("log_tables")) \
             if prev is not None and "log" in prev.__dict__ else None
         self._build_lock = threading.Lock()
-        self._count = None
+        # Every change of content appends to the log, and compaction changes
+        # none: with the log's end where it was, the count is the same (a
+        # crawler's len() beside background compaction stays O(1)).
+        self._count = prev._count if prev is not None and \
+            prev.state.log_next_seq == self.state.log_next_seq else None
         #: Serialises lookups that share this snapshot's pages with threads.
         self.lock = threading.Lock()
 
@@ -655,9 +659,8 @@ class Snapshot:
     def count(self) -> int:
         """Number of distinct live fingerprints (cached per snapshot).
 
-        One run per table (a compacted index): the run's entries plus exact
-        probes for the log and tombstones.  Several runs: a pass over table
-        0's values, O(N).
+        A pass over table 0's values, O(N), unless an earlier snapshot's
+        count carried over (only compaction committed since: see __init__).
         """
         if self._count is None:
             self._count = sum(len(v) for v in self.table_values(0))

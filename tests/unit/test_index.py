@@ -1005,3 +1005,29 @@ def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypat
             live = {r.run_id for r in ix._snapshot().manifest.runs}
             assert not asked & live
             assert ix._directories._asked <= live and set(ix._directories) <= live
+
+
+def test_len_carries_over_compactions_and_counts_again_after_a_change(path, monkeypatch):
+    # Compaction changes no content, so len() need not read the tables again
+    # after one; a commit that adds or removes must count afresh.
+    from ndindex import reader
+    rng = np.random.default_rng(41)
+    fps = rng.integers(0, 2**64, size=6000, dtype=np.uint64)
+    fps[:50] = fps[50:100]  # repeats
+    with Index.create(path, k=3, expected_n=20_000, background_compaction=False) as ix:
+        put_in_state(ix, fps, "several-runs")
+        assert len(ix) == len(np.unique(fps))
+        reads = []
+        real = reader.Snapshot.table_values
+        monkeypatch.setattr(reader.Snapshot, "table_values",
+                            lambda self, *a, **kw: reads.append(1) or real(self, *a, **kw))
+        ix._compactor.step()
+        assert len(ix) == len(np.unique(fps)) and reads == []
+        ix.compact(full=True)
+        assert len(ix) == len(np.unique(fps)) and reads == []
+        ix.remove(fps[:200])
+        ix.add(np.array([1, 2, 3], dtype=np.uint64))
+        assert len(ix) == len(np.setdiff1d(fps, fps[:200])) + 3 and reads
+        reads.clear()
+        ix.compact(full=True)
+        assert len(ix) == len(np.setdiff1d(fps, fps[:200])) + 3 and reads == []
