@@ -48,7 +48,10 @@ again by the next run.  (The earlier two-file layout needed a protocol of
 pending keys because an LMDB file and an SQLite file cannot commit
 together; one file does not.)  Pairs are not stored: each run computes them
 from the stored sketches (``near_duplicate_pairs``), so there is no pairing
-state to resume.
+state to resume.  The first run builds its index (marker included) as
+``.<name>.dedup.ndx`` beside it, holding ``.<name>.dedup`` (an flock) while
+it works, and renames it into place; a later run deletes what a killed
+first run left there.
 
 An index of the earlier layout (an index plus its SQLite state file
 ``<index>.files``) is replaced on first use, with a note: a text document's
@@ -65,14 +68,13 @@ import dataclasses
 import hashlib
 import os
 import re
-import secrets
 import signal
 import stat
 import struct
 import time
 from typing import Callable, Iterable, Sequence
 
-from ndindex import textfile
+from ndindex import store as st, textfile
 from ndindex.cluster import clusters_from_pairs
 from ndindex.errors import CorruptionError, NdindexError, ReadOnlyError
 from ndindex.fingerprint import Fingerprinter
@@ -715,6 +717,8 @@ class _DedupIndex:
                                 "use another --index")
         _replace_two_file_layout(path, notes)
         if os.path.exists(path):
+            leftovers = _build_files(path)[2]
+            st.clear_build_leftover(path, "dedup", also=leftovers)  # of a killed first run
             ix = Index.open(path)
             try:
                 reason = _unusable(ix, fingerprinter, threshold)
@@ -880,21 +884,39 @@ def _comparable(raw: bytes) -> bytes:
     return repr(sorted(cfg.items())).encode()
 
 
+def _build_files(path: str) -> tuple[str, str, tuple]:
+    """The fixed names a first build of the dedup index at path works under:
+    the name it holds (an flock: a live build's, see store.claim_build), the
+    index it builds, and every file that build can leave behind."""
+    held = st.build_path(path, "dedup")
+    tmp = held + ".ndx"
+    return held, tmp, (tmp, tmp + "-lock", st.build_path(tmp, "creating"))
+
+
 def _create(path: str, fingerprinter: Fingerprinter, k: int | None, threshold: float) -> Index:
     """Create a dedup index at path: built beside it, marker included, then
-    renamed into place, so a crash leaves no index or a whole one."""
+    renamed into place, so a crash leaves no index or a whole one.
+
+    The build works under fixed names and holds one of them while it works,
+    so the next run tells a killed build's files from a live one's and
+    deletes them (here, or in _DedupIndex.open once path exists); a second
+    run starting meanwhile waits for the first and opens its index.
+    """
     fpr = dataclasses.replace(fingerprinter, threshold=min(fingerprinter.threshold, threshold))
-    tmp = os.path.join(os.path.dirname(os.path.abspath(path)),
-                       f".{os.path.basename(path)}.{secrets.token_hex(6)}.creating")
+    held_name, tmp, leftovers = _build_files(path)
+    held = st.claim_build(held_name, path)
     try:
+        _unlink(*leftovers)  # a killed build's: the name is this run's now
+        if os.path.exists(path):  # another run built it while this one waited
+            return Index.open(path)
         with Index.create(tmp, k=DEFAULT_INDEX_K if k is None else k,
                           expected_n=DEFAULT_EXPECTED_FILES, fingerprinter=fpr) as ix:
             ix.add_documents(_token(MARKER_KEY), MARKER_KEY, data=_MARKER_DATA % LAYOUT_VERSION)
         os.replace(tmp, path)
     finally:
-        for leftover in (tmp, tmp + "-lock"):     # never hiding the error that stopped it
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
+        with contextlib.suppress(OSError):  # never hiding the error that stopped it
+            _unlink(*leftovers)
+        st.release_build(held, held_name)
     return Index.open(path)
 
 

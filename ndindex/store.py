@@ -210,9 +210,9 @@ def release_build(fd: int, tmp: str) -> None:
         os.close(fd)
 
 
-def clear_build_leftover(path: str, what: str) -> None:
+def clear_build_leftover(path: str, what: str, also: tuple = ()) -> None:
     """Delete what a killed create or vacuum of path left under its build name
-    (only a name no live builder holds)."""
+    (only a name no live builder holds), and the files named in also with it."""
     tmp = build_path(path, what)
     try:
         fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -224,6 +224,9 @@ def clear_build_leftover(path: str, what: str) -> None:
     except OSError:
         os.close(fd)  # a builder holds it
         return
+    for name in also:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
     release_build(fd, tmp)
 
 

@@ -772,3 +772,66 @@ def test_a_killed_run_keeps_every_committed_batch(tmp_path):
     assert [names(c) for c in resumed.clusters] == [names(c) for c in fresh.clusters]
     assert len(resumed.clusters) == 10
     index_keys_cover_state(ix)
+
+
+#: Where a child dies: at the rename of its first build into place, or at
+#: the first unlink after that rename (clearing its build's files up).
+_KILLS = {
+    "before the rename": "os.replace = lambda *a, **k: os._exit(9)\n",
+    "after the rename": ("real = os.replace\n"
+                         "def replace(a, b):\n"
+                         "    real(a, b)\n"
+                         "    os.unlink = lambda *a, **k: os._exit(9)\n"
+                         "os.replace = replace\n"),
+}
+
+
+def _dedup_killed(when: str, files, index) -> None:
+    """Run a dedup job in a child that dies at the moment _KILLS names."""
+    import subprocess
+    import sys
+    kill = ("import os, sys\n" + _KILLS[when] +
+            "from ndindex import dedup\n"
+            "dedup([sys.argv[1]], index=sys.argv[2])\n")
+    done = subprocess.run([sys.executable, "-c", kill, str(files), str(index)], timeout=120)
+    assert done.returncode == 9
+
+
+@pytest.mark.parametrize("when", sorted(_KILLS))
+def test_a_killed_first_build_leaves_nothing_after_the_next_run(tmp_path, when):
+    # The first run builds its index beside the final name and renames it
+    # into place.  Killed before the rename, the build is left; killed
+    # after it, the build's lock files are.  The next run deletes them
+    # either way and finds the duplicates.
+    write(tmp_path / "t" / "a.txt", text(1))
+    write(tmp_path / "t" / "b.txt", text(1))
+    index = tmp_path / "cache" / "files.ndx"
+    index.parent.mkdir()
+    _dedup_killed(when, tmp_path / "t", index)
+    assert set(os.listdir(index.parent)) - {"files.ndx", "files.ndx-lock"}  # the kill's
+    assert os.path.exists(index) == (when == "after the rename")
+    result = ndindex.dedup([tmp_path / "t"], index=index)
+    assert [names(c) for c in result.clusters] == [["a.txt", "b.txt"]]
+    assert sorted(os.listdir(index.parent)) == ["files.ndx", "files.ndx-lock"]
+
+
+def test_a_first_build_another_run_holds_is_waited_for_and_left_alone(tmp_path, monkeypatch):
+    # A live build's names are not a leftover: the run that finds them held
+    # neither deletes them nor builds a second index over the first.
+    from ndindex import store
+    write(tmp_path / "t" / "a.txt", text(2))
+    index = tmp_path / "files.ndx"
+    held_name, tmp, _ = dedup_module._build_files(str(index))
+    held = store.claim_build(held_name, str(index))
+    try:
+        with open(tmp, "wb") as fh:  # the other run's index in the making
+            fh.write(b"x")
+        monkeypatch.setattr(store, "BUILD_WAIT_SECONDS", 0.2)
+        with pytest.raises(FileExistsError):
+            ndindex.dedup([tmp_path / "t"], index=index)
+        assert os.path.exists(tmp) and not os.path.exists(index)
+    finally:
+        store.release_build(held, held_name)
+    os.unlink(tmp)
+    assert ndindex.dedup([tmp_path / "t"], index=index).files_read == 1
+    assert sorted(os.listdir(tmp_path)) == ["files.ndx", "files.ndx-lock", "t"]
