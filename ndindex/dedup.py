@@ -717,8 +717,6 @@ class _DedupIndex:
                                 "use another --index")
         _replace_two_file_layout(path, notes)
         if os.path.exists(path):
-            leftovers = _build_files(path)[2]
-            st.clear_build_leftover(path, "dedup", also=leftovers)  # of a killed first run
             ix = Index.open(path)
             try:
                 reason = _unusable(ix, fingerprinter, threshold)
@@ -884,39 +882,23 @@ def _comparable(raw: bytes) -> bytes:
     return repr(sorted(cfg.items())).encode()
 
 
-def _build_files(path: str) -> tuple[str, str, tuple]:
-    """The fixed names a first build of the dedup index at path works under:
-    the name it holds (an flock: a live build's, see store.claim_build), the
-    index it builds, and every file that build can leave behind."""
-    held = st.build_path(path, "dedup")
-    tmp = held + ".ndx"
-    return held, tmp, (tmp, tmp + "-lock", st.build_path(tmp, "creating"))
-
-
 def _create(path: str, fingerprinter: Fingerprinter, k: int | None, threshold: float) -> Index:
     """Create a dedup index at path: built beside it, marker included, then
     renamed into place, so a crash leaves no index or a whole one.
 
-    The build works under fixed names and holds one of them while it works,
-    so the next run tells a killed build's files from a live one's and
-    deletes them (here, or in _DedupIndex.open once path exists); a second
-    run starting meanwhile waits for the first and opens its index.
+    The build holds a fixed name while it works (store.index_build), so a
+    later run tells a killed build's files from a live one's and deletes
+    them; a second run starting meanwhile waits for the first and opens
+    its index.
     """
     fpr = dataclasses.replace(fingerprinter, threshold=min(fingerprinter.threshold, threshold))
-    held_name, tmp, leftovers = _build_files(path)
-    held = st.claim_build(held_name, path)
-    try:
-        _unlink(*leftovers)  # a killed build's: the name is this run's now
+    with st.index_build(path, "dedup") as tmp:
         if os.path.exists(path):  # another run built it while this one waited
             return Index.open(path)
         with Index.create(tmp, k=DEFAULT_INDEX_K if k is None else k,
                           expected_n=DEFAULT_EXPECTED_FILES, fingerprinter=fpr) as ix:
             ix.add_documents(_token(MARKER_KEY), MARKER_KEY, data=_MARKER_DATA % LAYOUT_VERSION)
         os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):  # never hiding the error that stopped it
-            _unlink(*leftovers)
-        st.release_build(held, held_name)
     return Index.open(path)
 
 

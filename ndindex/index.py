@@ -101,9 +101,9 @@ class Index(DocumentMethods):
                                 | getattr(os, "O_CLOEXEC", 0))
         compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, __import__("fcntl").F_RDLCK)
         if not store.readonly:
-            # What a killed create or vacuum left would stay for ever.
-            st.clear_build_leftover(store.path, "creating")
-            st.clear_build_leftover(store.path, "vacuum")
+            # What a killed build (create, vacuum, recover, dedup) left
+            # would stay for ever.
+            st.clear_build_leftovers(store.path)
         self.log_limit = log_limit
         self._writer = None
         self._compactor = None

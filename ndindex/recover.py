@@ -47,7 +47,6 @@ import dataclasses
 import errno
 import mmap
 import os
-import secrets
 import struct
 
 import numpy as np
@@ -1211,12 +1210,14 @@ def _parameters(sv: Salvage):
 
 
 def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
+    from ndindex import store as st
     from ndindex.index import Index  # the public API (index imports nothing from here)
 
     directory = os.path.dirname(os.path.abspath(output))
-    tmp = os.path.join(directory, f".{os.path.basename(output)}.{secrets.token_hex(6)}.recovering")
     header = sv.header
-    try:
+    # A fixed name, held while it builds: what a killed recover left, the
+    # next one (or a writer's open of output) deletes (store.index_build).
+    with st.index_build(output, "recover") as tmp:
         with Index.create(tmp, k=k, expected_n=header.expected_n if header else
                           max(1, len(sv.fingerprints)), plan=plan,
                           coding=header.coding if header else codec.CODING_DELTA,
@@ -1246,12 +1247,7 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
                 progress("verifying", 0, 1)
             ix.verify()
         os.link(tmp, output)  # never clobbers a file that appeared meanwhile
-        from ndindex.store import _fsync_path
-        _fsync_path(directory)
-    finally:
-        for leftover in (tmp, tmp + "-lock"):
-            with contextlib.suppress(OSError):
-                os.unlink(leftover)
+        st._fsync_path(directory)
 
 
 def _valid_key(raw: bytes, fp: int, sv: Salvage) -> bool:

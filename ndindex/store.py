@@ -155,9 +155,15 @@ READER_CHECK_SECONDS = 1.0
 BUILD_WAIT_SECONDS = 10.0
 
 
+#: Builds of a whole index, made through Index.create of its own beside the
+#: path it becomes: recover's rebuild and the dedup job's first index.
+INDEX_BUILDS = ("recover", "dedup")
+
+
 def build_path(path: str, what: str) -> str:
-    """The one name beside path under which create ("creating") or vacuum
-    ("vacuum") builds the file that becomes path (FORMAT.md section 7)."""
+    """The one name beside path under which create ("creating"), vacuum
+    ("vacuum") or an INDEX_BUILDS kind builds what becomes path (FORMAT.md
+    section 7)."""
     path = os.path.abspath(path)
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{what}")
 
@@ -210,9 +216,9 @@ def release_build(fd: int, tmp: str) -> None:
         os.close(fd)
 
 
-def clear_build_leftover(path: str, what: str, also: tuple = ()) -> None:
-    """Delete what a killed create or vacuum of path left under its build name
-    (only a name no live builder holds), and the files named in also with it."""
+def clear_build_leftover(path: str, what: str) -> None:
+    """Delete what a killed build of path (create, vacuum or an INDEX_BUILDS
+    kind) left under its build name (only a name no live builder holds)."""
     tmp = build_path(path, what)
     try:
         fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -224,10 +230,51 @@ def clear_build_leftover(path: str, what: str, also: tuple = ()) -> None:
     except OSError:
         os.close(fd)  # a builder holds it
         return
-    for name in also:
+    if what in INDEX_BUILDS:
+        try:
+            _unlink_all(index_build_files(path, what)[2])
+        except OSError:
+            os.close(fd)  # the name stays, so that a later open tries again
+            return
+    release_build(fd, tmp)
+
+
+def clear_build_leftovers(path: str) -> None:
+    """clear_build_leftover of every kind of build (a writer's open)."""
+    for what in ("creating", "vacuum") + INDEX_BUILDS:
+        clear_build_leftover(path, what)
+
+
+def index_build_files(path: str, what: str) -> tuple[str, str, tuple]:
+    """(held name, index name, every file the build can leave) of an
+    INDEX_BUILDS build of path: it holds `.<file>.<what>` and builds the
+    index as `.<file>.<what>.ndx` (which has build names of its own)."""
+    held = build_path(path, what)
+    tmp = held + ".ndx"
+    return held, tmp, (tmp, tmp + "-lock", build_path(tmp, "creating"), build_path(tmp, "vacuum"))
+
+
+@contextlib.contextmanager
+def index_build(path: str, what: str):
+    """Hold the build name of an INDEX_BUILDS build of path; yield the name
+    to build the index under.  What a killed build left is deleted first (the
+    name is this process's now), and what remains is deleted at the end: the
+    caller renames or links its index to path before."""
+    held_name, tmp, leftovers = index_build_files(path, what)
+    fd = claim_build(held_name, path)
+    try:
+        _unlink_all(leftovers)
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):  # never hiding the error that stopped the build
+            _unlink_all(leftovers)
+        release_build(fd, held_name)
+
+
+def _unlink_all(names) -> None:
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
-    release_build(fd, tmp)
 
 
 def publish(tmp: str, path: str) -> None:

@@ -811,7 +811,7 @@ def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:
 
 def _copy_synced(src: str, dest: str) -> None:
     """Copy src to dest through a temporary name, synced, so dest is whole or absent."""
-    tmp = f"{dest}.{secrets.token_hex(6)}.copying"
+    tmp = f"{dest}.{secrets.token_hex(_BUILD_TAG_HEX // 2)}.copying"  # see _clear_leftovers
     try:
         with open(src, "rb") as fin, open(tmp, "xb") as fout:
             while chunk := fin.read(1 << 20):
@@ -857,12 +857,15 @@ def _clear_leftovers(src: str) -> int:
 
     Only names this module (and the index it builds) make from src's name:
     ``.<name>.<hex>.upgrading`` with its lock file and the temporaries of
-    create and vacuum made from that name.  Called with src held
-    exclusively, so no other upgrade of src is running.
+    create and vacuum made from that name, and ``<name>.v1.<hex>.copying``,
+    the backup's copy where the file system has no hard links.  Called with
+    src held exclusively, so no other upgrade of src is running.
     """
     directory = os.path.dirname(os.path.abspath(src))
-    pattern = re.compile(r"\.?\." + re.escape(os.path.basename(src))
-                         + r"\.[0-9a-f]{%d}\.upgrading(\W.*)?\Z" % _BUILD_TAG_HEX, re.S)
+    name = re.escape(os.path.basename(src))
+    tag = r"\.[0-9a-f]{%d}\." % _BUILD_TAG_HEX
+    pattern = re.compile(r"(\.?\." + name + tag + r"upgrading(\W.*)?"
+                         + "|" + name + re.escape(BACKUP_SUFFIX) + tag + r"copying)\Z", re.S)
     removed = 0
     for name in os.listdir(directory):
         if pattern.match(name):

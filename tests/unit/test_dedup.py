@@ -821,7 +821,7 @@ def test_a_first_build_another_run_holds_is_waited_for_and_left_alone(tmp_path, 
     from ndindex import store
     write(tmp_path / "t" / "a.txt", text(2))
     index = tmp_path / "files.ndx"
-    held_name, tmp, _ = dedup_module._build_files(str(index))
+    held_name, tmp, _ = store.index_build_files(str(index), "dedup")
     held = store.claim_build(held_name, str(index))
     try:
         with open(tmp, "wb") as fh:  # the other run's index in the making

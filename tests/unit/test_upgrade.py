@@ -237,9 +237,11 @@ def test_a_file_open_in_another_process_is_not_upgraded_in_place(v1):
 
 def test_leftovers_of_an_interrupted_upgrade_are_cleared_and_nothing_else(v1, tmp_path):
     leftovers = [".v1.ndx.0123456789ab.upgrading", ".v1.ndx.0123456789ab.upgrading-lock",
-                 "..v1.ndx.0123456789ab.upgrading.ba9876543210.creating"]
+                 "..v1.ndx.0123456789ab.upgrading.ba9876543210.creating",
+                 "..v1.ndx.0123456789ab.upgrading.vacuum", "v1.ndx.v1.0123456789ab.copying"]
     unrelated = [".v1.ndx.upgrading", "v1.ndx.0123456789ab.upgrading", ".v1.ndx.notes",
-                 ".other.ndx.0123456789ab.upgrading"]
+                 ".other.ndx.0123456789ab.upgrading", "v1.ndx.0123456789ab.copying",
+                 "v1.ndx.v1.copying", "other.ndx.v1.0123456789ab.copying"]
     for name in leftovers + unrelated:
         (tmp_path / name).write_bytes(b"x")
     upgrade(v1)
