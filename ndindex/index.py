@@ -526,9 +526,9 @@ class Index(DocumentMethods):
     def __len__(self) -> int:
         """Number of distinct live fingerprints, as this Index's queries see them.
 
-        Cost: O(N) after a change (a pass over table 0's runs), cached until
-        the next commit that changes the content (compaction's do not);
-        operations of an open transaction or not yet
+        Cost: O(the log records since the last count) while no flush of new
+        records came between, else O(N) (a pass over table 0's runs);
+        compaction changes no count; operations of an open transaction or not yet
         checkpointed (durability "normal") are counted by k=0 probes.
         """
         snap, new, gone = self._pending_view()
@@ -773,11 +773,8 @@ class Index(DocumentMethods):
                 fresh = st.Store.open(path, durability=self._store.durability)
                 self._store.__dict__.update(fresh.__dict__)
                 self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
-                if snap is not None and snap._count is not None:
-                    # The copy holds the same content: its count carries over.
-                    new = self._snapshot()
-                    if new.state.log_next_seq == snap.state.log_next_seq:
-                        new._count = snap._count
+                if snap is not None:
+                    self._snapshot().carry_count(snap)  # the copy holds the same content
                 os.close(self._lock_fd)
                 self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
                 compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)

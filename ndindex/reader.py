@@ -273,11 +273,10 @@ class Snapshot:
         self._prev = (prev.state, prev.log, prev.__dict__.get("log_tables")) \
             if prev is not None and "log" in prev.__dict__ else None
         self._build_lock = threading.Lock()
-        # Every change of content appends to the log, and compaction changes
-        # none: with the log's end where it was, the count is the same (a
-        # crawler's len() beside background compaction stays O(1)).
-        self._count = prev._count if prev is not None and \
-            prev.state.log_next_seq == self.state.log_next_seq else None
+        self._count = None
+        self._count_anchor = None
+        if prev is not None:
+            self.carry_count(prev)
         #: Serialises lookups that share this snapshot's pages with threads.
         self.lock = threading.Lock()
 
@@ -324,15 +323,20 @@ class Snapshot:
 
     @functools.cached_property
     def kernel(self):
-        view, plan = self.view, self.plan
         #: The background lister's count when this kernel was built (see Index._view).
         self.kernel_version = getattr(self._directories, "version", 0)
+        return self._make_kernel(self.log_tables, self.log.removes)
+
+    def _make_kernel(self, log_tables, log_removes):
+        """The query kernel over this snapshot's runs and tombstones, with the
+        given log (per table (log, recent) arrays, and its removals)."""
+        view, plan = self.view, self.plan
         return _core.make_snapshot(
             view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
             [(d.prefix_bits, d.runs(), _inverse(d),
-              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *self.log_tables[i])
+              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
-            self.log.removes,
+            log_removes,
             (self.tombstone_run_id, self.tombstone_run.last, self.tombstone_run.chunks)
             if self.tombstone_run else None)
 
@@ -659,12 +663,61 @@ class Snapshot:
     def count(self) -> int:
         """Number of distinct live fingerprints (cached per snapshot).
 
-        A pass over table 0's values, O(N), unless an earlier snapshot's
-        count carried over (only compaction committed since: see __init__).
+        From the last count of an earlier snapshot when no flush came
+        between: O(the log records since), see _count_since.  Otherwise a
+        pass over table 0's values, O(N).
         """
         if self._count is None:
-            self._count = sum(len(v) for v in self.table_values(0))
+            count = self._count_since(self._count_anchor)
+            self._count = sum(len(v) for v in self.table_values(0)) if count is None else count
+        then = self._count_anchor
+        if then is None or then[0].log_first_seq != self.state.log_first_seq or \
+                then[0].log_next_seq != self.state.log_next_seq:
+            log = self.log
+            self._count_anchor = (self.state, self._count, log.adds, log.removes)
         return self._count
+
+    def carry_count(self, prev: "Snapshot") -> None:
+        """Take over what prev knows of the count: its count itself when the
+        content is the same (every change of content appends to the log, and
+        compaction changes none), and its anchor for count()."""
+        self._count_anchor = prev._count_anchor
+        if prev._count is not None and prev.state.log_next_seq == self.state.log_next_seq:
+            self._count = prev._count
+
+    def _count_since(self, anchor) -> int | None:
+        """The count from an anchor (state, count, log adds, log removes) of an
+        earlier snapshot, or None when a flush came between.
+
+        Between two flushes the log only grows, and the runs less their
+        tombstones keep the same values (merges move them, never change
+        them).  A value is live when its last log operation is an add, or,
+        with none, when the runs hold it.  So only values the records since
+        the anchor touch can have changed, and each one's state then and
+        now follows from the two logs and one look in the runs.
+        """
+        if anchor is None:
+            return None
+        then, count, adds_then, removes_then = anchor
+        st = self.state
+        if then.log_first_seq != st.log_first_seq or then.log_next_seq > st.log_next_seq:
+            return None
+        fresh = self._read_log(then.log_next_seq, st.log_next_seq)
+        if not fresh:
+            return count
+        touched = sorted_unique(np.concatenate([a for r in fresh for a in (r.adds, r.removes)]))
+        if not len(touched):
+            return count  # records of document keys only
+        runs_only = self._make_kernel([(EMPTY_U64, EMPTY_U64)] * len(self.plan.tables), EMPTY_U64)
+        in_runs = np.zeros(len(touched), dtype=bool)
+        in_runs[np.frombuffer(_core.query_many(runs_only, touched, 0)[0], dtype=np.int64)] = True
+
+        def live(adds, removes):
+            return np.where(isin_sorted(touched, adds), True,
+                            np.where(isin_sorted(touched, removes), False, in_runs))
+        log = self.log
+        return count + int(live(log.adds, log.removes).sum()) - \
+            int(live(adds_then, removes_then).sum())
 
 
 def _log_with(table_log: tuple, new: np.ndarray) -> tuple:

@@ -1007,27 +1007,59 @@ def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypat
             assert ix._directories._asked <= live and set(ix._directories) <= live
 
 
-def test_len_carries_over_compactions_and_counts_again_after_a_change(path, monkeypatch):
-    # Compaction changes no content, so len() need not read the tables again
-    # after one; a commit that adds or removes must count afresh.
+def test_len_counts_on_from_its_last_count_until_a_flush_comes_between(path, monkeypatch):
+    # Compaction changes no content, and between two flushes only the
+    # values the log records since the last count touch can change state:
+    # len() reads no table after merges, vacuum, adds and removes (of new
+    # values, of stored ones, of tombstoned ones brought back), and counts
+    # table 0 afresh only when new records were flushed since it last counted.
     from ndindex import reader
     rng = np.random.default_rng(41)
     fps = rng.integers(0, 2**64, size=6000, dtype=np.uint64)
     fps[:50] = fps[50:100]  # repeats
+    live = set(fps.tolist())
     with Index.create(path, k=3, expected_n=20_000, background_compaction=False) as ix:
         put_in_state(ix, fps, "several-runs")
-        assert len(ix) == len(np.unique(fps))
+        assert len(ix) == len(live)
         reads = []
         real = reader.Snapshot.table_values
         monkeypatch.setattr(reader.Snapshot, "table_values",
                             lambda self, *a, **kw: reads.append(1) or real(self, *a, **kw))
-        ix._compactor.step()
-        assert len(ix) == len(np.unique(fps)) and reads == []
-        ix.compact(full=True)
-        assert len(ix) == len(np.unique(fps)) and reads == []
+
+        def check(read):
+            assert len(ix) == len(live) and bool(reads) == read
+            reads.clear()
+
+        ix._compactor.step()  # a merge
+        check(False)
+        ix.compact(full=True)  # merges, vacuum
+        check(False)
+        gone = fps[:200].tolist()
         ix.remove(fps[:200])
         ix.add(np.array([1, 2, 3], dtype=np.uint64))
-        assert len(ix) == len(np.setdiff1d(fps, fps[:200])) + 3 and reads
-        reads.clear()
+        live.difference_update(gone)
+        live.update([1, 2, 3])
+        check(False)
+        flush(ix)  # tombstones for the removed; content unchanged
+        check(False)
+        back = fps[100:130].tolist()  # tombstoned, then added again
+        ix.add(fps[100:130])
+        ix.remove(np.array([1, int(fps[500]), 12345], dtype=np.uint64))  # 12345 was never stored
+        ix.add(np.array([int(fps[500])], dtype=np.uint64))  # removed and added in the log
+        live.update(back)
+        live.discard(1)
+        check(False)
+        ix.remove(fps[600:601])  # removed in the log when last counted, then added back
+        live.discard(int(fps[600]))
+        check(False)
+        ix.add(fps[600:601])
+        live.add(int(fps[600]))
+        check(False)
+        ix.add(np.array([7, 8], dtype=np.uint64))
+        flush(ix)  # new records flushed since the last count: afresh
+        live.update([7, 8])
+        check(True)
         ix.compact(full=True)
-        assert len(ix) == len(np.setdiff1d(fps, fps[:200])) + 3 and reads == []
+        check(False)
+
+
