@@ -383,6 +383,7 @@ class Compactor:
     # -- flush ------------------------------------------------------------------
 
     def _flush(self, snap) -> None:
+        snap.count_before_flush()  # len() after the flush then starts from it
         ix = self._ix
         log = snap.log
         man = _copy_manifest(snap.manifest)

@@ -33,7 +33,7 @@ from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_DELTA
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
-from ndindex.reader import REAPER, WARM_QUERIES, DirectoryCache, Snapshot
+from ndindex.reader import REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
@@ -92,6 +92,7 @@ class Index(DocumentMethods):
         self._snap_lock = threading.Lock()
         self._uses = 0   # snapshot requests, for the idle-snapshot reaper
         self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
+        self._counts = CountMemo()  # the newest count, for len() to start from
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
         self._pool = None
         self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
@@ -342,7 +343,7 @@ class Index(DocumentMethods):
                 return cur
             try:
                 snap = Snapshot(self._store, self.plan, txn, view, prev=cur,
-                                directories=self._directories)
+                                directories=self._directories, counts=self._counts)
             except BaseException:
                 txn.abort()
                 raise
@@ -773,8 +774,6 @@ class Index(DocumentMethods):
                 fresh = st.Store.open(path, durability=self._store.durability)
                 self._store.__dict__.update(fresh.__dict__)
                 self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
-                if snap is not None:
-                    self._snapshot().carry_count(snap)  # the copy holds the same content
                 os.close(self._lock_fd)
                 self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
                 compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)

@@ -238,8 +238,9 @@ class Snapshot:
     """One committed state of the index, as queries see it."""
 
     def __init__(self, store, plan, txn, view, prev: "Snapshot | None" = None,
-                 directories: dict | None = None):
+                 directories: dict | None = None, counts: "CountMemo | None" = None):
         self._directories = directories if directories is not None else {}
+        self._counts = counts if counts is not None else CountMemo()
         self.txn = txn
         self.view = view
         self.plan = plan
@@ -274,9 +275,6 @@ class Snapshot:
             if prev is not None and "log" in prev.__dict__ else None
         self._build_lock = threading.Lock()
         self._count = None
-        self._count_anchor = None
-        if prev is not None:
-            self.carry_count(prev)
         #: Serialises lookups that share this snapshot's pages with threads.
         self.lock = threading.Lock()
 
@@ -663,48 +661,54 @@ class Snapshot:
     def count(self) -> int:
         """Number of distinct live fingerprints (cached per snapshot).
 
-        From the last count of an earlier snapshot when no flush came
-        between: O(the log records since), see _count_since.  Otherwise a
-        pass over table 0's values, O(N).
+        From the newest count of this index's snapshots (self._counts): the
+        same when no content changed since, O(the log records since) when no
+        flush came between (_count_since); otherwise a pass over table 0's
+        values, O(N).
         """
         if self._count is None:
-            count = self._count_since(self._count_anchor)
+            count = self._count_since(self._counts.newest)
             self._count = sum(len(v) for v in self.table_values(0)) if count is None else count
-        then = self._count_anchor
-        if then is None or then[0].log_first_seq != self.state.log_first_seq or \
-                then[0].log_next_seq != self.state.log_next_seq:
-            log = self.log
-            self._count_anchor = (self.state, self._count, log.adds, log.removes)
+        self._counts.offer(self.state, self._count, self._log_arrays)
         return self._count
 
-    def carry_count(self, prev: "Snapshot") -> None:
-        """Take over what prev knows of the count: its count itself when the
-        content is the same (every change of content appends to the log, and
-        compaction changes none), and its anchor for count()."""
-        self._count_anchor = prev._count_anchor
-        if prev._count is not None and prev.state.log_next_seq == self.state.log_next_seq:
-            self._count = prev._count
+    def _log_arrays(self) -> tuple:
+        st = self.state
+        if st.log_first_seq == st.log_next_seq:  # after a flush, as a rule: nothing to read
+            return EMPTY_U64, EMPTY_U64
+        return self.log.adds, self.log.removes
 
-    def _count_since(self, anchor) -> int | None:
-        """The count from an anchor (state, count, log adds, log removes) of an
+    def count_before_flush(self) -> None:
+        """Count now if the newest count makes that cheap: once this log is
+        flushed, the next count could not start from that one, and would
+        read table 0 whole."""
+        newest = self._counts.newest
+        if self._count is None and newest is not None and \
+                newest[0].log_first_seq == self.state.log_first_seq:
+            self.count()
+
+    def _count_since(self, memo) -> int | None:
+        """The count from a memo (state, count, log adds, log removes) of an
         earlier snapshot, or None when a flush came between.
 
+        Every change of content appends to the log, and compaction changes
+        none, so with the log's end where it was the count is the same.
         Between two flushes the log only grows, and the runs less their
         tombstones keep the same values (merges move them, never change
         them).  A value is live when its last log operation is an add, or,
         with none, when the runs hold it.  So only values the records since
-        the anchor touch can have changed, and each one's state then and
-        now follows from the two logs and one look in the runs.
+        the memo touch can have changed, and each one's state then and now
+        follows from the two logs and one look in the runs.
         """
-        if anchor is None:
+        if memo is None:
             return None
-        then, count, adds_then, removes_then = anchor
+        then, count, adds_then, removes_then = memo
         st = self.state
+        if then.log_next_seq == st.log_next_seq:
+            return count
         if then.log_first_seq != st.log_first_seq or then.log_next_seq > st.log_next_seq:
             return None
         fresh = self._read_log(then.log_next_seq, st.log_next_seq)
-        if not fresh:
-            return count
         touched = sorted_unique(np.concatenate([a for r in fresh for a in (r.adds, r.removes)]))
         if not len(touched):
             return count  # records of document keys only
@@ -718,6 +722,25 @@ class Snapshot:
         log = self.log
         return count + int(live(log.adds, log.removes).sum()) - \
             int(live(adds_then, removes_then).sum())
+
+
+class CountMemo:
+    """The newest count the snapshots of one open index made, for later ones
+    to start from (Snapshot.count): (state, count, log adds, log removes)."""
+
+    __slots__ = ("newest",)
+
+    def __init__(self):
+        self.newest = None
+
+    def offer(self, state, count: int, log_arrays) -> None:
+        """Keep this count, with log_arrays() (the log's adds and removes), if
+        it is the newest: the log's end, then its start, only grow (a
+        vacuumed copy keeps both)."""
+        newest = self.newest
+        if newest is None or (state.log_next_seq, state.log_first_seq) > \
+                (newest[0].log_next_seq, newest[0].log_first_seq):
+            self.newest = (state, count, *log_arrays())
 
 
 def _log_with(table_log: tuple, new: np.ndarray) -> tuple:

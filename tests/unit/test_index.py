@@ -1011,8 +1011,9 @@ def test_len_counts_on_from_its_last_count_until_a_flush_comes_between(path, mon
     # Compaction changes no content, and between two flushes only the
     # values the log records since the last count touch can change state:
     # len() reads no table after merges, vacuum, adds and removes (of new
-    # values, of stored ones, of tombstoned ones brought back), and counts
-    # table 0 afresh only when new records were flushed since it last counted.
+    # values, of stored ones, of tombstoned ones brought back), nor after a
+    # flush, which counts first; it counts table 0 afresh only when new
+    # records were flushed without that.
     from ndindex import reader
     rng = np.random.default_rng(41)
     fps = rng.integers(0, 2**64, size=6000, dtype=np.uint64)
@@ -1056,8 +1057,13 @@ def test_len_counts_on_from_its_last_count_until_a_flush_comes_between(path, mon
         live.add(int(fps[600]))
         check(False)
         ix.add(np.array([7, 8], dtype=np.uint64))
-        flush(ix)  # new records flushed since the last count: afresh
+        flush(ix)  # counts first, from the last count
         live.update([7, 8])
+        check(False)
+        monkeypatch.setattr(reader.Snapshot, "count_before_flush", lambda self: None)
+        ix.add(np.array([9], dtype=np.uint64))
+        flush(ix)  # new records flushed since the last count: afresh
+        live.add(9)
         check(True)
         ix.compact(full=True)
         check(False)
