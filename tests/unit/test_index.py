@@ -1007,13 +1007,13 @@ def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypat
             assert ix._directories._asked <= live and set(ix._directories) <= live
 
 
-def test_len_counts_on_from_its_last_count_until_a_flush_comes_between(path, monkeypatch):
+def test_len_counts_on_from_its_last_count(path, monkeypatch):
     # Compaction changes no content, and between two flushes only the
     # values the log records since the last count touch can change state:
     # len() reads no table after merges, vacuum, adds and removes (of new
     # values, of stored ones, of tombstoned ones brought back), nor after a
-    # flush, which counts first; it counts table 0 afresh only when new
-    # records were flushed without that.
+    # flush, which counts first; it counts table 0 afresh only when more
+    # operations than a flush counts for were flushed since the last count.
     from ndindex import reader
     rng = np.random.default_rng(41)
     fps = rng.integers(0, 2**64, size=6000, dtype=np.uint64)
@@ -1060,11 +1060,15 @@ def test_len_counts_on_from_its_last_count_until_a_flush_comes_between(path, mon
         flush(ix)  # counts first, from the last count
         live.update([7, 8])
         check(False)
-        monkeypatch.setattr(reader.Snapshot, "count_before_flush", lambda self: None)
-        ix.add(np.array([9], dtype=np.uint64))
-        flush(ix)  # new records flushed since the last count: afresh
-        live.add(9)
+        monkeypatch.setattr(reader, "COUNT_BEFORE_FLUSH_OPS", 2)
+        ix.add(np.array([9, 10, 11], dtype=np.uint64))
+        flush(ix)  # more operations since the last count than a flush counts: afresh
+        live.update([9, 10, 11])
         check(True)
+        ix.add(np.array([12, 13], dtype=np.uint64))
+        flush(ix)  # within the bound: counted first
+        live.update([12, 13])
+        check(False)
         ix.compact(full=True)
         check(False)
 
