@@ -666,11 +666,14 @@ class Snapshot:
 
         From the newest count of this index's snapshots (self._counts): the
         same when no content changed since, O(the log records since) when no
-        flush came between (_count_since); otherwise a pass over table 0's
-        values, O(N).
+        flush came between (_count_since).  Else, for a compacted index, from
+        its one run's entry count, O(the log) (_count_of_one_run).  Otherwise
+        a pass over table 0's values, O(N).
         """
         if self._count is None:
             count = self._count_since(self._counts.newest)
+            if count is None:
+                count = self._count_of_one_run()
             self._count = sum(len(v) for v in self.table_values(0)) if count is None else count
         self._counts.offer(self.state, self._count, self._log_arrays)
         return self._count
@@ -719,9 +722,7 @@ class Snapshot:
         touched = sorted_unique(np.concatenate([a for r in fresh for a in (r.adds, r.removes)]))
         if not len(touched):
             return count  # records of document keys only
-        runs_only = self._make_kernel([(EMPTY_U64, EMPTY_U64)] * len(self.plan.tables), EMPTY_U64)
-        in_runs = np.zeros(len(touched), dtype=bool)
-        in_runs[np.frombuffer(_core.query_many(runs_only, touched, 0)[0], dtype=np.int64)] = True
+        in_runs = self._in_runs(touched)
 
         def live(adds, removes):
             return np.where(isin_sorted(touched, adds), True,
@@ -729,6 +730,31 @@ class Snapshot:
         log = self.log
         return count + int(live(log.adds, log.removes).sum()) - \
             int(live(adds_then, removes_then).sum())
+
+
+    def _count_of_one_run(self) -> int | None:
+        """The count of a compacted index, or None: when table 0 is one run
+        and no tombstone hides any of it, its entries, plus the log's adds it
+        lacks, less the log's removes it holds (O(the log))."""
+        runs = [r for r in self.table_runs[0] if r.chunks]
+        tomb = self.tombstone_run
+        if len(runs) != 1 or runs[0].merge_input or runs[0].merge_output or \
+                (tomb is not None and tomb.entries):
+            return None
+        adds, removes = self._log_arrays()
+        in_runs = self._in_runs(np.concatenate([adds, removes]))
+        return runs[0].entries + int((~in_runs[:len(adds)]).sum()) - \
+            int(in_runs[len(adds):].sum())
+
+    def _in_runs(self, values: np.ndarray) -> np.ndarray:
+        """Which values the runs hold, less their tombstones (the log aside):
+        one k = 0 look each, through a kernel without the log."""
+        found = np.zeros(len(values), dtype=bool)
+        if len(values):
+            runs_only = self._make_kernel([(EMPTY_U64, EMPTY_U64)] * len(self.plan.tables),
+                                          EMPTY_U64)
+            found[np.frombuffer(_core.query_many(runs_only, values, 0)[0], dtype=np.int64)] = True
+        return found
 
 
 class CountMemo:

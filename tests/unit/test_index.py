@@ -1073,3 +1073,33 @@ def test_len_counts_on_from_its_last_count(path, monkeypatch):
         check(False)
 
 
+
+
+def test_len_of_a_compacted_index_reads_no_table(path, monkeypatch):
+    # One run per table and no tombstone: the run's entry count, corrected
+    # by the log's adds and removes, with nothing to start from (a new open).
+    from ndindex import reader
+    fps = np.unique(np.random.default_rng(43).integers(0, 2**64, size=5000, dtype=np.uint64))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+    reads = []
+    real = reader.Snapshot.table_values
+    monkeypatch.setattr(reader.Snapshot, "table_values",
+                        lambda self, *a, **kw: reads.append(1) or real(self, *a, **kw))
+    with Index.open(path, readonly=True) as ro:
+        assert len(ro) == len(fps) and reads == []
+    with Index.open(path, background_compaction=False) as ix:
+        ix.add(np.array([1, 2], dtype=np.uint64))
+        ix.add(fps[20:25])  # stored already
+        ix.remove(fps[:10])
+        ix.remove(np.array([3], dtype=np.uint64))  # never stored
+    live = len(fps) + 2 - 10
+    with Index.open(path, background_compaction=False) as ix:
+        assert len(ix) == live and reads == []
+        ix.compact(full=True)
+        ix.remove(fps[100:120])
+        flush(ix)  # tombstones, no new run: the run no longer counts for itself
+        assert len(ix._snapshot().table_runs[0]) == 1
+    with Index.open(path, background_compaction=False) as ix:
+        assert len(ix) == live - 20 and reads
