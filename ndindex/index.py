@@ -527,10 +527,12 @@ class Index(DocumentMethods):
     def __len__(self) -> int:
         """Number of distinct live fingerprints, as this Index's queries see them.
 
-        Cost: O(the log records since the last count) while no flush of new
-        records came between, else O(N) (a pass over table 0's runs);
-        compaction changes no count; operations of an open transaction or not yet
-        checkpointed (durability "normal") are counted by k=0 probes.
+        Cost: from this Index's last count, O(1) if only compaction came
+        since, O(the log records since) while no flush of them came between;
+        else O(the log) for a compacted index (table 0 one run, no
+        tombstone), O(N) otherwise (a pass over table 0's runs).  Operations
+        of an open transaction or not yet checkpointed (durability "normal")
+        are counted by k=0 probes.
         """
         snap, new, gone = self._pending_view()
         return snap.count() + len(new) - len(gone)

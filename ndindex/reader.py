@@ -731,7 +731,6 @@ class Snapshot:
         return count + int(live(log.adds, log.removes).sum()) - \
             int(live(adds_then, removes_then).sum())
 
-
     def _count_of_one_run(self) -> int | None:
         """The count of a compacted index, or None: when table 0 is one run
         and no tombstone hides any of it, its entries, plus the log's adds it
