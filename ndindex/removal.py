@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex.arrays import EMPTY_U64
+from ndindex.records import SPACE_KEYS_BY_FP
 
 
 def key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
@@ -19,6 +20,8 @@ def key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
     holding it, and a fingerprint whose last key goes goes too.
     """
     gone = set(fps)
+    if not raw_keys and not snap.may_hold_records(SPACE_KEYS_BY_FP, pend):
+        return {}, gone  # an index without keys: nothing to look up
     have = dict(zip(gone, snap.raw_keys_many(gone, pend)))
 
     def keys_of(fp):
@@ -37,7 +40,7 @@ def key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
 
 def live(snap, pend, fps) -> np.ndarray:
     """The fingerprints among fps that are stored (sorted)."""
-    candidates = np.array(sorted(fps), dtype=np.uint64)
+    candidates = np.unique(np.fromiter(fps, dtype=np.uint64, count=len(fps)))
     if not len(candidates):
         return EMPTY_U64
     return candidates[np.unique(np.frombuffer(snap.query_many(candidates, 0, pend)[0],

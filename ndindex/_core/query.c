@@ -316,6 +316,12 @@ typedef struct {
     block_job jobs[PROBE_GROUP];
 } job_queue;
 
+/* The prefix a lane decodes a block for: the table's, or for an exact
+ * lookup all 64 bits, so that its decode stops right past q. */
+static inline int lane_prefix(const query_snapshot *s, const block_job *jb) {
+    return jb->k == 0 ? 64 : s->tables[jb->t].p;
+}
+
 /* Take the matches of a block: the values in [lo, hi], unpermuted. */
 static int take_matches(const query_snapshot *s, const block_job *jb, uint64_t q,
                         const uint64_t *found, long n, query_results *out) {
@@ -334,7 +340,7 @@ static __attribute__((noinline)) int probe_overflowed(const query_snapshot *s,
                                                       const block_job *jb, uint64_t q,
                                                       query_results *out, long *status) {
     uint64_t whole[1 + BLOCK_PAYLOAD_BITS];
-    *status = codec_probe_verified(jb->run->code, jb->block, jb->qp, s->tables[jb->t].p, jb->k,
+    *status = codec_probe_verified(jb->run->code, jb->block, jb->qp, lane_prefix(s, jb), jb->k,
                                    whole, sizeof whole / sizeof *whole,
                                    jb->verified ? *jb->verified : 0);
     return *status < 0 ? 0 : take_matches(s, jb, q, whole, *status, out);
@@ -366,7 +372,7 @@ static int queue_flush(job_queue *jq) {
             continue;
         lane_job[nlanes] = j;
         lane[nlanes] = (codec_lane){.code = jb->run->code, .block = jb->block, .q = jb->qp,
-                                    .p = s->tables[jb->t].p, .k = jb->k,
+                                    .p = lane_prefix(s, jb), .k = jb->k,
                                     .verified = jb->verified ? *jb->verified : 0,
                                     .out = found[nlanes], .cap = LANE_CAP};
         nlanes++;
@@ -992,13 +998,16 @@ static void prefetch_listed(const query_table *tb, uint64_t lo) {
 #define LOCATE_TABLES 8
 #define LOCATE_RUNS 16
 
-/* What query_one probes in one table: q permuted, and the prefix range. */
+/* What query_one probes in one table: q permuted, and the range that can
+ * hold a match: q's prefix bucket, or for k = 0 (an exact lookup) q alone. */
 typedef struct {
     uint64_t qp, lo, hi;
 } table_probe;
 
-static inline table_probe table_probe_of(const query_table *tb, uint64_t q) {
+static inline table_probe table_probe_of(const query_table *tb, uint64_t q, int k) {
     uint64_t mask = prefix_mask(tb->p), qp = perm_apply(&tb->fwd, q);
+    if (k == 0)
+        return (table_probe){qp, qp, qp};
     return (table_probe){qp, qp & mask, (qp & mask) | ~mask};
 }
 
@@ -1157,7 +1166,7 @@ void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
     const int ntables = k == 0 ? 1 : s->ntables;
     for (int t = 0; t < ntables; t++) {
         const query_table *tb = &s->tables[t];
-        const table_probe tp = table_probe_of(tb, q);
+        const table_probe tp = table_probe_of(tb, q, k);
         for (int r = 0; r < tb->nruns && n < MAX_SEEKS; r++) {
             const query_run *run = &tb->runs[r];
             uint64_t lo = tp.lo, hi = tp.hi;
@@ -1199,7 +1208,7 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
     for (int t0 = 0; t0 < ntables; t0 += LOCATE_TABLES) {
         int t1 = t0 + LOCATE_TABLES < ntables ? t0 + LOCATE_TABLES : ntables;
         for (int t = t0; t < t1; t++)
-            tp[t - t0] = table_probe_of(&s->tables[t], q);
+            tp[t - t0] = table_probe_of(&s->tables[t], q, k);
         locate_listed(s, t0, t1, tp, at, log_at);
         size_t group_start = out->n;
         int rc = probe_tables(s, t0, t1, tp, q, k, at, out, err);

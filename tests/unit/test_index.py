@@ -122,6 +122,9 @@ def test_queries_match_brute_force(path, data, state, small_steps, listing):
         queries = np.concatenate([near(rng, fps, 150, 3), rng.integers(0, 2**64, 50, dtype=np.uint64)])
         check_queries(ix, fps, queries, 3)
         check_queries(ix, fps, queries[:40], 1)
+        # Exact lookups probe q alone, not its bucket: stored values and others.
+        check_queries(ix, fps, np.concatenate([fps[::499], fps[::997] ^ np.uint64(1),
+                                               queries[:40]]), 0)
         assert len(ix) == len(np.unique(fps))
         ix.verify()
     with Index.open(path, background_compaction=False) as ix:
