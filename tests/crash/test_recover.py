@@ -23,6 +23,7 @@ from damage import (build_fixture, chunk_keys, contents, damage_value, flip, lea
                     occurrences, page_map, pages_of, records)
 from ndindex import CorruptionError, FormatError, cli, records as rec, recover
 from ndindex.index import Index
+from tests.killing import killed_at
 
 
 @pytest.fixture(scope="module")
@@ -80,40 +81,18 @@ def test_recover_refuses_an_existing_output_and_leaves_it(damaged, tmp_path):
     assert out.read_bytes() == b"mine"
 
 
-#: Where a child running recover dies: at the link of its build to the
-#: output (sys.argv[2]; the build's own create links too), or at the first
-#: unlink after that link (clearing its build up).
-_KILLS = {
-    "before the link": ("real = os.link\n"
-                        "def link(a, b, **k):\n"
-                        "    if b == sys.argv[2]:\n"
-                        "        os._exit(9)\n"
-                        "    real(a, b, **k)\n"
-                        "os.link = link\n"),
-    "after the link": ("real = os.link\n"
-                       "def link(a, b, **k):\n"
-                       "    real(a, b, **k)\n"
-                       "    if b == sys.argv[2]:\n"
-                       "        os.unlink = lambda *a, **k: os._exit(9)\n"
-                       "os.link = link\n"),
-}
-
-
-@pytest.mark.parametrize("when", sorted(_KILLS))
+@pytest.mark.parametrize("when", ["before the link", "after the link"])
 def test_a_killed_recover_leaves_nothing_after_the_next_recover_or_open(damaged, tmp_path, when):
     # recover builds the new index under a fixed name it holds, then links
     # it to the output.  Killed before the link, the next recover clears
     # the build (an index-sized file) and succeeds; killed after it, the
     # output is whole and a writer's open of it clears the rest.
-    import subprocess
-    import sys
     path, info = damaged
     out = tmp_path / "out" / "recovered.ndx"
     out.parent.mkdir()
-    code = ("import os, sys\n" + _KILLS[when] +
-            "from ndindex import recover\nrecover.recover(sys.argv[1], sys.argv[2])\n")
-    assert subprocess.run([sys.executable, "-c", code, path, str(out)],
-                          timeout=300).returncode == 9
+    # Its link to the output (sys.argv[2]): the build's own create links too.
+    killed_at("link", "from ndindex import recover\nrecover.recover(sys.argv[1], sys.argv[2])\n",
+              path, out, after=when == "after the link", only_to=2)
     assert set(os.listdir(out.parent)) - {"recovered.ndx", "recovered.ndx-lock"}  # the kill's
     assert out.exists() == (when == "after the link")
     if when == "before the link":

@@ -13,6 +13,7 @@ import pytest
 import ndindex
 from ndindex.cli import main
 from ndindex.fingerprint import Fingerprinter
+from tests.killing import killed_at
 
 dedup_module = importlib.import_module("ndindex.dedup")
 
@@ -774,30 +775,15 @@ def test_a_killed_run_keeps_every_committed_batch(tmp_path):
     index_keys_cover_state(ix)
 
 
-#: Where a child dies: at the rename of its first build into place, or at
-#: the first unlink after that rename (clearing its build's files up).
-_KILLS = {
-    "before the rename": "os.replace = lambda *a, **k: os._exit(9)\n",
-    "after the rename": ("real = os.replace\n"
-                         "def replace(a, b):\n"
-                         "    real(a, b)\n"
-                         "    os.unlink = lambda *a, **k: os._exit(9)\n"
-                         "os.replace = replace\n"),
-}
-
-
 def _dedup_killed(when: str, files, index) -> None:
-    """Run a dedup job in a child that dies at the moment _KILLS names."""
-    import subprocess
-    import sys
-    kill = ("import os, sys\n" + _KILLS[when] +
-            "from ndindex import dedup\n"
-            "dedup([sys.argv[1]], index=sys.argv[2])\n")
-    done = subprocess.run([sys.executable, "-c", kill, str(files), str(index)], timeout=120)
-    assert done.returncode == 9
+    """Run a dedup job in a child that dies at the rename of its first build
+    into place, or at the first unlink after that rename (clearing its
+    build's files up)."""
+    killed_at("replace", "from ndindex import dedup\ndedup([sys.argv[1]], index=sys.argv[2])\n",
+              files, index, after=when == "after the rename")
 
 
-@pytest.mark.parametrize("when", sorted(_KILLS))
+@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
 def test_a_killed_first_build_leaves_nothing_after_the_next_run(tmp_path, when):
     # The first run builds its index beside the final name and renames it
     # into place.  Killed before the rename, the build is left; killed

@@ -15,6 +15,7 @@ import pytest
 from ndindex import chunks as ch, compaction, plan as plans, runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
+from tests.killing import killed_at
 from tests.oracle import brute_force, clustered, near
 
 
@@ -779,16 +780,6 @@ def test_close_unmaps_the_file_while_the_index_object_lives(path, readonly):
         ix.query(int(fps[0]))
 
 
-def _killed_at(path, call: str, target: str, code: str) -> None:
-    """Run code (an operation on path) in a child that dies at its first os.<call>."""
-    import subprocess
-    import sys
-    kill = (f"import os, sys\n"
-            f"os.{call} = lambda *a, **k: os._exit(9)\n"
-            f"from ndindex import Index\n{code}\n")
-    assert subprocess.run([sys.executable, "-c", kill, str(path)], timeout=120).returncode == 9
-
-
 def test_a_killed_vacuum_leaves_nothing_behind_after_the_next_open(path):
     # A vacuum killed after its copy is written and before the rename: the
     # index is whole, and the next writer's open deletes the copy, which
@@ -800,7 +791,7 @@ def test_a_killed_vacuum_leaves_nothing_behind_after_the_next_open(path):
         ix.compact()
         ix.remove(fingerprints=fps[:10000])
         ix.compact()
-    _killed_at(path, "replace", path, "Index.open(sys.argv[1]).vacuum()")
+    killed_at("replace", "from ndindex import Index\nIndex.open(sys.argv[1]).vacuum()", path)
     copy = build_path(path, "vacuum")
     assert os.path.getsize(copy) > 0
     with Index.open(path, readonly=True) as ro:  # a reader deletes nothing
@@ -823,12 +814,12 @@ def test_a_killed_create_leaves_nothing_behind(path, call):
     from ndindex.store import build_path
     build = build_path(path, "creating")
     if call == "link":  # die right after the link
-        _killed_at(path, "unlink", path, "Index.create(sys.argv[1], k=3)")
+        killed_at("unlink", "from ndindex import Index\nIndex.create(sys.argv[1], k=3)", path)
         assert os.path.exists(path) and os.path.samefile(path, build)
         with Index.open(path) as ix:
             ix.add([1, 2, 3])
     else:
-        _killed_at(path, "fsync", path, "Index.create(sys.argv[1], k=3)")
+        killed_at("fsync", "from ndindex import Index\nIndex.create(sys.argv[1], k=3)", path)
         assert not os.path.exists(path) and os.path.exists(build)
         with Index.create(path, k=3) as ix:
             ix.add([1, 2, 3])
