@@ -230,7 +230,12 @@ def _check_record_space(view, runs) -> dict:
         if run.kind != KIND_RECORDS:
             raise CorruptionError(f"run {run.run_id} of a key space is not a record run",
                                   database=DB_CHUNKS)
-        recs, _, _ = rn.all_records(view, run)
+        recs, _, whole = rn.all_records(view, run)
+        if run.chunks and not run.merge_output and not whole:
+            # As for fingerprint runs: a complete run's chunks end with one
+            # flagged as its last (readers of records go on without it).
+            raise CorruptionError(f"{space_name(run.space)} run {run.run_id} lacks its last "
+                                  "chunk", database=DB_CHUNKS)
         if not run.merge_into and len(recs) != run.entries:
             raise CorruptionError(f"record run {run.run_id} holds {len(recs)} records, the "
                                   f"manifest says {run.entries}", database=DB_CHUNKS)

@@ -770,7 +770,10 @@ def read_record_run(found: Found, trusted: Trusted, run: rec.Run, sv: Salvage):
     if prev is None:
         if run.chunks:
             lost_ranges.append((None, None))
-    elif not prev.flags & ch.FLAG_LAST and not run.merge_output:
+    elif not prev.flags & ch.FLAG_LAST and not run.merge_output and \
+            not (not lost_ranges and not run.merge_input and len(records) == run.entries):
+        # Unless every record the manifest counts was read: then the run only
+        # lacks the flag, as an older writer's merge left it (FORMAT.md [M2]).
         lost_ranges.append((prev.separator, None))
     return records, lost_ranges
 

@@ -219,6 +219,34 @@ def test_run_without_a_last_chunk_of_an_older_writer_is_recovered(tmp_path, monk
     assert sorted(got) == sorted(fps[:3000].tolist())
 
 
+def test_record_run_without_a_last_chunk_of_an_older_writer_fails_verify_and_is_recovered(
+        tmp_path, monkeypatch):
+    # The same older merge, of the key runs: readers of records went on
+    # without the flag, so only verify() shows the damage.
+    from ndindex import chunks as ch, compaction
+    path = str(tmp_path / "old.ndx")
+    fps = np.unique(np.random.default_rng(13).integers(0, 2**64, 4000, dtype=np.uint64))
+    # Keys in fingerprint order, so that both key spaces end with the removed.
+    key = {fp: f"doc-{i:05d}" for i, fp in enumerate(fps.tolist())}
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    monkeypatch.setattr(ch, "RECORD_CHUNK_BLOCKS", 1)
+    monkeypatch.setattr(compaction, "_last_chunk_marked",
+                        lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        for part in (fps[:2000], fps[2000:]):
+            ix.add(part, keys=[key[fp] for fp in part.tolist()])
+            ix._compactor.flush_log()
+        ix.remove(fingerprints=fps[3000:])
+        ix._compactor.flush_log()
+        ix.compact()
+        with pytest.raises(CorruptionError, match="run [0-9]+ lacks its last chunk"):
+            ix.verify()
+    monkeypatch.undo()
+    report, got = run_recover(path, tmp_path)
+    assert report["status"] == 0, report["problems"]
+    assert got == {fp: frozenset({key[fp]}) for fp in fps[:3000].tolist()}
+
+
 def test_damaged_key_chunks_in_both_spaces_lose_only_their_shared_keys(damaged, tmp_path):
     path, info = damaged
     # The first chunk of each key space: keys-by-fingerprint holds the
