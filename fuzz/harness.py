@@ -79,9 +79,13 @@ def complete_lengths(raw: bytes) -> bytes:
 
 
 def _fixed_codes() -> list[codec.HuffmanCode]:
-    """Return a few valid codes of both codings, from dense to sparse tables."""
+    """Return a few valid codes of each coding, from dense to sparse tables.
+
+    Coding 2 (restart tables) comes last, so that the indices of the older
+    codes, which the seeds name, stay as they were.
+    """
     codes = []
-    for coding in (codec.CODING_DELTA, codec.CODING_XOR):
+    for coding in (codec.CODING_DELTA, codec.CODING_XOR, codec.CODING_RESTARTS):
         for n in (2, 1000, 10**6, 10**12):
             codes.append(codec.HuffmanCode.for_density(n, coding))
         codes.append(codec.HuffmanCode.from_lengths([6] * 64, coding))  # flat
@@ -96,10 +100,15 @@ FIXED_CODES = _fixed_codes()
 
 
 def code_from(reader: ByteReader) -> codec.HuffmanCode:
-    """Pick a code from the input: one of FIXED_CODES or repaired raw lengths."""
+    """Pick a code from the input: one of FIXED_CODES or repaired raw lengths.
+
+    u8 choice: bit 7 set takes 64 raw lengths next, with coding (choice &
+    0x7F) % 3 (0 xor, 1 delta, 2 delta with restart tables); clear takes
+    FIXED_CODES[choice % len(FIXED_CODES)].
+    """
     choice = reader.u8()
     if choice & 0x80:
-        coding = choice & 1
+        coding = (choice & 0x7F) % 3
         return codec.HuffmanCode.from_lengths(complete_lengths(reader.take(codec.CODE_SYMBOLS)), coding)
     return FIXED_CODES[choice % len(FIXED_CODES)]
 

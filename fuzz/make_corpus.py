@@ -38,19 +38,23 @@ def tables() -> dict[str, np.ndarray]:
 def decode_block_seeds() -> dict[str, bytes]:
     """Return inputs: flags, code choice, probe parameters, then real blocks."""
     seeds = {}
+    # delta for_density(2), flat delta, flat xor, and the same two of coding 2
+    restarts = [i for i, c in enumerate(harness.FIXED_CODES) if c.coding == codec.CODING_RESTARTS]
     for name, values in tables().items():
-        for ci in (0, 4, 5):  # delta for_density(2), flat delta, flat xor
+        for ci in (0, 4, 5, restarts[0], restarts[4]):
             code = harness.FIXED_CODES[ci]
             for n_blocks in (1, 2):
                 blocks = codec.encode(values, code).blocks.tobytes()[:n_blocks * codec.BLOCK_BYTES]
                 flags = 1 | (n_blocks - 1) << 1
                 probe = (0).to_bytes(8, "little") + bytes([16, 3])
                 seeds[f"{name}-code{ci}-{n_blocks}b"] = bytes([flags, ci]) + probe + blocks
-        # One seed with a code from raw lengths, so that path starts covered.
-        code = codec.HuffmanCode.from_values(values, codec.CODING_DELTA)
-        blocks = codec.encode(values, code).blocks.tobytes()[:codec.BLOCK_BYTES]
-        seeds[f"{name}-rawcode"] = (bytes([1, 0x81]) + bytes(ln - 1 for ln in code.lengths)
-                                    + bytes(10) + blocks)
+        # Seeds with a code from raw lengths, so that path starts covered.
+        for coding, suffix in ((codec.CODING_DELTA, ""), (codec.CODING_RESTARTS, "-restarts")):
+            code = codec.HuffmanCode.from_values(values, coding)
+            blocks = codec.encode(values, code).blocks.tobytes()[:codec.BLOCK_BYTES]
+            seeds[f"{name}-rawcode{suffix}"] = (bytes([1, 0x80 | coding])
+                                                + bytes(ln - 1 for ln in code.lengths)
+                                                + bytes(10) + blocks)
     # The longest decode: 8081 entries of one bit each (h = 0 has a 1-bit code).
     lengths = [7] * codec.CODE_SYMBOLS
     lengths[0], lengths[32] = 1, 6
@@ -65,7 +69,7 @@ def decode_code_seeds() -> dict[str, bytes]:
     """Return valid code records: the fixed codes and codes fitted to tables."""
     seeds = {f"fixed{i}": code.to_bytes() for i, code in enumerate(harness.FIXED_CODES)}
     for name, values in tables().items():
-        for coding in (codec.CODING_XOR, codec.CODING_DELTA):
+        for coding in codec.CODING_NAMES:
             seeds[f"{name}-{codec.CODING_NAMES[coding]}"] = \
                 codec.HuffmanCode.from_values(values, coding).to_bytes()
     return seeds
@@ -77,9 +81,10 @@ def round_trip_blocks_seeds() -> dict[str, bytes]:
     raw = rng.integers(0, 256, size=1600, dtype=np.uint8).tobytes()
     seeds = {}
     for mode in range(4):
-        for coding in (0, 1):
+        for coding in codec.CODING_NAMES:
+            flags = (coding & 1 if coding < codec.CODING_RESTARTS else 16) | mode << 1
             seeds[f"mode{mode}-{codec.CODING_NAMES[coding]}"] = \
-                bytes([coding | mode << 1]) + (2**64 - 2**40).to_bytes(8, "little") + raw
+                bytes([flags]) + (2**64 - 2**40).to_bytes(8, "little") + raw
         seeds[f"mode{mode}-fixed"] = bytes([8 | mode << 1]) + bytes(8) + bytes([5]) + raw[:400]
     seeds["extremes"] = bytes([0]) + bytes(8) + b"".join(
         v.to_bytes(8, "little") for v in (0, 1, 2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1))

@@ -1,16 +1,17 @@
 """Fuzz target: encode then decode a sorted uint64 array gives it back.
 
 Contract (``round_trip_*``): for any strictly increasing uint64 array and
-any valid code of either coding, ``decode(encode(values))`` is the array;
+any valid code of any coding, ``decode(encode(values))`` is the array;
 each block's key is its last value and header counts add up; the
 plain-Python reference decodes every block to the same slice; a probe for
 a stored value with p = 64, k = 0 finds exactly that value.
 
 Input layout (``harness.ByteReader``; missing bytes read as zero):
 
-    u8      flags: bit 0 coding for from_values (0 xor, 1 delta);
-            bits 1-2 how the rest becomes values (below); bit 3 take the
-            code from the input (``harness.code_from``) instead of
+    u8      flags: bit 0 coding for from_values (0 xor, 1 delta), unless
+            bit 4 (coding 2, delta with restart tables); bits 1-2 how
+            the rest becomes values (below); bit 3 take the code from the
+            input (``harness.code_from``) instead of
             ``HuffmanCode.from_values``
     u64     base
     u8 ...  the code, when bit 3 is set
@@ -67,7 +68,7 @@ def check(data: bytes) -> None:
     code = harness.code_from(reader) if flags & 8 else None
     values = values_from((flags >> 1) & 3, base, reader.rest())
     if code is None:
-        code = codec.HuffmanCode.from_values(values, flags & 1)
+        code = codec.HuffmanCode.from_values(values, codec.CODING_RESTARTS if flags & 16 else flags & 1)
 
     table = codec.encode(values, code)
     assert np.array_equal(codec.decode(table, code), values), "C round trip differs"

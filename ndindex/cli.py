@@ -200,8 +200,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=int, default=3, metavar="K", help="largest query distance (default 3)")
     p.add_argument("-n", type=_count, default=1_000_000, metavar="N",
                    help="expected number of fingerprints (default 1M)")
-    p.add_argument("--coding", choices=["delta", "xor"], default="delta",
-                   help="block coding (default delta)")
+    p.add_argument("--coding", choices=["delta+restarts", "delta", "xor"],
+                   default="delta+restarts",
+                   help="block coding (default delta+restarts; delta or xor make a file that "
+                        "ndindex before format 3 can open too)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
     p.add_argument("--docs", action="store_true",
@@ -916,7 +918,7 @@ def _key_bytes(key) -> int:
 
 def _cmd_create(args) -> int:
     """ndindex create; --docs, --threshold and --bottom-k choose the document pipeline."""
-    from ndindex.codec import CODING_DELTA, CODING_XOR
+    from ndindex.codec import CODING_NAMES
     from ndindex.fingerprint import Fingerprinter
     docs = args.docs or args.threshold is not None or args.bottom_k is not None
     if docs and args.no_fingerprinter:
@@ -926,7 +928,7 @@ def _cmd_create(args) -> int:
                                                ("bottom_k", args.bottom_k)) if value is not None}
     fpr = None if args.no_fingerprinter else Fingerprinter(**options)
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
-                      coding=CODING_DELTA if args.coding == "delta" else CODING_XOR) as ix:
+                      coding={name: c for c, name in CODING_NAMES.items()}[args.coding]) as ix:
         prefixes = [t.prefix_bits for t in ix.plan.tables]
         info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(prefixes),
                     prefix_bits=[min(prefixes), max(prefixes)],

@@ -14,6 +14,13 @@ BLOCK_BYTES = 1024
 HEADER_BYTES = 14
 PAYLOAD_BITS = (BLOCK_BYTES - HEADER_BYTES) * 8
 MAX_BITS = 12
+#: [B3]: the first entry, then at most one per bit of the bitstream.
+MAX_COUNT = 1 + PAYLOAD_BITS
+#: "Huffman code record": the codings.
+XOR, DELTA, RESTARTS = 0, 1, 2
+#: 5.4: three restart records, each a 13-bit end and a w-bit value.
+RESTART_RECORDS = 3
+RESTART_END_BITS = 13
 
 # "Checksums": CRC-32C, reflected polynomial 0x82F63B78, init and final xor 0xFFFFFFFF.
 _CRC_TABLE = []
@@ -79,14 +86,15 @@ def xxh64(data: bytes, seed: int = 0) -> int:
 def parse_code(record: bytes) -> tuple[int, dict[tuple[int, int], int]]:
     """Parse a Huffman code record into (coding, {(length, codeword): h}).
 
-    "Huffman code record": u8 coding, u8 max bits (12), 64 code lengths.
-    "Canonical code": codewords are assigned in order of (length, h),
-    consecutive within a length, shifted left by one between lengths.
+    "Huffman code record": u8 coding (0 xor, 1 delta, 2 delta with restart
+    tables), u8 max bits (12), 64 code lengths.  "Canonical code": codewords
+    are assigned in order of (length, h), consecutive within a length,
+    shifted left by one between lengths.
     """
     if len(record) != 66:
         raise FormatError(f"code record is {len(record)} bytes, expected 66")
     coding, max_bits, lengths = record[0], record[1], list(record[2:])
-    if coding not in (0, 1) or max_bits != MAX_BITS:
+    if coding not in (XOR, DELTA, RESTARTS) or max_bits != MAX_BITS:
         raise FormatError(f"code coding {coding} / max bits {max_bits} not supported")
     if any(not 1 <= n <= MAX_BITS for n in lengths):
         raise FormatError("code lengths must be 1..12")
@@ -103,57 +111,150 @@ def parse_code(record: bytes) -> tuple[int, dict[tuple[int, int], int]]:
     return coding, table
 
 
+def restart_table_bytes(w: int) -> int:
+    """T of 5.4: the restart table's bytes, w included, for values of w bits."""
+    return 1 + -(-RESTART_RECORDS * (RESTART_END_BITS + w) // 8)
+
+
+def restart_entry(r: int, count: int) -> int:
+    """e_r of 5.4: the index of the fingerprint restart record r (1..3) names."""
+    return r * count // (RESTART_RECORDS + 1)
+
+
+def _restart_records(block: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """Read a coding-2 block's restart table (5.4): (bitstream bits, [(end, value)] x 3).
+
+    Rejects w above 64 [B11] and nonzero bits after the third record [B12].
+    """
+    w = block[BLOCK_BYTES - 1]
+    if w > 64:
+        raise CorruptionError(f"restart table width {w} is above 64", database="block",
+                              offset=BLOCK_BYTES - 1)
+    size = restart_table_bytes(w)
+    nbits = 8 * (size - 1)
+    table = int.from_bytes(block[BLOCK_BYTES - size:BLOCK_BYTES - 1], "big")
+    records = []
+    for r in range(RESTART_RECORDS):
+        rec = (table >> (nbits - (r + 1) * (RESTART_END_BITS + w))) & ((1 << (RESTART_END_BITS + w)) - 1)
+        records.append((rec >> w, rec & ((1 << w) - 1)))
+    if table & ((1 << (nbits - RESTART_RECORDS * (RESTART_END_BITS + w))) - 1):
+        raise CorruptionError("nonzero bits after the third restart record", database="block",
+                              offset=BLOCK_BYTES - size)
+    return PAYLOAD_BITS - 8 * size, records
+
+
+def restart_points(block: bytes, code_record: bytes) -> list[tuple[int, int, int]]:
+    """Return the (e_r, fingerprint e_r, bit where entry e_r + 1 begins) of
+    each restart record of a coding-2 block, r = 1..3 ([B13]).
+
+    The records are read, not checked against the entries (only a whole
+    decode can do that, [B12]); a record whose value passes 2^64 or whose
+    end passes the bitstream is rejected here.  Decode from a point with
+    ``iter_block(block, code_record, start=point)``.
+    """
+    block = bytes(block)
+    if parse_code(code_record)[0] != RESTARTS:
+        raise ValueError("only blocks of coding 2 have restart tables")
+    _check_header(block, True)
+    stream_bits, records = _restart_records(block)
+    count = int.from_bytes(block[4:6], "little")
+    first = int.from_bytes(block[6:14], "little")
+    points = []
+    for r, (end, value) in enumerate(records, 1):
+        if first + value >= 1 << 64 or end > stream_bits:
+            raise CorruptionError(f"restart record {r} lies past the block's values or bitstream",
+                                  database="block")
+        points.append((restart_entry(r, count), first + value, end))
+    return points
+
+
+def _check_header(block: bytes, check_checksum: bool) -> int:
+    """Check a block's size, checksum [B2] and count [B3]; return the count."""
+    if len(block) != BLOCK_BYTES:
+        raise CorruptionError(f"block is {len(block)} bytes, expected {BLOCK_BYTES}", database="block")
+    stored = int.from_bytes(block[0:4], "little")
+    if check_checksum and crc32c(block[4:]) != stored:
+        raise CorruptionError("checksum mismatch", database="block", offset=0)
+    count = int.from_bytes(block[4:6], "little")
+    if not 1 <= count <= MAX_COUNT:
+        raise CorruptionError(f"impossible entry count {count}", database="block", offset=4)
+    return count
+
+
 def decode_block(block: bytes, code_record: bytes) -> list[int]:
     """Decode one block ("Blocks") to its list of fingerprints.
 
     Raises CorruptionError for every violation the spec names: checksum
-    [B2], count [B3], overrun [B6], order [B7], padding [B8].
+    [B2], count [B3], overrun [B6], order [B7], padding [B8]; with coding
+    2, the restart table's width [B11] and records [B12].
     """
     return list(iter_block(block, code_record))
 
 
-def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True):
+def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True,
+               start: tuple[int, int, int] | None = None):
     """Yield a block's fingerprints one at a time, checking each as it goes.
 
     As decode_block, but lazy: an entry is decoded, and its damage raised,
     only when asked for, and the padding [B8] is checked only after the
     last entry was taken.  A probe that stops early takes fewer.  With
     check_checksum False the checksum [B2] is not checked (a block checked
-    before).
+    before).  Coding 2: the restart table's width and the bits after its
+    records are checked before the first value, each record once its
+    entry is decoded [B12].  start, a point of restart_points, decodes
+    from that record on ([B13]): fingerprints start[0].. are yielded, and
+    only the records from there on are checked.
     """
     block = bytes(block)
     if len(block) != BLOCK_BYTES:
         raise CorruptionError(f"block is {len(block)} bytes, expected {BLOCK_BYTES}", database="block")
     coding, table = parse_code(code_record)
-    stored = int.from_bytes(block[0:4], "little")
-    if check_checksum and crc32c(block[4:]) != stored:
-        raise CorruptionError("checksum mismatch", database="block", offset=0)
-    count = int.from_bytes(block[4:6], "little")
-    if count < 1:
-        raise CorruptionError("impossible entry count 0", database="block", offset=4)
-    value = int.from_bytes(block[6:14], "little")
+    count = _check_header(block, check_checksum)
+    first = int.from_bytes(block[6:14], "little")
+    stream_bits, records = PAYLOAD_BITS, []
+    if coding == RESTARTS:
+        stream_bits, records = _restart_records(block)
+    # Each record r says where entry e_r ends and its value less first.
+    check_at = {}
+    for r, (end, delta) in enumerate(records, 1):
+        check_at.setdefault(restart_entry(r, count), []).append((r, end, delta))
+    index, value, pos = 0, first, 0
+    if start is not None:
+        if coding != RESTARTS:
+            raise ValueError("only blocks of coding 2 have restart points")
+        index, value, pos = start
+        if not 0 <= index < count or pos > stream_bits:
+            raise ValueError(f"start {start} is not a restart point of this block")
+    # The bitstream, most significant bit of each byte first: 8 * 1010 bits,
+    # or with coding 2 the 8 * (1010 - T) bits before the restart table [B11].
+    stream = int.from_bytes(block[HEADER_BYTES:HEADER_BYTES + stream_bits // 8], "big")
+
+    def bits(at: int, n: int) -> int:
+        return (stream >> (stream_bits - at - n)) & ((1 << n) - 1)
+
+    def check_restarts():
+        for r, end, delta in check_at.get(index, ()):
+            if pos != end or value - first != delta:
+                raise CorruptionError(
+                    f"restart record {r} (end {end}, value {delta}) disagrees with entry {index}"
+                    f" (ends at bit {pos}, value {value - first})", database="block")
+
+    check_restarts()
     yield value
-    # The bitstream, most significant bit of each byte first.
-    stream = int.from_bytes(block[HEADER_BYTES:], "big")
-
-    def bits(pos: int, n: int) -> int:
-        return (stream >> (PAYLOAD_BITS - pos - n)) & ((1 << n) - 1)
-
-    pos = 0
-    for _ in range(count - 1):
+    while index < count - 1:
         length, codeword, h = 0, 0, None
         while h is None:
             length += 1
-            if length > MAX_BITS or pos + length > PAYLOAD_BITS:
+            if length > MAX_BITS or pos + length > stream_bits:
                 raise CorruptionError("bitstream runs past the end of the block", database="block")
             codeword = bits(pos, length)
             h = table.get((length, codeword))
         pos += length
-        if pos + h > PAYLOAD_BITS:
+        if pos + h > stream_bits:
             raise CorruptionError("bitstream runs past the end of the block", database="block")
         low = bits(pos, h)
         pos += h
-        if coding == 1:  # delta: b = a + (2^h + low)
+        if coding != XOR:  # delta: b = a + (2^h + low)
             nxt = value + (1 << h) + low
             if nxt >= 1 << 64:
                 raise CorruptionError("decoded values do not increase", database="block")
@@ -162,6 +263,8 @@ def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True)
                 raise CorruptionError("decoded values do not increase", database="block")
             nxt = ((value >> h) | 1) << h | low
         value = nxt
+        index += 1
+        check_restarts()
         yield value
-    if pos < PAYLOAD_BITS and bits(pos, PAYLOAD_BITS - pos) != 0:
+    if pos < stream_bits and bits(pos, stream_bits - pos) != 0:
         raise CorruptionError("nonzero padding bits after the last entry", database="block")

@@ -30,7 +30,7 @@ from ndindex import codec, compaction, docstore, plan as plans, records as rec, 
     store as st, validate
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.index_documents import DocumentMethods
-from ndindex.codec import CODING_DELTA
+from ndindex.codec import CODING_RESTARTS
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
 from ndindex.reader import REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot
@@ -120,7 +120,7 @@ class Index(DocumentMethods):
     @classmethod
     def create(cls, path, *, k: int = 3, expected_n: int = 1_000_000,
                plan: plans.Plan | str | None = None,
-               coding: int = CODING_DELTA, fingerprinter=None,
+               coding: int = CODING_RESTARTS, fingerprinter=None,
                exist_ok: bool = False, durability: str = "full",
                background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
         """Create a new index file at path and open it for writing.
@@ -133,7 +133,9 @@ class Index(DocumentMethods):
         (else ``plan.choose_plan(expected_n, k)``), or "psm" for one table
         queried by probabilistic simhash matching (``plan.psm_plan``: p =
         ``plan.psm_header_bits(expected_n)`` prefix bits; see :meth:`query`);
-        coding, the block coding;
+        coding, the block coding (``codec.CODING_RESTARTS``, the default,
+        makes a format-3 file; ``CODING_DELTA`` or ``CODING_XOR`` a
+        format-2 file, which ndindex before restart records can open too);
         fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
         ``to_bytes()``): the index then stores documents too
         (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
@@ -166,7 +168,8 @@ class Index(DocumentMethods):
             raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
         if coding not in codec.CODING_NAMES:
             raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
-        header = Header(k, len(plan.tables), expected_n, os.urandom(16), coding)
+        version = rec.format_version_of(coding)
+        header = Header(k, len(plan.tables), expected_n, os.urandom(16), coding, version, version)
         initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
                    rec.KEY_MANIFEST: Manifest().pack()}
         if fingerprinter is not None:
@@ -308,7 +311,7 @@ class Index(DocumentMethods):
 
     @property
     def coding(self) -> int:
-        """The block coding of the tables (codec.CODING_XOR or CODING_DELTA)."""
+        """The block coding of the tables (codec.CODING_XOR, CODING_DELTA or CODING_RESTARTS)."""
         return self._header.coding
 
     @property

@@ -22,7 +22,18 @@ from ndindex import _core
 from ndindex.codec import CODE_RECORD_BYTES
 from ndindex.errors import CorruptionError, FormatError
 
-FORMAT_VERSION = 2
+#: The newest format version this code reads and writes.  Version 3 is
+#: version 2 with block coding 2 (restart records, FORMAT.md 5.4): a file
+#: whose tables use it says 3, any other stays at 2, so that readers of
+#: version 2 go on opening it.
+FORMAT_VERSION = 3
+CODING_RESTARTS = 2
+
+
+def format_version_of(coding: int) -> int:
+    """The format version of a new file whose tables use this block coding."""
+    return 3 if coding == CODING_RESTARTS else 2
+
 MAGIC = b"ndindex\0"
 CRC = struct.Struct("<I")
 U64_BE = struct.Struct(">Q")
@@ -127,9 +138,11 @@ class Header:
             raise CorruptionError(f"header is {len(payload)} bytes, expected {HEADER.size}",
                                   database=DB_META, key=KEY_HEADER)
         _, _, _, f, k, t, coding, expected_n, file_id = HEADER.unpack(payload)
-        if f != 64 or coding > 1 or not 1 <= t or k > 63 or expected_n < 1:
+        if f != 64 or coding > CODING_RESTARTS or not 1 <= t or k > 63 or expected_n < 1 or \
+                read_v < format_version_of(coding):
             raise CorruptionError(f"header f={f} k={k} t={t} coding={coding} expected_n="
-                                  f"{expected_n} impossible", database=DB_META, key=KEY_HEADER)
+                                  f"{expected_n} read version {read_v} impossible",
+                                  database=DB_META, key=KEY_HEADER)
         return cls(k, t, expected_n, file_id, coding, read_v, write_v)
 
 

@@ -457,6 +457,8 @@ class Salvage:
     #: ((fingerprint, typed key), document record value) of the live documents, sorted.
     documents: list = dataclasses.field(default_factory=list)
     complete: bool = True
+    #: The block codings of the Huffman runs read: the new file's, if no header is.
+    codings: set = dataclasses.field(default_factory=set)
     problems: list = dataclasses.field(default_factory=list)
     counts: dict = dataclasses.field(default_factory=dict)
 
@@ -925,6 +927,8 @@ def _table_sets(found: Found, trusted: Trusted, runs: list, plan, sv: Salvage, f
                 continue
             code = codec.HuffmanCode.from_bytes(run.code) if run.kind == rec.KIND_HUFFMAN \
                 else None
+            if code is not None:
+                sv.codings.add(code.coding)
             data = read_fp_run(found, trusted, run, code, sv)
             parts.extend(data.values)
             whole = whole and data.whole
@@ -1218,12 +1222,12 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
 
     directory = os.path.dirname(os.path.abspath(output))
     header = sv.header
+    coding = header.coding if header else max(sv.codings, default=codec.CODING_RESTARTS)
     # A fixed name, held while it builds: what a killed recover left, the
     # next one (or a writer's open of output) deletes (store.index_build).
     with st.index_build(output, "recover") as tmp:
         with Index.create(tmp, k=k, expected_n=header.expected_n if header else
-                          max(1, len(sv.fingerprints)), plan=plan,
-                          coding=header.coding if header else codec.CODING_DELTA,
+                          max(1, len(sv.fingerprints)), plan=plan, coding=coding,
                           fingerprinter=sv.fingerprinter, background_compaction=False,
                           log_limit=1 << 40) as ix:
             fps = sv.fingerprints

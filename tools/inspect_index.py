@@ -22,6 +22,7 @@ import zstandard
 
 from ndindex import codec_reference as ref
 
+CODINGS = {0: "xor", 1: "delta", 2: "delta+restarts"}
 KINDS = {1: "huffman", 2: "raw", 3: "records", 4: "tombstones"}
 SPACES = {0xF0: "tombstones", 0xF1: "keys-by-fingerprint", 0xF2: "fingerprints-by-key",
           0xF3: "documents", 0xF4: "lookup-keys"}
@@ -113,9 +114,12 @@ def main(argv=None) -> int:
         magic, rv, wv, f, k, t, coding, expected_n, file_id = struct.unpack("<8sHHBBBBQ16s", h)
         print("== 7.2 header")
         print(f"magic {magic!r} read_version {rv} write_version {wv} f {f} k {k} t {t} "
-              f"coding {'delta' if coding else 'xor'} expected_n {expected_n} file_id {file_id.hex()}")
-        if magic != b"ndindex\0" or f != 64 or coding > 1 or len(h) != 40:
+              f"coding {CODINGS.get(coding, coding)} expected_n {expected_n} file_id {file_id.hex()}")
+        if magic != b"ndindex\0" or f != 64 or coding > 2 or len(h) != 40 or \
+                rv < (3 if coding == 2 else 2):
             fail("header invalid [F4]-[F6]")
+        if rv > 3:
+            fail(f"read version {rv}: newer than this inspector's 3 [V1]")
         plan = framed(b"plan", txn.get(b"plan", db=meta), "plan")
         print("== 6 plan")
         print(f"f {plan[0]} k {plan[1]} tables {plan[2]} flags {plan[3]:#04x}"

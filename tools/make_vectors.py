@@ -12,10 +12,11 @@ import pathlib
 import numpy as np
 
 from ndindex import _core, codec
-from ndindex.codec import CODING_DELTA, CODING_XOR, HuffmanCode
+from ndindex.codec import CODING_DELTA, CODING_RESTARTS, CODING_XOR, HuffmanCode
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "format-spec" / "vectors"
 EXAMPLE_LENGTHS = [3] * 7 + [8] * 7 + [9] * 50  # FORMAT.md section 8
+END_BITS = 13  # FORMAT.md 5.4: each restart record is a 13-bit end, then a w-bit value
 
 
 def valid(name, values, code, note):
@@ -34,14 +35,122 @@ def invalid(name, block: bytes, code, error, statement, note, fix_crc=True):
                  "error": error, "statement": statement})
 
 
+def table_bytes(w):
+    """T of FORMAT.md 5.4: the restart table's bytes, w included."""
+    return 1 + -(-3 * (END_BITS + w) // 8)
+
+
+def read_restarts(block: bytes):
+    """Return (w, [[end, value]] x 3) of a coding-2 block's restart table."""
+    w = block[1023]
+    size = table_bytes(w)
+    bits = int.from_bytes(block[1024 - size:1023], "big")
+    recs = []
+    for r in range(3):
+        rec = bits >> (8 * (size - 1) - (r + 1) * (END_BITS + w)) & ((1 << (END_BITS + w)) - 1)
+        recs.append([rec >> w, rec & ((1 << w) - 1)])
+    return w, recs
+
+
+def write_restarts(block: bytearray, w, recs, tail=0):
+    """Store a restart table of width w and records recs at the end of block
+    (over the last table_bytes(w) bytes); tail fills the bits after the third record."""
+    size = table_bytes(w)
+    spare = 8 * (size - 1) - 3 * (END_BITS + w)
+    bits = 0
+    for end, value in recs:
+        bits = bits << (END_BITS + w) | end << w | value
+    block[1024 - size:1023] = (bits << spare | tail).to_bytes(size - 1, "big")
+    block[1023] = w
+
+
+def overrun_block(block: bytes, values, lengths):
+    """Return block (coding 2, the worked example's code) with a count so large
+    that its zero padding decodes as h = 0 entries (codeword 000) until one runs
+    into the restart table, and with restart records that agree with those
+    entries, so that the overrun [B6] is the first damage a decoder meets."""
+    ends, used = [0], 0
+    for a, b in zip(values, values[1:]):
+        h = (b - a).bit_length() - 1
+        used += lengths[h] + h
+        ends.append(used)
+    for w in range(65):
+        stream = 8 * (1010 - table_bytes(w))
+        zeros = (stream - used) // lengths[0]  # whole h = 0 entries that fit
+        count = len(values) + zeros + 1  # and one more, which does not
+
+        def value(i):
+            return values[i] if i < len(values) else values[-1] + i - (len(values) - 1)
+
+        def end(i):
+            return ends[i] if i < len(values) else used + lengths[0] * (i - (len(values) - 1))
+
+        at = [r * count // 4 for r in (1, 2, 3)]
+        if (value(at[2]) - values[0]).bit_length() <= w:
+            break
+    b = bytearray(block)
+    b[1024 - table_bytes(block[1023]):] = bytes(table_bytes(block[1023]))
+    b[4:6] = count.to_bytes(2, "little")
+    write_restarts(b, w, [[end(e), value(e) - values[0]] for e in at])
+    return bytes(b), count, w, end(count - 1), stream
+
+
 def write(name, obj):
     (OUT / f"{name}.json").write_text(json.dumps(obj, indent=1) + "\n")
+
+
+def restarts(example_values, table):
+    """Coding 2 (FORMAT.md 5.4): valid blocks and tables, then damaged tables."""
+    code = HuffmanCode.from_lengths(EXAMPLE_LENGTHS, CODING_RESTARTS)
+    enc = valid("block-example-restarts", example_values, code,
+                "section 9's values, delta coding with restart tables: count 5, e_r = 1, 2, 3, w = 4")
+    short = valid("block-restarts-short", example_values[:3], code,
+                  "count 3: e_1 = 0, so record 1 is end 0, value 0; w = 2")
+    valid("block-restarts-one", example_values[:1], code,
+          "count 1: every e_r = 0, every record zero, w = 0, T = 6")
+    valid("block-restarts-extremes", [0, 1, 2**63, 2**64 - 2, 2**64 - 1],
+          HuffmanCode.for_density(1000, CODING_RESTARTS), "extreme values, one block: w = 64, T = 30")
+    valid("table-restarts-2000", table, HuffmanCode.from_values(table, CODING_RESTARTS),
+          "2000 random fingerprints, delta coding with restart tables, code from the table")
+
+    block = enc.blocks.tobytes()
+    w, recs = read_restarts(block)
+    bad = bytearray(block)
+    bad[1023] = 65
+    invalid("bad-restart-width", bytes(bad), code, "restart", "B11", "w = 65 in byte 1023")
+    bad = bytearray(block)
+    write_restarts(bad, w, [recs[0], [recs[1][0] + 1, recs[1][1]], recs[2]])
+    invalid("bad-restart-end", bytes(bad), code, "restart", "B12",
+            f"record 2 says entry 2 ends at bit {recs[1][0] + 1}; it ends at {recs[1][0]}")
+    bad = bytearray(block)
+    write_restarts(bad, w, [recs[0], recs[1], [recs[2][0], recs[2][1] - 1]])
+    invalid("bad-restart-value", bytes(bad), code, "restart", "B12",
+            f"record 3 says fingerprint 3 is first + {recs[2][1] - 1}; it is first + {recs[2][1]}")
+    bad = bytearray(block)
+    write_restarts(bad, w, recs, tail=1)
+    invalid("bad-restart-tail", bytes(bad), code, "restart", "B12",
+            "the last bit after the third record (the low bit of byte 1022) set")
+    sw, srecs = read_restarts(short.blocks.tobytes())
+    bad = bytearray(short.blocks.tobytes())
+    write_restarts(bad, sw, [[0, 1]] + srecs[1:])
+    invalid("bad-restart-first", bytes(bad), code, "restart", "B12",
+            "count 3: record 1 (e_1 = 0) must be zero; its value says 1")
+    bad = bytearray(block)
+    bad[1023 - table_bytes(w)] |= 1
+    invalid("bad-restart-padding", bytes(bad), code, "padding", "B8",
+            f"the last bit of the bitstream (byte {1023 - table_bytes(w)}, just before the {table_bytes(w)}-byte table) set")
+    bad, count, bw, at, stream = overrun_block(block, example_values, EXAMPLE_LENGTHS)
+    invalid("bad-restart-overrun", bad, code, "past the end", "B6",
+            f"count {count} and records (w = {bw}) that agree with the zero padding read as h = 0 "
+            f"entries (codeword 000): entry {count - 1} starts at bit {at - 3} and runs past the "
+            f"bitstream's {stream} bits into the table")
 
 
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     example = HuffmanCode.from_lengths(EXAMPLE_LENGTHS, CODING_DELTA)
-    enc = valid("block-example", [1000, 1001, 1003, 1010, 1040], example,
+    example_values = [1000, 1001, 1003, 1010, 1040]
+    enc = valid("block-example", example_values, example,
                 "FORMAT.md section 8, the worked example")
     valid("block-example-xor", [1000, 1001, 1003, 1010, 1040],
           HuffmanCode.from_lengths(EXAMPLE_LENGTHS, CODING_XOR), "the same values, xor coding")
@@ -72,6 +181,7 @@ def main():
     bad[6:14] = (2**64 - 5).to_bytes(8, "little")
     invalid("bad-order", bytes(bad), example, "increase", "B7",
             "first = 2^64-5: the first delta wraps past 2^64")
+    restarts(example_values, table)
     print(f"wrote {len(list(OUT.glob('*.json')))} vectors to {OUT}")
 
 

@@ -55,6 +55,7 @@ const char *ndx_status_text(long rc) {
     case CODEC_NOT_SORTED: return "decoded values do not increase";
     case CODEC_BAD_CODE: return "invalid Huffman code";
     case CODEC_BAD_PADDING: return "nonzero padding bits after the last entry";
+    case CODEC_BAD_RESTART: return "a restart record disagrees with the entries";
     default: return "unknown codec error";
     }
 }
@@ -96,7 +97,8 @@ static int check_blocks(Py_buffer *b) {
 PyDoc_STRVAR(compile_code_doc,
              "compile_code(lengths, coding) -> capsule\n\n"
              "Build the canonical code for 64 code lengths (bytes, each 1..12,\n"
-             "Kraft sum exactly 1) and a coding (0 = xor, 1 = delta).\n"
+             "Kraft sum exactly 1) and a coding (0 = xor, 1 = delta, 2 = delta with\n"
+             "restart records).\n"
              "Raises ValueError for an invalid code.");
 static PyObject *py_compile_code(PyObject *self, PyObject *args) {
     Py_buffer lengths;
@@ -117,7 +119,7 @@ static PyObject *py_compile_code(PyObject *self, PyObject *args) {
     if (codec_compile(lengths.buf, coding, c) != CODEC_OK) {
         PyMem_Free(c);
         PyErr_SetString(PyExc_ValueError,
-                        "invalid code: lengths must be 1..12 with Kraft sum 1, coding 0 or 1");
+                        "invalid code: lengths must be 1..12 with Kraft sum 1, coding 0, 1 or 2");
         goto done;
     }
     out = PyCapsule_New(c, CODE_CAPSULE, code_capsule_free);

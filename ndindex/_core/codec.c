@@ -68,7 +68,7 @@ static void fast_table_build(codec_code *c) {
 }
 
 int codec_compile(const uint8_t *lengths, int coding, codec_code *out) {
-    if (coding != CODING_XOR && coding != CODING_DELTA)
+    if (coding != CODING_XOR && coding != CODING_DELTA && coding != CODING_RESTARTS)
         return CODEC_BAD_CODE;
     memset(out, 0, sizeof *out);
     out->coding = (uint8_t)coding;
@@ -151,16 +151,54 @@ static inline void bw_flush(bitwriter *w) {
 }
 
 static inline unsigned delta_h(int coding, uint64_t a, uint64_t b, uint64_t *low) {
-    uint64_t d = coding == CODING_DELTA ? b - a : b ^ a;
+    uint64_t d = coding != CODING_XOR ? b - a : b ^ a;
     unsigned h = 63 - (unsigned)__builtin_clzll(d);
-    *low = h ? (coding == CODING_DELTA ? d : b) & ((1ull << h) - 1) : 0;
+    *low = h ? (coding != CODING_XOR ? d : b) & ((1ull << h) - 1) : 0;
     return h;
 }
 
-static void finish_block(uint8_t *block, bitwriter *w, uint64_t first, unsigned count) {
+/* How many of values[i..n) a block whose first is values[i] holds, filled
+ * greedily into a bitstream of cap bits ([B9]); ends[j] is the bit where
+ * the block's entry j ends (ends[0] = 0). */
+static unsigned block_fill(const codec_code *c, const uint64_t *values, size_t n, size_t i,
+                           size_t cap, uint32_t *ends) {
+    size_t used = 0, j = i + 1;
+    ends[0] = 0;
+    for (; j < n; j++) {
+        uint64_t low;
+        unsigned h = delta_h(c->coding, values[j - 1], values[j], &low);
+        if (used + c->lengths[h] + h > cap)
+            break;
+        used += c->lengths[h] + h;
+        ends[j - i] = (uint32_t)used;
+    }
+    return (unsigned)(j - i);
+}
+
+/* A coding-2 block's restart records: where entry restart_entry(r + 1,
+ * count) ends in the bitstream, and its value less first. */
+typedef struct {
+    unsigned w;         /* bits of each value */
+    size_t stream_bits; /* the bitstream's length: up to the table */
+    uint32_t pos[RESTARTS];
+    uint64_t delta[RESTARTS];
+} restart_table;
+
+static void finish_block(uint8_t *block, bitwriter *w, uint64_t first, unsigned count,
+                         const codec_code *c, const restart_table *rt) {
     bw_flush(w);
     uint8_t *end = block + BLOCK_BYTES;
     memset(w->buf, 0, (size_t)(end - w->buf));
+    if (c->coding == CODING_RESTARTS) {
+        unsigned nbytes = restart_table_bytes(rt->w);
+        bitwriter tw = {end - nbytes, 0, 0, 0};
+        for (int r = 0; r < RESTARTS; r++) {
+            bw_put(&tw, rt->pos[r], RESTART_POS_BITS);
+            bw_put(&tw, rt->delta[r], rt->w);
+        }
+        bw_flush(&tw);
+        end[-1] = (uint8_t)rt->w;
+    }
     block[4] = (uint8_t)count;
     block[5] = (uint8_t)(count >> 8);
     store_le64(block + 6, first);
@@ -182,24 +220,40 @@ long codec_encode(const codec_code *c, const uint64_t *values, size_t n, uint8_t
         uint8_t *block = out + nb * BLOCK_BYTES;
         bitwriter w = {block + BLOCK_HEADER_BYTES, 0, 0, 0};
         uint64_t first = values[i], prev = first;
-        unsigned count = 1;
-        i++;
-        while (i < n) {
+        restart_table rt = {0};
+        uint32_t ends[1 + BLOCK_PAYLOAD_BITS];
+        const int restarts = c->coding == CODING_RESTARTS;
+        unsigned count = block_fill(
+            c, values, n, i, BLOCK_PAYLOAD_BITS - (restarts ? 8 * restart_table_bytes(0) : 0), ends);
+        if (restarts) {
+            /* [B14]: w is that of the last restart's value in the block the
+             * smallest table allows; the block the table of that w allows
+             * holds no more entries, so its restarts' values are no larger. */
+            uint64_t span = values[i + restart_entry(RESTARTS, count)] - first;
+            rt.w = span ? 64 - (unsigned)__builtin_clzll(span) : 0;
+            size_t cap = BLOCK_PAYLOAD_BITS - 8 * restart_table_bytes(rt.w);
+            while (ends[count - 1] > cap)
+                count--;
+            for (unsigned r = 0; r < RESTARTS; r++) {
+                unsigned at = restart_entry(r + 1, count);
+                rt.pos[r] = ends[at];
+                rt.delta[r] = values[i + at] - first;
+            }
+        }
+        for (unsigned j = 1; j < count; j++) {
             uint64_t low;
-            unsigned h = delta_h(c->coding, prev, values[i], &low);
+            unsigned h = delta_h(c->coding, prev, values[i + j], &low);
             unsigned need = c->lengths[h] + h;
-            if (w.pos + need > BLOCK_PAYLOAD_BITS)
-                break;
             if (need <= 32)
                 bw_put32(&w, ((uint64_t)c->codes[h] << h) | low, need);
             else {
                 bw_put(&w, c->codes[h], c->lengths[h]);
                 bw_put(&w, low, h);
             }
-            prev = values[i++];
-            count++;
+            prev = values[i + j];
         }
-        finish_block(block, &w, first, count);
+        i += count;
+        finish_block(block, &w, first, count, c, &rt);
         keys[nb++] = prev;
     }
     return (long)nb;
@@ -225,10 +279,33 @@ long codec_block_count(const uint8_t *block) {
     return rc < 0 ? rc : (long)count;
 }
 
-/* Decode the entry after prev at bit *pos.  Returns CODEC_OK or a status.
- * Written once and used by both decode and probe so they cannot disagree. */
+/* Read a coding-2 block's restart table: CODEC_OK, or CODEC_BAD_RESTART
+ * for a width above 64. */
+static int restart_table_read(const uint8_t *block, restart_table *rt) {
+    unsigned w = block[BLOCK_BYTES - 1];
+    if (w > 64)
+        return CODEC_BAD_RESTART;
+    unsigned nbytes = restart_table_bytes(w);
+    const uint8_t *t = block + BLOCK_BYTES - nbytes;
+    size_t bit = 0;
+    for (int r = 0; r < RESTARTS; r++) {
+        rt->pos[r] = (uint32_t)read_bits(t, nbytes - 1, bit, RESTART_POS_BITS);
+        rt->delta[r] = read_bits(t, nbytes - 1, bit + RESTART_POS_BITS, w);
+        bit += RESTART_POS_BITS + w;
+    }
+    /* The table's unused low bits (fewer than 8) are zero. */
+    if (read_bits(t, nbytes - 1, bit, (unsigned)(8 * (nbytes - 1) - bit)) != 0)
+        return CODEC_BAD_RESTART;
+    rt->w = w;
+    rt->stream_bits = BLOCK_PAYLOAD_BITS - 8 * (size_t)nbytes;
+    return CODEC_OK;
+}
+
+/* Decode the entry after prev at bit *pos, of a bitstream of limit bits.
+ * Returns CODEC_OK or a status.  Written once and used by both decode and
+ * probe so they cannot disagree. */
 static inline int next_value(const codec_code *c, const uint8_t *s, size_t *pos, uint64_t prev,
-                             uint64_t *out) {
+                             uint64_t *out, size_t limit) {
     const size_t nbytes = BLOCK_BYTES - BLOCK_HEADER_BYTES;
     uint64_t w = peek64(s, nbytes, *pos);
     unsigned len = c->lut[w >> (64 - CODE_MAX_BITS)].len;
@@ -236,7 +313,7 @@ static inline int next_value(const codec_code *c, const uint8_t *s, size_t *pos,
     if (len == 0)
         return CODEC_BAD_CODE;
     size_t p = *pos + len;
-    if (p + h > BLOCK_PAYLOAD_BITS)
+    if (p + h > limit)
         return CODEC_OVERRUN;
     uint64_t low;
     if (h == 0)
@@ -248,7 +325,7 @@ static inline int next_value(const codec_code *c, const uint8_t *s, size_t *pos,
     *pos = p + h;
     uint64_t top = 1ull << h;
     uint64_t v;
-    if (c->coding == CODING_DELTA) {
+    if (c->coding != CODING_XOR) {
         v = prev + (top | low);
         if (v <= prev)
             return CODEC_NOT_SORTED; /* wrapped past 2^64 */
@@ -271,16 +348,31 @@ long codec_decode(const codec_code *c, const uint8_t *block, uint64_t *out, size
     const uint8_t *s = block + BLOCK_HEADER_BYTES;
     uint64_t v = load_le64(block + 6);
     out[0] = v;
-    size_t pos = 0;
-    for (unsigned i = 1; i < count; i++) {
-        rc = next_value(c, s, &pos, v, &v);
-        if (rc < 0)
+    size_t pos = 0, limit = BLOCK_PAYLOAD_BITS;
+    restart_table rt;
+    int nr = 0;
+    if (c->coding == CODING_RESTARTS) {
+        if ((rc = restart_table_read(block, &rt)) < 0)
             return rc;
-        out[i] = v;
+        limit = rt.stream_bits;
+        nr = RESTARTS;
+    }
+    unsigned i = 1;
+    for (int r = 0; r <= nr; r++) {
+        unsigned end = r < nr ? restart_entry(r + 1, count) : count - 1;
+        for (; i <= end; i++) {
+            rc = next_value(c, s, &pos, v, &v, limit);
+            if (rc < 0)
+                return rc;
+            out[i] = v;
+        }
+        /* Restart r: where its entry ends, and its value less first. */
+        if (r < nr && (pos != rt.pos[r] || out[end] - out[0] != rt.delta[r]))
+            return CODEC_BAD_RESTART;
     }
     /* The rest of the bitstream is padding and must be zero. */
-    while (pos < BLOCK_PAYLOAD_BITS) {
-        unsigned n = BLOCK_PAYLOAD_BITS - pos > 57 ? 57 : (unsigned)(BLOCK_PAYLOAD_BITS - pos);
+    while (pos < limit) {
+        unsigned n = limit - pos > 57 ? 57 : (unsigned)(limit - pos);
         if (read_bits(s, BLOCK_BYTES - BLOCK_HEADER_BYTES, pos, n) != 0)
             return CODEC_BAD_PADDING;
         pos += n;
@@ -346,6 +438,7 @@ typedef struct {
     const uint8_t *s; /* where batches read: the block's bitstream, or tail */
     size_t pos;       /* bit position in s */
     size_t base;      /* bit position of s[0] in the bitstream */
+    size_t limit;     /* the bitstream's length in bits */
     uint64_t v;       /* entry i, not yet checked */
     uint64_t q, lo, hi;
     size_t found;
@@ -388,6 +481,40 @@ KERNEL_INLINE int slot_start(probe_slot *S, codec_lane *l) {
     S->i = 0;
     S->count = count;
     S->k = l->k;
+    S->limit = BLOCK_PAYLOAD_BITS;
+    if (S->c->coding == CODING_RESTARTS) {
+        unsigned w = l->block[BLOCK_BYTES - 1];
+        if (w > 64) {
+            l->n = CODEC_BAD_RESTART;
+            return 0;
+        }
+        S->limit = BLOCK_PAYLOAD_BITS - 8 * (size_t)restart_table_bytes(w);
+    }
+    if (S->c->coding == CODING_RESTARTS && first < S->lo) {
+        /* Start at the last restart at or below the prefix: every entry
+         * before it is smaller, so none of them can match.  (A block that
+         * starts inside the prefix has none: its records are not read.) */
+        restart_table rt;
+        int rc = restart_table_read(l->block, &rt);
+        if (rc < 0) {
+            l->n = rc;
+            return 0;
+        }
+        for (int r = RESTARTS - 1; r >= 0; r--) {
+            uint64_t v = first + rt.delta[r];
+            if (rt.pos[r] > rt.stream_bits || v < first) {
+                l->n = CODEC_BAD_RESTART;
+                return 0;
+            }
+            unsigned at = restart_entry((unsigned)r + 1, count);
+            if (at > 0 && v <= S->lo) {
+                S->v = v;
+                S->i = at;
+                S->pos = rt.pos[r];
+                break;
+            }
+        }
+    }
     return 1;
 }
 
@@ -416,7 +543,7 @@ KERNEL_INLINE int slot_checked(probe_slot *S, unsigned n) {
             l->n = (long)S->found;
             return 1;
         }
-        int rc = next_value(S->c, s, &pos, v, &S->v);
+        int rc = next_value(S->c, s, &pos, v, &S->v, S->limit);
         if (rc < 0) {
             l->n = rc;
             return 1;
@@ -432,7 +559,7 @@ KERNEL_INLINE int slot_checked(probe_slot *S, unsigned n) {
  * last entries of a block (fewer than a batch) and XOR-coded runs go
  * through the checked decoder. */
 KERNEL_INLINE int slot_ready(probe_slot *S) {
-    if (S->count - 1 - S->i < FAST_BATCH || S->c->coding != CODING_DELTA)
+    if (S->count - 1 - S->i < FAST_BATCH || S->c->coding == CODING_XOR)
         return !slot_checked(S, S->count);
     if (S->base == 0 && S->pos > FAST_MAX_POS) {
         size_t from = S->pos >> 3, n = STREAM_BYTES - from;
@@ -449,7 +576,7 @@ KERNEL_INLINE int slot_ready(probe_slot *S) {
  * i + FAST_BATCH) and take the batch, or decode it again checked.  Returns 1
  * once the lane is finished. */
 KERNEL_INLINE int slot_settle(probe_slot *S, const uint64_t *vals, size_t pos, uint32_t flags) {
-    if ((flags & FAST_IRREGULAR) || S->base + pos > BLOCK_PAYLOAD_BITS)
+    if ((flags & FAST_IRREGULAR) || S->base + pos > S->limit)
         return slot_checked(S, FAST_BATCH);
     for (int b = 0; b < FAST_BATCH; b++)
         if (vals[b + 1] <= vals[b]) /* not increasing (damage): the checked decoder says how */

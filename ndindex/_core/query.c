@@ -184,6 +184,7 @@ static const char *block_status_text(long rc) {
     case CODEC_OVERRUN: return "block bitstream runs past its end";
     case CODEC_NOT_SORTED: return "block values do not increase or end at its key";
     case CODEC_BAD_PADDING: return "block padding is not zero";
+    case CODEC_BAD_RESTART: return "block restart record disagrees with its entries";
     default: return "block does not decode";
     }
 }

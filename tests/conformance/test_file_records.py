@@ -181,7 +181,8 @@ def stored_set(path):
         meta = {k: unframe(k, v) for k, v in txn.cursor(db=dbs[b"meta"])}
         header = meta[b"header"]
         magic, rv, wv, f, k, t, coding, expected_n, file_id = struct.unpack("<8sHHBBBBQ16s", header)
-        assert (magic, rv, f, len(header)) == (b"ndindex\0", 2, 64, 40)       # [F4]-[F6]
+        assert (magic, rv, f, len(header)) == (b"ndindex\0", 3, 64, 40)       # [F4]-[F6]
+        assert (coding, wv) == (2, 3)  # the default coding makes a version-3 file
         plan = Plan.from_bytes(meta[b"plan"])
         assert len(plan.tables) == t                                          # [F6]
         state = struct.unpack("<7Q", meta[b"state"])

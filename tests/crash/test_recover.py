@@ -484,10 +484,11 @@ def test_format_1_file_is_refused_naming_upgrade(tmp_path):
 def test_newer_format_is_refused(damaged, tmp_path):
     path, _ = damaged
     header = dict(records(path, rec.DB_META))[rec.KEY_HEADER]
-    newer = header[:8] + (3).to_bytes(2, "little") + header[10:40]
-    with open(path, "r+b") as fh:  # a well-formed header of format 3, checksum and all
+    version = rec.FORMAT_VERSION + 1
+    newer = header[:8] + version.to_bytes(2, "little") + header[10:40]
+    with open(path, "r+b") as fh:  # a well-formed header of a newer format, checksum and all
         for at in occurrences(fh.read(), header):
             fh.seek(at)
             fh.write(rec.frame(rec.KEY_HEADER, newer))
-    with pytest.raises(FormatError, match="read version 3"):
+    with pytest.raises(FormatError, match=f"read version {version}"):
         recover.recover(path, tmp_path / "out.ndx")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ndindex import _core, codec, codec_reference
-from ndindex.codec import CODING_DELTA, CODING_XOR, HuffmanCode
+from ndindex.codec import CODING_DELTA, CODING_RESTARTS, CODING_XOR, HuffmanCode
 from ndindex.errors import CorruptionError, FormatError
 
 U64_MAX = 2**64 - 1
@@ -15,7 +15,7 @@ def random_table(n, seed=0):
     return np.unique(rng.integers(0, 2**64, size=n, dtype=np.uint64))
 
 
-@pytest.fixture(params=[CODING_DELTA, CODING_XOR], ids=["delta", "xor"])
+@pytest.fixture(params=[CODING_DELTA, CODING_XOR, CODING_RESTARTS], ids=["delta", "xor", "restarts"])
 def coding(request):
     return request.param
 
@@ -113,6 +113,83 @@ def test_size_near_entropy_bound_delta():
     code = HuffmanCode.from_values(x, CODING_DELTA)
     bits = codec.encode(x, code).blocks.size * 8 / len(x)
     assert bits / codec.entropy_bound_bits(len(x)) < 1.02
+
+
+def test_restart_tables_cost_under_3_percent():
+    # 5.4: the table takes 1 + ceil(3 (13 + w) / 8) bytes of a block.
+    x = random_table(200_000, seed=3)
+    sizes = {c: codec.encode(x, HuffmanCode.from_values(x, c)).blocks.size
+             for c in (CODING_DELTA, CODING_RESTARTS)}
+    assert 1.01 < sizes[CODING_RESTARTS] / sizes[CODING_DELTA] < 1.03
+
+
+def restart_block(n=4000, seed=8):
+    """A block of a 2^23-dense table (about 190 entries) coded with restarts,
+    its code and values, and where its three restart records point."""
+    x = table_at_density(n, 2**23, seed)
+    code = HuffmanCode.from_values(x, CODING_RESTARTS)
+    enc = codec.encode(x, code)
+    count = int(codec.block_counts(enc.blocks)[0])
+    return bytes(enc.block(0)), code, x[:count], [r * count // 4 for r in (1, 2, 3)]
+
+
+def test_a_probe_starts_at_the_last_restart_below_its_prefix():
+    # [B13]: damage before the last restart (CRC made good again) is not
+    # decoded by a probe beyond it, while coding 1 and a whole decode meet it.
+    block, code, vals, at = restart_block()
+    assert len(vals) > 150
+    bad = garbled(block)
+    with pytest.raises(CorruptionError):
+        codec.decode(bad, code)
+    beyond = int(vals[at[2] + 3])
+    assert codec.probe(bad, code, beyond, 64, 0) == [beyond]
+    assert codec.probe(bad, code, beyond ^ 1, 40, 1) == [beyond]
+    # Before the first restart the probe starts at first and meets the damage.
+    assert probe_outcome(bad, code, int(vals[at[0] - 1])) != [int(vals[at[0] - 1])]
+    delta = HuffmanCode.from_lengths(code.lengths, CODING_DELTA)
+    plain = codec.encode(vals, delta)
+    assert plain.n_blocks == 1
+    assert probe_outcome(garbled(bytes(plain.block(0))), delta, beyond) != [beyond]
+
+
+def garbled(block: bytes) -> bytes:
+    """block with its first entries' bits all ones, its checksum made good."""
+    b = bytearray(block)
+    b[14:30] = b"\xff" * 16
+    return corrupt(bytes(b), 4, 0)
+
+
+def probe_outcome(block, code, q):
+    try:
+        return codec.probe(block, code, q, 64, 0)
+    except CorruptionError as err:
+        return err
+
+
+@pytest.mark.parametrize("where", ["w", "end", "value", "after"])
+def test_a_restart_table_that_disagrees_fails_decode_and_probes(where):
+    # [B11], [B12]: a whole decode checks every record; a probe that starts
+    # at a record it cannot trust (past the bitstream, a value that wraps)
+    # reports the damage.
+    block, code, vals, at = restart_block()
+    w = block[1023]
+    nbytes = 1 + (3 * (13 + w) + 7) // 8
+    table = int.from_bytes(block[1024 - nbytes:1023], "big")
+    bits = 8 * (nbytes - 1)
+    record = 13 + w
+    if where == "w":
+        bad = corrupt(block, 1023, block[1023] ^ 0xC0)  # w above 64
+    else:
+        shift = {"end": bits - 13, "value": bits - record, "after": 0}[where]
+        table ^= 1 << shift
+        b = bytearray(block)
+        b[1024 - nbytes:1023] = table.to_bytes(nbytes - 1, "big")
+        bad = corrupt(bytes(b), 1023, 0)  # redo the checksum
+    with pytest.raises(CorruptionError, match="restart"):
+        codec.decode(bad, code)
+    if where == "w":
+        with pytest.raises(CorruptionError, match="restart"):
+            codec.probe(bad, code, int(vals[-1]), 64, 0)
 
 
 def test_xor_costs_more_than_delta_on_random_data():
@@ -299,14 +376,16 @@ def lanes_case(rng, tables, damage):
 def test_probe_blocks_side_by_side_match_reference(damage):
     # Densities from sparse (long deltas: the batch decoder's irregular
     # entries) to 2^26 fingerprints; codes built for the data, and codes for
-    # another density (long codewords for common deltas); both codings.
+    # another density (long codewords for common deltas); every coding.
     rng = np.random.default_rng(11 + damage)
     tables = []
     for n_equiv, code_n, coding, top in [
             (300, None, CODING_DELTA, False), (20_000, None, CODING_DELTA, False),
             (2**26, None, CODING_DELTA, False), (2**26, 2**12, CODING_DELTA, False),
             (2**20, 2**34, CODING_DELTA, False), (2**22, None, CODING_XOR, False),
-            (2**20, None, CODING_DELTA, True)]:
+            (2**20, None, CODING_DELTA, True), (300, None, CODING_RESTARTS, False),
+            (2**23, None, CODING_RESTARTS, False), (2**26, 2**12, CODING_RESTARTS, False),
+            (2**20, None, CODING_RESTARTS, True)]:
         values = table_at_density(4000, n_equiv, seed=n_equiv + coding, top=top)
         code = HuffmanCode.from_values(values, coding) if code_n is None else \
             HuffmanCode.for_density(code_n, coding)
@@ -316,6 +395,12 @@ def test_probe_blocks_side_by_side_match_reference(damage):
         cap = int(rng.choice([0, 1, 3, 8081]))
         got = codec.probe_blocks(blocks, codes, qs, ps, ks, verified=damage, cap=cap)
         for i, g in enumerate(got):
+            if damage and codes[i].coding == CODING_RESTARTS:
+                # A probe starts at a restart record (5.4 [B13]) and so
+                # meets less of the damage than a decode from first: it
+                # gives some outcome, and never crashes.
+                assert isinstance(g, (list, CorruptionError))
+                continue
             block = blocks[i * codec.BLOCK_BYTES:(i + 1) * codec.BLOCK_BYTES]
             want = reference_probe(block, codes[i], qs[i], ps[i], ks[i], cap,
                                    check_checksum=not damage)

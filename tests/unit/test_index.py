@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from ndindex import chunks as ch, compaction, plan as plans, runs as rn
+from ndindex import chunks as ch, codec, compaction, plan as plans, runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
 from tests.killing import killed_at
@@ -108,9 +108,10 @@ def skewed(rng, n):
             | blocks[:, 3] << np.uint64(48))
 
 
+@pytest.mark.parametrize("coding", sorted(codec.CODING_NAMES), ids=codec.CODING_NAMES.get)
 @pytest.mark.parametrize("data", ["random", "clustered", "skewed"])
 @pytest.mark.parametrize("state", STATES)
-def test_queries_match_brute_force(path, data, state, small_steps, listing):
+def test_queries_match_brute_force(path, data, state, small_steps, listing, coding):
     rng = np.random.default_rng(1)
     if data == "random":
         fps = rng.integers(0, 2**64, size=30000, dtype=np.uint64)
@@ -118,7 +119,8 @@ def test_queries_match_brute_force(path, data, state, small_steps, listing):
         fps = skewed(rng, 30000)
     else:
         fps = clustered(rng, 400, 60, 4)
-    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False) as ix:
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False,
+                      coding=coding) as ix:
         put_in_state(ix, fps, state)
         queries = np.concatenate([near(rng, fps, 150, 3), rng.integers(0, 2**64, 50, dtype=np.uint64)])
         check_queries(ix, fps, queries, 3)
@@ -1097,3 +1099,25 @@ def test_len_of_a_compacted_index_reads_no_table(path, monkeypatch):
         assert len(ix._snapshot().table_runs[0]) == 1
     with Index.open(path, background_compaction=False) as ix:
         assert len(ix) == live - 20 and reads
+
+
+@pytest.mark.parametrize("coding", sorted(codec.CODING_NAMES), ids=codec.CODING_NAMES.get)
+def test_a_file_says_the_format_version_its_coding_needs(path, coding):
+    # FORMAT.md section 2, [F6]: coding 2 (restart tables) makes a version-3
+    # file; codings 0 and 1 a version-2 file, which readers of version 2 open.
+    from ndindex import records as rec
+    fps = np.random.default_rng(4).integers(0, 2**64, 5000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=5000, coding=coding) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+    with Index.open(path) as ix:
+        header = ix._header
+        assert (header.coding, header.read_version, header.write_version) == \
+            (coding, *(2 * [3 if coding == codec.CODING_RESTARTS else 2]))
+        codes = {rn.run_code(r).coding for runs in ix._snapshot().table_runs for r in runs}
+        assert codes == {coding}
+        ix.add(fps[:10] ^ np.uint64(1))  # a later writer keeps the file's coding
+        ix.compact(full=True)
+        assert {rn.run_code(r).coding for runs in ix._snapshot().table_runs for r in runs} == {coding}
+        assert rec.format_version_of(ix.coding) == header.read_version
+        check_queries(ix, np.concatenate([fps, fps[:10] ^ np.uint64(1)]), fps[:20], 3)
