@@ -341,14 +341,19 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="INDEX", help="the new index (must not exist)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = _sub(commands, "upgrade", "convert a format-1 index file to format 2",
-             "Rewrite an index made before file format 2 (which this version cannot open) as a "
-             "format-2 index with the same k, plan, coding, fingerprinter, fingerprints and "
-             "document keys.  The new index is verified and compared with the original before "
-             "it is used.  In place (without -o), INDEX must not be open in another process; "
-             "the original is kept as INDEX.v1 (unless --no-backup), and a crash at any moment "
+    p = _sub(commands, "upgrade", "bring an index file to the newest file format",
+             "A format-2 index of the delta coding gets restart tables (format 3: faster "
+             "queries, 2.4% larger tables): its header names the new coding and a full "
+             "compaction rewrites every table, then it is verified; INDEX must not be open in "
+             "another process, and a crash leaves a whole index that the next upgrade "
+             "finishes (with -o, a compacted copy is upgraded instead).  An index made before "
+             "file format 2 (which this version cannot open) is rewritten as a format-2 index "
+             "with the same k, plan, coding, fingerprinter, fingerprints and document keys, "
+             "verified and compared with the original before it is used; in place, the "
+             "original is kept as INDEX.v1 (unless --no-backup), and a crash at any moment "
              "leaves at INDEX either the whole original or the whole new index.  A file "
-             "already in format 2 is left alone and reported, with exit status 0.",
+             "already in the newest format for its coding is left alone and reported, with "
+             "exit status 0.",
              ["ndindex upgrade pages.ndx",
               "ndindex upgrade pages.ndx -o pages-v2.ndx",
               "ndindex upgrade pages.ndx --no-backup --json"],
@@ -827,13 +832,16 @@ def _cmd_upgrade(args) -> int:
     if args.json:
         _json(report)
     elif not report["upgraded"]:
-        print(f"{args.index}: already format 2, nothing to do")
+        print(f"{args.index}: already format {report['format']}, nothing to do")
     else:
         where = (f"original kept as {report['backup']}" if report["backup"]
+                 else "its tables rewritten in place" if args.output is None
+                 and not report["rebuilt"]
                  else "original deleted" if args.output is None
                  else f"written to {report['output']}, {args.index} left as it is")
-        print(f"upgraded {args.index} to format 2: {report['fingerprints']:,} fingerprints, "
-              f"{report['keys']:,} document keys, {report['tables']} tables; {where} "
+        keys = "" if report["keys"] is None else f"{report['keys']:,} document keys, "
+        print(f"upgraded {args.index} to format {report['format']}: "
+              f"{report['fingerprints']:,} fingerprints, {keys}{report['tables']} tables; {where} "
               f"({report['source_bytes']:,} -> {report['output_bytes']:,} bytes, "
               f"{report['seconds']['total']:.2f} s)")
         if report["orphan_keys"]:

@@ -312,7 +312,8 @@ class Compactor:
         stamps = np.sort(snap.tombstone_stamps) if len(snap.tombstone_stamps) else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         merges = [(space, m) for space in spaces
-                  for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps)]
+                  for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps,
+                                          self._ix.coding)]
         for space, (output, inputs, level) in merges:
             inputs = [_find(man, r.run_id) for r in inputs]
             if output is None:
@@ -631,7 +632,7 @@ def kind_of(level: int) -> int:
 
 
 def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
-                   stamps: np.ndarray | None = None) -> list:
+                   stamps: np.ndarray | None = None, coding: int | None = None) -> list:
     """The merges to advance in a space this round (see _choose_merge).
 
     Beside a merge of the large levels (level 2 and the main level), which
@@ -645,7 +646,7 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level)
             for r in runs if r.merge_output]
     if not busy:
-        first = _choose_merge(man, space, full, flush_ops, stamps)
+        first = _choose_merge(man, space, full, flush_ops, stamps, coding)
         return [] if first is None else [first]
     if space in RECORD_SPACES or full or len(busy) > 1 or \
             any(r.level < 2 for r in busy[0][1]):
@@ -659,10 +660,12 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
 
 
 def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
-                  stamps: np.ndarray | None = None):
+                  stamps: np.ndarray | None = None, coding: int | None = None):
     """The merge to advance in a space: (output or None, inputs newest first, level) or None.
 
     stamps: the tombstones' stamps, sorted (for the deletion trigger).
+    coding: the file's block coding; a full merge rewrites a lone Huffman
+    run of another (an upgraded file's, FORMAT.md 7.2).
     """
     runs = man.of(space)
     for r in runs:  # a merge in progress goes first
@@ -673,7 +676,8 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
         return None
     record = space in RECORD_SPACES
     if full:
-        if len(free) > 1 or (not record and free[0].kind != KIND_HUFFMAN):
+        if len(free) > 1 or (not record and (free[0].kind != KIND_HUFFMAN or (
+                coding is not None and free[0].code[0] != coding))):
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
         return None
     main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)

@@ -1,6 +1,10 @@
-"""Upgrading a format-1 index file to format 2 (``ndindex upgrade``).
+"""Upgrading an index file to the newest format (``ndindex upgrade``).
 
-Two parts:
+A format-2 file of the delta coding gets restart tables (format 3, coding
+2): :func:`upgrade` names the new coding in its header and compacts it
+fully, which rewrites every table in it (FORMAT.md 7.2).  A format-1
+file is rebuilt in the newest format (3, or 2 for the xor coding), in two
+parts:
 
 - :class:`FormatV1Reader` reads a format-1 file on its own: file format 1
   is frozen (``git show 9521845:format-spec/FORMAT.md``, section 7), so
@@ -12,7 +16,7 @@ Two parts:
   that tie the records together ([F7]-[F12]) are checked too: a damaged
   file raises CorruptionError naming the record, never an upgrade that
   silently lost or invented data.
-- :func:`upgrade` writes a format-2 index with the same settings, every live
+- :func:`upgrade` writes a new index with the same settings, every live
   fingerprint and every document key through the public API, checks it
   against the source, and for an in-place upgrade swaps it in without ever
   leaving the user without a whole index at the original name.
@@ -21,6 +25,7 @@ Two parts:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -38,7 +43,9 @@ from ndindex import _core, codec, pages, plan as plans
 from ndindex.arrays import EMPTY_U64, merge_sorted
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
+from ndindex.records import format_version_of
 from ndindex.store import check_path_for_open, pick_meta, translate_error
+from ndindex.writer import put_header
 
 # -- format 1, as its spec defines it (section 7) ----------------------------------
 
@@ -598,23 +605,28 @@ def file_format(path) -> int:
 
 
 def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
-    """Convert a format-1 index file to format 2; return what was done.
+    """Bring an index file to the newest format; return what was done.
 
-    Parameters: src, the format-1 file; dest, where to write the format-2
+    A format-2 file of the delta coding gets restart tables (format 3, see
+    _restart_tables: in place, or into a copy at dest); a file of coding 2
+    or of the xor coding is left alone (``upgraded=False``).  The rest of
+    this describes a format-1 file, rebuilt in the newest format: 3 for
+    the delta coding (with restart tables), 2 for xor.
+
+    Parameters: src, the format-1 file; dest, where to write the new
     index (must not exist), or None to upgrade in place: the original is
     kept as ``<src>.v1`` (deleted at the end when backup is False) and the
     new file takes its name.  progress(phase, done, total), if given, is
     called as the work advances: phases "reading" (tables decoded), "adding"
     (fingerprints written), "compacting", "checking".
 
-    The new index has the source's k, plan, expected_n, block coding and
-    fingerprinter record, every live fingerprint and its document keys.
-    Before it is put in place it passes ``verify()`` and its fingerprints,
-    their keys, ``len()`` and settings are compared with the source's.
-    A src already in format 2 is left alone: the result says
-    ``upgraded=False``.  An in-place upgrade needs src to itself: it takes
-    LMDB's lock file exclusively (ReadOnlyError if another process has the
-    file open; one that opens it meanwhile waits).
+    The new index has the source's k, plan, expected_n, block coding (with
+    restart tables for delta) and fingerprinter record, every live
+    fingerprint and its document keys.  Before it is put in place it passes
+    ``verify()`` and its fingerprints, their keys, ``len()`` and settings
+    are compared with the source's.  An in-place upgrade needs src to
+    itself: it takes LMDB's lock file exclusively (ReadOnlyError if another
+    process has the file open; one that opens it meanwhile waits).
 
     Crash safety (in place): the new file is built and synced under a
     temporary name beside src.  Then ``<src>.v1`` is made a second name of
@@ -624,10 +636,12 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     deleted.  A crash before the rename leaves src the untouched format-1
     file (and maybe ``<src>.v1``, the same file, and a temporary, both
     cleared by the next run); a crash after it leaves src the complete
-    format-2 file.  Where hard links are not supported the backup is a
+    new file.  Where hard links are not supported the backup is a
     copy, synced before the rename.
 
-    Returns a dict: upgraded, source, output, backup (path or None),
+    Returns a dict: upgraded, rebuilt (a format-1 file; False for restart
+    tables added in place or to a copy), source, output, backup (path or
+    None),
     fingerprints, keys, tables, log_fingerprints, tombstones,
     orphan_keys (keys of fingerprints that were not live, dropped),
     source_bytes, output_bytes, seconds (total and per phase).
@@ -641,8 +655,7 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     src = os.fspath(src)
     t0 = time.perf_counter()
     if file_format(src) == 2:
-        return dict(upgraded=False, format=2, source=src, output=None, backup=None,
-                    seconds=dict(total=time.perf_counter() - t0))
+        return _restart_tables(src, None if dest is None else os.fspath(dest), progress, t0)
     if dest is not None:
         dest = os.fspath(dest)
         if os.path.lexists(dest):
@@ -672,8 +685,70 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     return result
 
 
+def _restart_tables(src: str, dest: str | None, progress, t0: float) -> dict:
+    """Give a format-2 file of the delta coding restart tables; see upgrade().
+
+    In place, the header names coding 2 (read and write version 3) in one
+    commit, and compact(full=True) rewrites every table in it: runs of
+    both codings are valid meanwhile, so a crash at any point leaves a
+    whole index, which the next upgrade finishes.  With dest, a vacuumed
+    copy of src is upgraded, and src is left as it is.  The xor coding is
+    kept: it is there to measure the paper's scheme.
+    """
+    with Index.open(src, readonly=True) as ix:
+        if newest_coding(ix.coding) == ix.coding and not _older_runs(ix):
+            return dict(upgraded=False, format=format_version_of(ix.coding), source=src,
+                        output=None, backup=None, seconds=dict(total=time.perf_counter() - t0))
+        if dest is not None:
+            if os.path.lexists(dest):
+                raise FileExistsError(errno.EEXIST, "already exists", dest)
+            ix.vacuum_into(dest)
+    target = src if dest is None else dest
+    if dest is None:
+        with _exclusive(os.path.realpath(src)):
+            pass  # no other process has it open: one of an older version would read on
+    source_bytes = os.path.getsize(src)
+    seconds = {}
+    with Index.open(target, background_compaction=False) as ix:
+        coding = newest_coding(ix.coding)
+        if coding != ix.coding:
+            version = format_version_of(coding)
+            header = dataclasses.replace(ix._header, coding=coding, read_version=version,
+                                         write_version=version)
+            ix._store.write(lambda wt: put_header(wt, header), sync=True)
+            ix._header = header
+        t = time.perf_counter()
+        ix.compact(full=True, progress=progress)
+        seconds["compact"] = time.perf_counter() - t
+        t = time.perf_counter()
+        ix.verify()
+        seconds["check"] = time.perf_counter() - t
+        if _older_runs(ix):
+            raise NdindexError(f"{target}: a table kept blocks of its old coding after a "
+                               "full compaction")
+        fingerprints, tables = len(ix), len(ix.plan.tables)
+    return dict(upgraded=True, rebuilt=False, format=format_version_of(coding), source=src,
+                output=target, backup=None,
+                fingerprints=fingerprints, keys=None, tables=tables, orphan_keys=0,
+                source_bytes=source_bytes, output_bytes=os.path.getsize(target),
+                seconds=dict(seconds, total=time.perf_counter() - t0))
+
+
+def newest_coding(coding: int) -> int:
+    """The coding an upgrade gives a file of this one: delta gains restart
+    tables; xor stays (it is there to measure the paper's scheme)."""
+    return codec.CODING_RESTARTS if coding == codec.CODING_DELTA else coding
+
+
+def _older_runs(ix: Index) -> bool:
+    """Whether a Huffman run of another coding than the file's is left."""
+    from ndindex.runs import KIND_HUFFMAN
+    return any(r.kind == KIND_HUFFMAN and r.code[0] != ix.coding
+               for r in ix._snapshot().manifest.runs)
+
+
 def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> dict:
-    """Build the format-2 copy of reader beside dest and check it.
+    """Build the new copy of reader beside dest and check it.
 
     For an in-place upgrade (dest is the source) the copy stays under its
     temporary name, returned as ``built``; otherwise it is linked to dest
@@ -709,7 +784,9 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
         raise
-    result = dict(upgraded=True, format=2, fingerprints=len(live), keys=counts["keys"],
+    result = dict(upgraded=True, rebuilt=True,
+                  format=format_version_of(newest_coding(reader.coding)),
+                  fingerprints=len(live), keys=counts["keys"],
                   tables=len(reader.plan.tables), log_fingerprints=log_fingerprints,
                   tombstones=tombstones, orphan_keys=reader.orphan_keys,
                   source_bytes=os.path.getsize(reader.path),
@@ -721,10 +798,10 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
 
 
 def _write(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -> dict:
-    """Create the format-2 index at path and add every live fingerprint and key."""
+    """Create the new index at path and add every live fingerprint and key."""
     n_keys = 0
     with Index.create(path, k=reader.k, expected_n=reader.expected_n, plan=reader.plan,
-                      coding=reader.coding, fingerprinter=reader.fingerprinter,
+                      coding=newest_coding(reader.coding), fingerprinter=reader.fingerprinter,
                       background_compaction=False) as ix:
         progress("adding", 0, len(live))
         done = 0
@@ -755,8 +832,8 @@ def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -
     with Index.open(path, readonly=True) as ix:
         ix.verify()
         settings = (ix.k, ix.expected_n, ix.coding, ix.plan.to_bytes(), ix.fingerprinter)
-        expected = (reader.k, reader.expected_n, reader.coding, reader.plan.to_bytes(),
-                    reader.fingerprinter)
+        expected = (reader.k, reader.expected_n, newest_coding(reader.coding),
+                    reader.plan.to_bytes(), reader.fingerprinter)
         if settings != expected:
             raise NdindexError(f"{path}: the new index's settings differ from the source's")
         if len(ix) != len(live) or not np.array_equal(ix.fingerprints(), live):

@@ -30,8 +30,8 @@ from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError
 from ndindex.overlay import PendingOps, RecordOps
-from ndindex.records import (DB_LOG, DB_META, KEY_STATE, U64_BE, LogRecord, State, frame,
-                             unframe)
+from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
+                             frame, unframe)
 from ndindex.store import translate_error
 
 
@@ -225,6 +225,16 @@ class Writer:
             except Exception:
                 self.journal.close(delete=False)  # replayed by the next writer
                 raise
+
+
+def put_header(wt, header) -> None:
+    """Rewrite the header record (``ndindex upgrade``'s change of block coding),
+    and the state with this transaction's id ([F9])."""
+    raw = wt.view.get(DB_META, KEY_STATE)
+    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    wt.put_framed(KEY_HEADER, header.pack())
+    state.txnid = wt.txnid
+    wt.put_framed(KEY_STATE, state.pack())
 
 
 def _drop_meta(wt, key: bytes) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from ndindex import _core, pages
 from ndindex.cli import main
-from ndindex.codec import CODING_DELTA
+from ndindex.codec import CODING_DELTA, CODING_RESTARTS, CODING_XOR
 from ndindex.errors import CorruptionError, FormatError, ReadOnlyError
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
@@ -118,7 +118,9 @@ def test_upgrade_to_output_holds_every_fingerprint_key_and_setting(v1, tmp_path)
     assert report["seconds"]["total"] > 0
     assert_holds_fixture_data(out)
     with Index.open(out, readonly=True) as ix:
-        assert (ix.k, ix.expected_n, ix.coding, ix.fingerprinter) == (3, 1000, CODING_DELTA, None)
+        # The delta coding gains restart tables: the newest format, 3.
+        assert (ix.k, ix.expected_n, ix.coding, ix.fingerprinter) == \
+            (3, 1000, CODING_RESTARTS, None)
         assert ix.plan.to_bytes() == v1_meta_payload(v1, b"plan")
     assert files(tmp_path) == ["v1.ndx", "v2.ndx"]   # no temporaries left
 
@@ -191,11 +193,11 @@ def test_upgrade_reports_progress_in_order(v1, tmp_path):
     assert seen[-1] == ("checking", 997, 997)
 
 
-def test_a_format_2_file_is_left_alone(v1, tmp_path):
-    upgrade(v1, backup=False)
+def test_an_upgraded_file_is_left_alone(v1, tmp_path):
+    assert upgrade(v1, backup=False)["format"] == 3
     before = sha(v1)
     report = upgrade(v1)
-    assert report["upgraded"] is False and report["format"] == 2
+    assert report["upgraded"] is False and report["format"] == 3
     assert sha(v1) == before and not os.path.exists(v1 + ".v1")
     assert upgrade(v1, str(tmp_path / "out.ndx"))["upgraded"] is False
     assert not os.path.exists(tmp_path / "out.ndx")
@@ -407,12 +409,12 @@ def run(capsys, *argv):
 def test_cli_upgrades_in_place(v1, capsys):
     status, out, err = run(capsys, "upgrade", v1)
     assert status == 0 and err == ""
-    assert out == (f"upgraded {v1} to format 2: 997 fingerprints, 997 document keys, 4 tables; "
+    assert out == (f"upgraded {v1} to format 3: 997 fingerprints, 997 document keys, 4 tables; "
                    f"original kept as {v1}.v1 ({os.path.getsize(v1 + '.v1'):,} -> "
                    f"{os.path.getsize(v1):,} bytes, {out.rsplit(', ', 1)[1]}")
     assert_holds_fixture_data(v1)
     status, out, err = run(capsys, "upgrade", v1)
-    assert (status, out, err) == (0, f"{v1}: already format 2, nothing to do\n", "")
+    assert (status, out, err) == (0, f"{v1}: already format 3, nothing to do\n", "")
 
 
 def test_cli_json_and_output(v1, tmp_path, capsys):
@@ -456,4 +458,136 @@ def test_cli_help_has_examples_and_exit_status(capsys):
     status, out, _ = run(capsys, "upgrade", "--help")
     assert status == 0
     assert "ndindex upgrade pages.ndx -o pages-v2.ndx" in out and "exit status:" in out
-    assert "already in format 2" in out and "INDEX.v1" in out
+    assert "already in the newest format" in out and "INDEX.v1" in out
+
+
+# -- format 2 (the delta coding) to format 3 (restart tables) ---------------------------
+
+
+def format_2(path, coding=CODING_DELTA, compacted=False):
+    """A format-2 index with keys: a main Huffman run, raw runs flushed
+    after it, tombstones and a log; return its fingerprints -> keys."""
+    rng = np.random.default_rng(21)
+    fps = np.unique(rng.integers(0, 2**64, 6000, dtype=np.uint64))
+    held = {}
+    with Index.create(path, k=3, expected_n=len(fps), coding=coding,
+                      background_compaction=False) as ix:
+        for i, part in enumerate(np.array_split(fps, 3)):
+            keys = [f"doc-{i}-{j}" for j in range(len(part))]
+            ix.add(part, keys=keys)
+            held.update(zip(part.tolist(), ({k} for k in keys)))
+            if i == 0:
+                ix.compact(full=True)
+            else:
+                ix._compactor.flush_log()
+        gone = fps[::7]
+        ix.remove(fingerprints=gone)
+        for fp in gone.tolist():
+            del held[fp]
+        ix.add(fps[:5] ^ np.uint64(1 << 63))  # stays in the log
+        held.update((fp, set()) for fp in (fps[:5] ^ np.uint64(1 << 63)).tolist())
+        if compacted:  # each table one Huffman run, the log empty
+            ix.compact(full=True)
+    return held
+
+
+def contents(path):
+    with Index.open(path, readonly=True) as ix:
+        out = {}
+        for fps, keys in ix.items():
+            out.update((fp, set(ks)) for fp, ks in zip(fps.tolist(), keys))
+        return out
+
+
+def codings(path):
+    """The file's coding and versions, and the codings of its Huffman runs."""
+    from ndindex import runs as rn
+    with Index.open(path, readonly=True) as ix:
+        h = ix._header
+        return (h.coding, h.read_version, h.write_version), \
+            {rn.run_code(r).coding for r in ix._snapshot().manifest.runs
+             if r.kind == rn.KIND_HUFFMAN}
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["living", "compacted"])
+def test_a_delta_file_gains_restart_tables_in_place(tmp_path, compacted):
+    path = str(tmp_path / "d.ndx")
+    held = format_2(path, compacted=compacted)
+    assert codings(path) == ((CODING_DELTA, 2, 2), {CODING_DELTA})
+    report = upgrade(path)
+    assert report["upgraded"] and not report["rebuilt"] and report["format"] == 3
+    assert report["output"] == path and report["fingerprints"] == len(held)
+    # Even a table already in one run is rewritten (FORMAT.md 7.2).
+    assert codings(path) == ((CODING_RESTARTS, 3, 3), {CODING_RESTARTS})
+    assert contents(path) == held
+    with Index.open(path) as ix:
+        ix.verify()
+        stored = np.array(sorted(held), dtype=np.uint64)
+        for q in stored[::400].tolist():
+            assert [m.fingerprint for m in ix.query(q ^ 5, 3)] == \
+                [int(v) for v in stored if bin(int(v) ^ q ^ 5).count("1") <= 3]
+    assert upgrade(path)["upgraded"] is False
+    assert sorted(os.listdir(tmp_path)) == ["d.ndx", "d.ndx-lock"]
+
+
+def test_a_delta_file_upgraded_to_output_is_left_as_it_is(tmp_path):
+    path, out = str(tmp_path / "d.ndx"), str(tmp_path / "out.ndx")
+    held = format_2(path)
+    before = sha(path)
+    report = upgrade(path, out)
+    assert report["upgraded"] and report["output"] == out and report["format"] == 3
+    assert sha(path) == before
+    assert codings(path) == ((CODING_DELTA, 2, 2), {CODING_DELTA})
+    assert codings(out) == ((CODING_RESTARTS, 3, 3), {CODING_RESTARTS})
+    assert contents(out) == held
+    with pytest.raises(FileExistsError):
+        upgrade(path, out)
+
+
+def test_an_interrupted_upgrade_leaves_a_whole_index_that_the_next_finishes(tmp_path):
+    # The header names coding 2 before the full compaction rewrites the
+    # tables: a file of both codings reads, writes and verifies.
+    import dataclasses
+    from ndindex.writer import put_header
+    path = str(tmp_path / "d.ndx")
+    held = format_2(path)
+    with Index.open(path, background_compaction=False) as ix:
+        header = dataclasses.replace(ix._header, coding=CODING_RESTARTS, read_version=3,
+                                     write_version=3)
+        ix._store.write(lambda wt: put_header(wt, header), sync=True)
+    with Index.open(path, background_compaction=False) as ix:
+        extra = np.arange(1, 2000, dtype=np.uint64) * np.uint64(2**50)
+        ix.add(extra)
+        ix._compactor.flush_log()
+        ix.verify()
+        held.update((fp, set()) for fp in extra.tolist())
+    assert codings(path) == ((CODING_RESTARTS, 3, 3), {CODING_DELTA})
+    assert contents(path) == held
+    report = upgrade(path)
+    assert report["upgraded"] and codings(path)[1] == {CODING_RESTARTS}
+    assert contents(path) == held
+
+
+def test_an_xor_file_keeps_its_coding(tmp_path):
+    path = str(tmp_path / "x.ndx")
+    format_2(path, coding=CODING_XOR)
+    before = sha(path)
+    report = upgrade(path)
+    assert report["upgraded"] is False and report["format"] == 2 and sha(path) == before
+
+
+def test_a_delta_file_open_in_another_process_is_not_upgraded_in_place(tmp_path):
+    path = str(tmp_path / "d.ndx")
+    format_2(path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from ndindex import Index; ix = Index.open("
+         "sys.argv[1], readonly=True); print('open', flush=True); sys.stdin.read()", path],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(ReadOnlyError, match="another process"):
+            upgrade(path)
+    finally:
+        holder.communicate("", timeout=30)
+    assert codings(path)[0] == (CODING_DELTA, 2, 2)
+    assert upgrade(path)["upgraded"]
