@@ -447,6 +447,34 @@ typedef struct {
     uint8_t tail[TAIL_BYTES];
 } probe_slot;
 
+/* Move slot S to the last restart at or below its prefix: every entry
+ * before it is smaller, so none of them can match (a block that starts
+ * inside the prefix has no such restart and skips this).  0 with l->n set
+ * if the records cannot be trusted, else 1. */
+KERNEL_INLINE int slot_restart(probe_slot *S, codec_lane *l, uint64_t first) {
+    restart_table rt;
+    int rc = restart_table_read(l->block, &rt);
+    if (rc < 0) {
+        l->n = rc;
+        return 0;
+    }
+    for (int r = RESTARTS - 1; r >= 0; r--) {
+        uint64_t v = first + rt.delta[r];
+        if (rt.pos[r] > rt.stream_bits || v < first) {
+            l->n = CODEC_BAD_RESTART;
+            return 0;
+        }
+        unsigned at = restart_entry((unsigned)r + 1, S->count);
+        if (at > 0 && v <= S->lo) {
+            S->v = v;
+            S->i = at;
+            S->pos = rt.pos[r];
+            break;
+        }
+    }
+    return 1;
+}
+
 /* Start lane l in slot S: 1 if it has entries to decode, else 0 with l->n
  * set (damage, or no entry with q's prefix). */
 KERNEL_INLINE int slot_start(probe_slot *S, codec_lane *l) {
@@ -489,31 +517,8 @@ KERNEL_INLINE int slot_start(probe_slot *S, codec_lane *l) {
             return 0;
         }
         S->limit = BLOCK_PAYLOAD_BITS - 8 * (size_t)restart_table_bytes(w);
-    }
-    if (S->c->coding == CODING_RESTARTS && first < S->lo) {
-        /* Start at the last restart at or below the prefix: every entry
-         * before it is smaller, so none of them can match.  (A block that
-         * starts inside the prefix has none: its records are not read.) */
-        restart_table rt;
-        int rc = restart_table_read(l->block, &rt);
-        if (rc < 0) {
-            l->n = rc;
+        if (first < S->lo && !slot_restart(S, l, first))
             return 0;
-        }
-        for (int r = RESTARTS - 1; r >= 0; r--) {
-            uint64_t v = first + rt.delta[r];
-            if (rt.pos[r] > rt.stream_bits || v < first) {
-                l->n = CODEC_BAD_RESTART;
-                return 0;
-            }
-            unsigned at = restart_entry((unsigned)r + 1, count);
-            if (at > 0 && v <= S->lo) {
-                S->v = v;
-                S->i = at;
-                S->pos = rt.pos[r];
-                break;
-            }
-        }
     }
     return 1;
 }
