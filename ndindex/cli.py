@@ -683,6 +683,9 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     if info["log_entries"]:
         summary += f"; {info['log_entries']:,} operations in the log, not yet compacted"
     lines.append(summary)
+    if info.get("coding") == "delta":
+        lines.append("  format 2, delta coding: `ndindex upgrade` adds restart tables "
+                     "(format 3: faster queries)")
     if info.get("key_bytes"):
         lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
                      f"{_plural(info['key_runs'], 'run')}")

@@ -830,7 +830,8 @@ class Index(DocumentMethods):
         key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
         file_bytes = self._store.file_bytes()
         return dict(
-            path=self.path, k=self.k, fingerprints=n, log_entries=snap.state.log_ops,
+            path=self.path, k=self.k, format=self._header.read_version,
+            coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
             log_records=snap.state.log_next_seq - snap.state.log_first_seq,
             removed_pending=snap.tombstone_run.entries if snap.tombstone_run else 0,
             tables=per_table,

@@ -412,3 +412,21 @@ def test_the_command_keeps_numpys_blas_to_one_thread_unless_told(given, seen):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
     assert out == seen
+
+
+def test_stats_says_what_a_format_2_delta_file_gains_from_upgrade(tmp_path, capsys, monkeypatch):
+    path = str(tmp_path / "d.ndx")
+    run(capsys, "create", path, "--coding", "delta")
+    run(capsys, "add", path, stdin="".join(f"{i * 7919}\n" for i in range(1, 200)),
+        monkeypatch=monkeypatch)
+    hint = ("  format 2, delta coding: `ndindex upgrade` adds restart tables "
+            "(format 3: faster queries)")
+    status, out, _ = run(capsys, "stats", path)
+    assert status == 0 and out.splitlines()[2] == hint
+    with ndindex.open(path, readonly=True) as index:
+        assert (index.stats()["format"], index.stats()["coding"]) == (2, "delta")
+    assert run(capsys, "upgrade", path)[0] == 0
+    status, out, _ = run(capsys, "stats", path)
+    assert status == 0 and hint not in out.splitlines()
+    with ndindex.open(path, readonly=True) as index:
+        assert (index.stats()["format"], index.stats()["coding"]) == (3, "delta+restarts")
