@@ -267,30 +267,78 @@ class LayeredRecords:
         return out
 
 
+#: The newest additions of a LogOverlay are kept apart from the older ones
+#: until they outgrow this fraction of them (or RECENT_MIN), so that a
+#: record of additions costs O(its size + recent), not a merge into the
+#: whole log: a snapshot per commit extends its predecessor's log.
+RECENT_FRACTION = 0.125
+RECENT_MIN = 4096
+
+
 class LogOverlay:
     """The net effect of the log records of a snapshot, in order.
 
     adds and removes are sorted, distinct and disjoint; ``ops`` holds the
-    record operations (document keys, documents, lookup keys).
+    record operations (document keys, documents, lookup keys).  The adds
+    are held as two sorted disjoint arrays (older, recent), merged when
+    ``adds`` is read (see RECENT_FRACTION).
     """
 
     def __init__(self):
-        self.adds = EMPTY_U64
+        self._adds = (EMPTY_U64, EMPTY_U64)
         self.removes = EMPTY_U64
         self.ops = LayeredRecords()
         self.records = 0
 
+    @property
+    def adds(self) -> np.ndarray:
+        older, recent = self._adds
+        if len(recent):
+            older = insert_sorted(older, recent)
+            self._adds = (older, EMPTY_U64)
+        return older
+
+    @adds.setter
+    def adds(self, values: np.ndarray) -> None:
+        self._adds = (values, EMPTY_U64)
+
+    def n_adds(self) -> int:
+        return len(self._adds[0]) + len(self._adds[1])
+
+    def added(self, values: np.ndarray) -> np.ndarray:
+        """A mask of the (sorted) values among the adds, without merging them."""
+        older, recent = self._adds
+        return isin_sorted(values, older) | isin_sorted(values, recent)
+
     def copy(self) -> "LogOverlay":
         out = LogOverlay()
-        out.adds, out.removes, out.ops, out.records = self.adds, self.removes, self.ops, \
+        out._adds, out.removes, out.ops, out.records = self._adds, self.removes, self.ops, \
             self.records
         return out
 
     def apply(self, record: LogRecord) -> None:
         """Apply one record after everything applied so far."""
-        self.adds = _union(_minus(self.adds, record.removes), record.adds)
-        self.removes = _union(_minus(self.removes, record.adds), record.removes)
+        if len(record.removes):
+            self.adds = _union(_minus(self.adds, record.removes), record.adds)
+            self.removes = _union(_minus(self.removes, record.adds), record.removes)
+        else:
+            self._add(record.adds)
         self._push_ops(record)
+
+    def _add(self, values: np.ndarray) -> None:
+        """Additions only (sorted, distinct): into the recent part, O(values + recent)."""
+        if not len(values):
+            return
+        if len(self.removes):
+            back = values[isin_sorted(values, self.removes)]
+            if len(back):
+                self.removes = _minus(self.removes, back)
+        new = values[~self.added(values)]
+        older, recent = self._adds
+        recent = insert_sorted(recent, new)
+        if len(recent) > max(RECENT_MIN, RECENT_FRACTION * len(older)):
+            older, recent = insert_sorted(older, recent), EMPTY_U64
+        self._adds = (older, recent)
 
     def apply_all(self, records: list) -> None:
         """Apply records in order, as apply() one by one does, in one sort.
@@ -305,8 +353,8 @@ class LogOverlay:
             for record in records:
                 self.apply(record)
             return
-        if not len(self.removes) and not any(len(r.removes) for r in records):
-            self.adds = sorted_unique(np.concatenate([self.adds] + [r.adds for r in records]))
+        if not any(len(r.removes) for r in records):
+            self._add(sorted_unique(np.concatenate([r.adds for r in records])))
         else:
             parts = [self.adds, self.removes]
             for r in records:

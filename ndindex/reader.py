@@ -295,7 +295,7 @@ class Snapshot:
         with self._build_lock:
             if "log_tables" not in self.__dict__:
                 self.__dict__["log_tables"] = [
-                    (np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64, EMPTY_U64)
+                    (np.sort(t.apply(log.adds)) if len(log.adds) else EMPTY_U64, EMPTY_U64, None)
                     for t in self.plan.tables]
             return self.__dict__["log_tables"]
 
@@ -330,7 +330,14 @@ class Snapshot:
 
     def _make_kernel(self, log_tables, log_removes):
         """The query kernel over this snapshot's runs and tombstones, with the
-        given log (per table (log, recent) arrays, and its removals)."""
+        given log (per table (log, recent, log_aid or None), and its removals).
+
+        The search aid over a table's log is built once per log array and
+        kept in log_tables, which the next snapshots extend: a commit then
+        costs the kernel O(its records), not a pass over the log."""
+        for i, (log, recent, aid) in enumerate(log_tables):
+            if aid is None and len(log):
+                log_tables[i] = (log, recent, _core.log_aid(log))
         view, plan = self.view, self.plan
         return _core.make_snapshot(
             view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
@@ -428,9 +435,10 @@ class Snapshot:
         """Set self.log, extending prev's when only records were added (and then
         self.log_tables too, from prev's; otherwise the property builds them).
 
-        log_tables: per table, (log, recent), the log's additions permuted and
-        sorted in two disjoint arrays: the records added since the last fold
-        go into recent, which is folded into log once it outgrows
+        log_tables: per table, (log, recent, log_aid), the log's additions
+        permuted and sorted in two disjoint arrays, and the kernel's search
+        aid over log (or None): the records added since the last fold go
+        into recent, which is folded into log once it outgrows
         LOG_RECENT_FRACTION of it, so that a commit costs O(its records)
         here, not O(log), amortised.
         prev: (state, log, log_tables) of an earlier snapshot, or None.
@@ -455,7 +463,6 @@ class Snapshot:
                 d["log_tables"] = prev_tables
             return
         log = prev_log.copy()
-        before = log.adds
         log.apply_all(fresh)
         d["log"] = log
         if prev_tables is None:
@@ -463,8 +470,8 @@ class Snapshot:
         # The values the fresh records brought in, found among their own
         # additions (a commit's thousand), not by searching the whole log.
         added = sorted_unique(np.concatenate([r.adds for r in fresh]))
-        new = added[~isin_sorted(added, before)] if len(before) else added
-        if len(log.adds) == len(before) + len(new):
+        new = added[~prev_log.added(added)]
+        if log.n_adds() == prev_log.n_adds() + len(new):
             # Only additions: merged into the recent part of each table's log.
             d["log_tables"] = [_log_with(t, np.sort(p.apply(new))) if len(new) else t
                                for t, p in zip(prev_tables, self.plan.tables)]
@@ -645,7 +652,7 @@ class Snapshot:
         runs = [r for r in self.table_runs[table] if r.chunks]
         design = self.plan.tables[table]
         hidden = np.sort(design.apply(self.hidden)) if len(self.hidden) else EMPTY_U64
-        log = insert_sorted(*self.log_tables[table])
+        log = insert_sorted(*self.log_tables[table][:2])
         per_chunk = max(1, chunk_target // (63 * 150))
         readers = [rn.RunReader(self.view, r, per_chunk) for r in runs]
         lo = -1
@@ -750,7 +757,7 @@ class Snapshot:
         one k = 0 look each, through a kernel without the log."""
         found = np.zeros(len(values), dtype=bool)
         if len(values):
-            runs_only = self._make_kernel([(EMPTY_U64, EMPTY_U64)] * len(self.plan.tables),
+            runs_only = self._make_kernel([(EMPTY_U64, EMPTY_U64, None)] * len(self.plan.tables),
                                           EMPTY_U64)
             found[np.frombuffer(_core.query_many(runs_only, values, 0)[0], dtype=np.int64)] = True
         return found
@@ -776,12 +783,12 @@ class CountMemo:
 
 
 def _log_with(table_log: tuple, new: np.ndarray) -> tuple:
-    """A table's (log, recent) with sorted new values (in neither) added."""
-    log, recent = table_log
+    """A table's (log, recent, log_aid) with sorted new values (in neither) added."""
+    log, recent, aid = table_log
     recent = insert_sorted(recent, new)
     if len(recent) > max(LOG_RECENT_MIN, LOG_RECENT_FRACTION * len(log)):
-        return insert_sorted(log, recent), EMPTY_U64
-    return log, recent
+        return insert_sorted(log, recent), EMPTY_U64, None
+    return log, recent, aid
 
 
 def _ranked(records, rank: int):

@@ -9,6 +9,7 @@
 
 #define SNAPSHOT_CAPSULE "ndindex._core.snapshot"
 #define DIRECTORY_CAPSULE "ndindex._core.run_directory"
+#define LOG_AID_CAPSULE "ndindex._core.log_aid"
 
 /* A run directory and the buffer (the file's mapping) its pointers lie in;
  * a directory that extends another (run_directory's prev) took over its
@@ -66,9 +67,27 @@ typedef struct {
     const uint8_t **tomb_verified;
 } snapshot_box;
 
+/* A search aid over a table's log, and a view of the array it is over:
+ * built once per log array (log_aid), it serves every snapshot whose table
+ * has that array, as a commit leaves the log and grows its recent part. */
+typedef struct {
+    Py_buffer view;
+    search_aid aid;
+} log_aid_box;
+
+static void log_aid_free(PyObject *cap) {
+    log_aid_box *box = PyCapsule_GetPointer(cap, LOG_AID_CAPSULE);
+    if (box) {
+        search_aid_free(&box->aid);
+        PyBuffer_Release(&box->view);
+        PyMem_Free(box);
+    }
+}
+
 static void box_free(snapshot_box *box) {
     for (int t = 0; box->tables && t < box->s.ntables; t++)
-        search_aid_free(&box->tables[t].log_aid);
+        if (!box->tables[t].log_aid_shared)
+            search_aid_free(&box->tables[t].log_aid);
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
@@ -179,11 +198,12 @@ PyDoc_STRVAR(make_snapshot_doc,
              "    -> capsule\n\n"
              "file: the mapped index file; psize, npages: its page size and readable pages;\n"
              "chunks_tree: (root or None, depth, flags) of the chunks database;\n"
-             "tables: sequence of (p, runs, inverse_runs, table_runs, log, log_recent)\n"
+             "tables: sequence of (p, runs, inverse_runs, table_runs, log, log_recent[, log_aid])\n"
              "where table_runs is a sequence of (space, kind, run_id, code or None, last, lo or None,\n"
              "hi or None, directory or None) -- live range (lo, hi], directory from\n"
              "run_directory() -- and log, log_recent the sorted permuted log additions\n"
-             "(uint64; disjoint; log_recent the newest, small);\n"
+             "(uint64; disjoint; log_recent the newest, small), log_aid from log_aid(log) or\n"
+             "None (then built here);\n"
              "hide_runs: sorted uint64 values never reported from a run;\n"
              "tombstones: (run_id, last, chunks) of the tombstone run, or None: values it holds\n"
              "are never reported from a run either (looked up per candidate).\n"
@@ -250,9 +270,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     Py_ssize_t total_runs = 0;
     for (Py_ssize_t t = 0; t < nt; t++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, t);
-        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
-            PyErr_SetString(PyExc_TypeError,
-                            "each table is (p, runs, inverse_runs, table_runs, log, log_recent)");
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < 6 || PyTuple_GET_SIZE(item) > 7) {
+            PyErr_SetString(PyExc_TypeError, "each table is (p, runs, inverse_runs, table_runs, "
+                                             "log, log_recent[, log_aid])");
             goto fail;
         }
         Py_ssize_t nr = PySequence_Size(PyTuple_GET_ITEM(item, 3));
@@ -299,7 +319,20 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
         tb->log_recent = take_u64(box, PyTuple_GET_ITEM(item, 5), &tb->nlog_recent, "log_recent");
         if (!tb->log_recent)
             goto fail;
-        if (search_aid_build(&tb->log_aid, tb->log, tb->nlog) < 0) {
+        PyObject *aid = PyTuple_GET_SIZE(item) == 7 ? PyTuple_GET_ITEM(item, 6) : Py_None;
+        if (aid != Py_None) {
+            log_aid_box *ab = PyCapsule_GetPointer(aid, LOG_AID_CAPSULE);
+            if (!ab)
+                goto fail;
+            if (ab->view.buf != (const void *)tb->log || (size_t)ab->view.len / 8 != tb->nlog) {
+                PyErr_SetString(PyExc_ValueError, "log_aid is over another array than log");
+                goto fail;
+            }
+            if (PyList_Append(box->keep, aid) < 0)
+                goto fail;
+            tb->log_aid = ab->aid;
+            tb->log_aid_shared = 1;
+        } else if (search_aid_build(&tb->log_aid, tb->log, tb->nlog) < 0) {
             PyErr_NoMemory();
             goto fail;
         }
@@ -892,7 +925,35 @@ static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
     return res;
 }
 
+PyDoc_STRVAR(log_aid_doc,
+             "log_aid(log) -> capsule\n\n"
+             "The search aid make_snapshot builds over a table's log (sorted uint64),\n"
+             "built once: a snapshot given it with the same array shares it.");
+static PyObject *py_log_aid(PyObject *self, PyObject *log) {
+    log_aid_box *box = PyMem_Calloc(1, sizeof *box);
+    if (!box)
+        return PyErr_NoMemory();
+    if (ndx_get_u64_buffer(log, &box->view, 0, "log") < 0) {
+        PyMem_Free(box);
+        return NULL;
+    }
+    size_t n = (size_t)box->view.len / 8;
+    if (search_aid_build(&box->aid, box->view.buf ? box->view.buf : (const uint64_t *)"", n) < 0) {
+        PyBuffer_Release(&box->view);
+        PyMem_Free(box);
+        return PyErr_NoMemory();
+    }
+    PyObject *cap = PyCapsule_New(box, LOG_AID_CAPSULE, log_aid_free);
+    if (!cap) {
+        search_aid_free(&box->aid);
+        PyBuffer_Release(&box->view);
+        PyMem_Free(box);
+    }
+    return cap;
+}
+
 PyMethodDef query_methods[] = {
+    {"log_aid", py_log_aid, METH_O, log_aid_doc},
     {"run_read", py_run_read, METH_VARARGS, run_read_doc},
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
     {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},

@@ -96,6 +96,7 @@ typedef struct {
     const uint64_t *log, *log_recent;
     /* over log[]: a log of 100,000 additions is searched in cache */
     search_aid log_aid;
+    int log_aid_shared; /* log_aid belongs to a log_aid capsule, not to the snapshot */
 } query_table;
 
 typedef struct {

@@ -35,3 +35,42 @@ def test_apply_all_equals_applying_one_by_one(before, after):
     assert one.removes.tolist() == all_at_once.removes.tolist()
     assert one.records == all_at_once.records
     assert all_at_once.adds.dtype == np.uint64 and all_at_once.removes.dtype == np.uint64
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs=st.lists(records(), max_size=6), recent_min=st.sampled_from([0, 2, 4096]))
+def test_the_net_effect_is_each_values_last_operation(logs, recent_min):
+    # Against a model: a value is added or removed as its last operation
+    # says.  Records arrive a few at a time, as snapshots extend each other's
+    # logs; a small RECENT_MIN folds the recent additions often.
+    from ndindex import overlay
+    saved, overlay.RECENT_MIN = overlay.RECENT_MIN, recent_min
+    try:
+        log, last = LogOverlay(), {}
+        for batch in logs:
+            log = log.copy()
+            log.apply_all(batch)
+            for r in batch:
+                last.update((v, False) for v in r.removes.tolist())
+                last.update((v, True) for v in r.adds.tolist())
+            assert log.n_adds() == sum(last.values())
+            probe = np.arange(0, 41, dtype=np.uint64)
+            assert log.added(probe).tolist() == [last.get(v, False) for v in range(41)]
+        assert log.adds.tolist() == sorted(v for v, add in last.items() if add)
+        assert log.removes.tolist() == sorted(v for v, add in last.items() if not add)
+    finally:
+        overlay.RECENT_MIN = saved
+
+
+def test_additions_leave_the_older_part_alone_until_a_fold():
+    # A record of additions costs O(its size + recent): the older array is
+    # the same object until recent outgrows its share.
+    log = LogOverlay()
+    log.apply(LogRecord(np.arange(0, 200_000, 2, dtype=np.uint64), np.zeros(0, np.uint64), [], []))
+    older = log._adds[0]
+    for i in range(10):
+        log = log.copy()
+        log.apply(LogRecord(np.arange(1 + 200 * i, 200 * (i + 1), 2, dtype=np.uint64),
+                            np.zeros(0, np.uint64), [], []))
+        assert log._adds[0] is older
+    assert log.n_adds() == 100_000 + 1000 and len(log.adds) == 101_000
