@@ -193,17 +193,22 @@ def test_repeated_tombstone_of_an_older_writer_is_repaired(tmp_path, monkeypatch
     assert set(got) == set(fps.tolist()) - {x}
 
 
-def test_run_without_a_last_chunk_of_an_older_writer_is_recovered(tmp_path, monkeypatch):
-    # Merges before compaction._last_chunk_marked left a run with no chunk
-    # flagged last when every value left for the final step was removed:
-    # every read of the run fails; recover gives back every fingerprint.
+def merge_as_an_older_writer(monkeypatch, chunk_blocks: str) -> None:
+    """Merge one chunk (of one block, ch.<chunk_blocks>) a step, as writers
+    before compaction._last_chunk_marked did: a merge whose final step found
+    every value left removed ended with no chunk flagged last."""
     from ndindex import chunks as ch, compaction
-    path = str(tmp_path / "old.ndx")
-    fps = np.unique(np.random.default_rng(12).integers(0, 2**64, 4000, dtype=np.uint64))
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
-    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    monkeypatch.setattr(ch, chunk_blocks, 1)
     monkeypatch.setattr(compaction, "_last_chunk_marked",
                         lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
+
+
+def test_run_without_a_last_chunk_of_an_older_writer_is_recovered(tmp_path, monkeypatch):
+    # Every read of such a run fails; recover gives back every fingerprint.
+    path = str(tmp_path / "old.ndx")
+    fps = np.unique(np.random.default_rng(12).integers(0, 2**64, 4000, dtype=np.uint64))
+    merge_as_an_older_writer(monkeypatch, "CHUNK_MAX_BLOCKS")
     with Index.create(path, k=3, background_compaction=False) as ix:
         for part in (fps, fps[:500]):
             ix.add(part)
@@ -223,15 +228,11 @@ def test_record_run_without_a_last_chunk_of_an_older_writer_fails_verify_and_is_
         tmp_path, monkeypatch):
     # The same older merge, of the key runs: readers of records went on
     # without the flag, so only verify() shows the damage.
-    from ndindex import chunks as ch, compaction
     path = str(tmp_path / "old.ndx")
     fps = np.unique(np.random.default_rng(13).integers(0, 2**64, 4000, dtype=np.uint64))
     # Keys in fingerprint order, so that both key spaces end with the removed.
     key = {fp: f"doc-{i:05d}" for i, fp in enumerate(fps.tolist())}
-    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
-    monkeypatch.setattr(ch, "RECORD_CHUNK_BLOCKS", 1)
-    monkeypatch.setattr(compaction, "_last_chunk_marked",
-                        lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
+    merge_as_an_older_writer(monkeypatch, "RECORD_CHUNK_BLOCKS")
     with Index.create(path, k=3, background_compaction=False) as ix:
         for part in (fps[:2000], fps[2000:]):
             ix.add(part, keys=[key[fp] for fp in part.tolist()])

@@ -7,6 +7,7 @@ those, rebuilt here, never against what the upgrade's own reader says.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -220,18 +221,25 @@ def test_a_backup_name_taken_by_another_file_is_refused(v1, tmp_path):
     assert sha(v1) == before and open(v1 + ".v1", "rb").read() == b"someone else's"
 
 
-def test_a_file_open_in_another_process_is_not_upgraded_in_place(v1):
-    before = sha(v1)
+@contextlib.contextmanager
+def held_open(path: str, opener: str):
+    """Another process holding path open (opener: Python that opens sys.argv[1])."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import lmdb, sys; e = lmdb.open(sys.argv[1], subdir=False, "
-         "readonly=True, max_dbs=8); print('open', flush=True); sys.stdin.read()", v1],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-c", f"import sys; {opener}; print('open', flush=True); "
+         "sys.stdin.read()", path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "open"
-        with pytest.raises(ReadOnlyError, match="another process"):
-            upgrade(v1)
+        yield
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_a_file_open_in_another_process_is_not_upgraded_in_place(v1):
+    before = sha(v1)
+    with held_open(v1, "import lmdb; e = lmdb.open(sys.argv[1], subdir=False, readonly=True, "
+                       "max_dbs=8)"):
+        with pytest.raises(ReadOnlyError, match="another process"):
+            upgrade(v1)
     assert sha(v1) == before and not os.path.exists(v1 + ".v1")
     upgrade(v1)                                             # once it is closed, it goes
     assert_holds_fixture_data(v1)
@@ -579,15 +587,8 @@ def test_an_xor_file_keeps_its_coding(tmp_path):
 def test_a_delta_file_open_in_another_process_is_not_upgraded_in_place(tmp_path):
     path = str(tmp_path / "d.ndx")
     format_2(path)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from ndindex import Index; ix = Index.open("
-         "sys.argv[1], readonly=True); print('open', flush=True); sys.stdin.read()", path],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "open"
+    with held_open(path, "from ndindex import Index; ix = Index.open(sys.argv[1], readonly=True)"):
         with pytest.raises(ReadOnlyError, match="another process"):
             upgrade(path)
-    finally:
-        holder.communicate("", timeout=30)
     assert codings(path)[0] == (CODING_DELTA, 2, 2)
     assert upgrade(path)["upgraded"]
