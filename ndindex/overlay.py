@@ -306,7 +306,7 @@ class LogOverlay:
         return len(self._adds[0]) + len(self._adds[1])
 
     def added(self, values: np.ndarray) -> np.ndarray:
-        """A mask of the (sorted) values among the adds, without merging them."""
+        """A mask of the values that are among the adds, without merging the adds."""
         older, recent = self._adds
         return isin_sorted(values, older) | isin_sorted(values, recent)
 
