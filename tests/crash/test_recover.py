@@ -193,32 +193,39 @@ def test_repeated_tombstone_of_an_older_writer_is_repaired(tmp_path, monkeypatch
     assert set(got) == set(fps.tolist()) - {x}
 
 
-def merge_as_an_older_writer(monkeypatch, chunk_blocks: str) -> None:
-    """Merge one chunk (of one block, ch.<chunk_blocks>) a step, as writers
-    before compaction._last_chunk_marked did: a merge whose final step found
-    every value left removed ended with no chunk flagged last."""
+def written_by_an_older_writer(path, monkeypatch, chunk_blocks: str, parts, gone, check,
+                               keys=None) -> None:
+    """Write parts (with keys[fp], if given), each flushed, then remove gone
+    and compact, merging one chunk (of one block, ch.<chunk_blocks>) a step as
+    writers before compaction._last_chunk_marked did: a merge whose final
+    step found every value left removed ended with no chunk flagged last.
+    check(ix) runs on the index before it closes."""
     from ndindex import chunks as ch, compaction
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     monkeypatch.setattr(ch, chunk_blocks, 1)
     monkeypatch.setattr(compaction, "_last_chunk_marked",
                         lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        for part in parts:
+            ix.add(part, keys=None if keys is None else [keys[fp] for fp in part.tolist()])
+            ix._compactor.flush_log()
+        ix.remove(fingerprints=gone)
+        ix._compactor.flush_log()
+        ix.compact()
+        check(ix)
+    monkeypatch.undo()
 
 
 def test_run_without_a_last_chunk_of_an_older_writer_is_recovered(tmp_path, monkeypatch):
     # Every read of such a run fails; recover gives back every fingerprint.
     path = str(tmp_path / "old.ndx")
     fps = np.unique(np.random.default_rng(12).integers(0, 2**64, 4000, dtype=np.uint64))
-    merge_as_an_older_writer(monkeypatch, "CHUNK_MAX_BLOCKS")
-    with Index.create(path, k=3, background_compaction=False) as ix:
-        for part in (fps, fps[:500]):
-            ix.add(part)
-            ix._compactor.flush_log()
-        ix.remove(fingerprints=fps[3000:])
-        ix._compactor.flush_log()
-        ix.compact()
+
+    def fails(ix):
         with pytest.raises(CorruptionError, match="lacks its last chunk"):
             ix.fingerprints()
-    monkeypatch.undo()
+    written_by_an_older_writer(path, monkeypatch, "CHUNK_MAX_BLOCKS", (fps, fps[:500]),
+                               fps[3000:], fails)
     report, got = run_recover(path, tmp_path)
     assert report["status"] == 0, report["problems"]
     assert sorted(got) == sorted(fps[:3000].tolist())
@@ -232,17 +239,12 @@ def test_record_run_without_a_last_chunk_of_an_older_writer_fails_verify_and_is_
     fps = np.unique(np.random.default_rng(13).integers(0, 2**64, 4000, dtype=np.uint64))
     # Keys in fingerprint order, so that both key spaces end with the removed.
     key = {fp: f"doc-{i:05d}" for i, fp in enumerate(fps.tolist())}
-    merge_as_an_older_writer(monkeypatch, "RECORD_CHUNK_BLOCKS")
-    with Index.create(path, k=3, background_compaction=False) as ix:
-        for part in (fps[:2000], fps[2000:]):
-            ix.add(part, keys=[key[fp] for fp in part.tolist()])
-            ix._compactor.flush_log()
-        ix.remove(fingerprints=fps[3000:])
-        ix._compactor.flush_log()
-        ix.compact()
+
+    def fails(ix):
         with pytest.raises(CorruptionError, match="run [0-9]+ lacks its last chunk"):
             ix.verify()
-    monkeypatch.undo()
+    written_by_an_older_writer(path, monkeypatch, "RECORD_CHUNK_BLOCKS", (fps[:2000], fps[2000:]),
+                               fps[3000:], fails, keys=key)
     report, got = run_recover(path, tmp_path)
     assert report["status"] == 0, report["problems"]
     assert got == {fp: frozenset({key[fp]}) for fp in fps[:3000].tolist()}
