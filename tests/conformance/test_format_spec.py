@@ -85,6 +85,24 @@ def test_worked_example_in_spec_decodes():
     assert list(codec.decode(block, code)) == [1000, 1001, 1003, 1010, 1040]
 
 
+def test_worked_example_of_coding_2_in_spec_is_what_the_writer_makes():
+    # Section 9, coding 2: the restart table printed in the document, with the
+    # block's checksum, is what the writer makes of the same values; both
+    # decoders read it, and a probe at or above 1005 finds 1010 from record 2.
+    text = (SPEC / "FORMAT.md").read_text()
+    section = text[text.index("## 9. Worked example"):text.index("## 10.")]
+    blocks = re.findall(r"```\n(.*?)```", section, re.S)
+    record = b"\x02" + bytes.fromhex("".join(blocks[0].split()))[1:]
+    table = bytes.fromhex("".join(blocks[2].split()))
+    code = HuffmanCode.from_bytes(record)
+    block = bytes(codec.encode(np.array([1000, 1001, 1003, 1010, 1040], np.uint64), code).block(0))
+    assert block[1024 - len(table):] == table and block[:4] == bytes.fromhex("e4e32190")
+    assert section.count("`e4 e3 21 90`") == 1
+    assert codec_reference.decode_block(block, record) == [1000, 1001, 1003, 1010, 1040]
+    assert codec_reference.restart_points(block, record)[1] == (2, 1003, 7)
+    assert codec.probe(block, code, 1010, 64, 0) == [1010]
+
+
 def test_crc_check_value():
     # [C1]
     assert codec_reference.crc32c(b"123456789") == 0xE3069283
