@@ -53,6 +53,25 @@ def insert_sorted(base: np.ndarray, new_sorted: np.ndarray) -> np.ndarray:
     return out
 
 
+#: A two-level sorted set (older, recent) keeps its newest values in recent
+#: until they outgrow this fraction of older (or RECENT_MIN): an addition
+#: then costs O(its values + recent), amortised, not a merge into older.
+#: The log's additions are held so (overlay.LogOverlay, and per table in
+#: reader.Snapshot.log_tables): a snapshot per commit extends its
+#: predecessor's log.
+RECENT_FRACTION = 0.125
+RECENT_MIN = 4096
+
+
+def add_recent(older: np.ndarray, recent: np.ndarray, new: np.ndarray) -> tuple:
+    """(older, recent) with sorted new values (in neither) added to recent,
+    folded into older once it outgrows its share."""
+    recent = insert_sorted(recent, new)
+    if len(recent) > max(RECENT_MIN, RECENT_FRACTION * len(older)):
+        return insert_sorted(older, recent), EMPTY_U64
+    return older, recent
+
+
 def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:
     """Return sorted distinct (existing | new) minus gone; all inputs sorted and distinct."""
     new = new[~isin_sorted(new, existing)]

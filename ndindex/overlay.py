@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex import _core, chunks as ch
-from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, sorted_unique
+from ndindex.arrays import EMPTY_U64, add_recent, insert_sorted, isin_sorted, sorted_unique
 from ndindex.records import (LOG_RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
                              U64_BE, LogRecord)
 
@@ -267,21 +267,13 @@ class LayeredRecords:
         return out
 
 
-#: The newest additions of a LogOverlay are kept apart from the older ones
-#: until they outgrow this fraction of them (or RECENT_MIN), so that a
-#: record of additions costs O(its size + recent), not a merge into the
-#: whole log: a snapshot per commit extends its predecessor's log.
-RECENT_FRACTION = 0.125
-RECENT_MIN = 4096
-
-
 class LogOverlay:
     """The net effect of the log records of a snapshot, in order.
 
     adds and removes are sorted, distinct and disjoint; ``ops`` holds the
     record operations (document keys, documents, lookup keys).  The adds
     are held as two sorted disjoint arrays (older, recent), merged when
-    ``adds`` is read (see RECENT_FRACTION).
+    ``adds`` is read (arrays.add_recent).
     """
 
     def __init__(self):
@@ -333,12 +325,7 @@ class LogOverlay:
             back = values[isin_sorted(values, self.removes)]
             if len(back):
                 self.removes = _minus(self.removes, back)
-        new = values[~self.added(values)]
-        older, recent = self._adds
-        recent = insert_sorted(recent, new)
-        if len(recent) > max(RECENT_MIN, RECENT_FRACTION * len(older)):
-            older, recent = insert_sorted(older, recent), EMPTY_U64
-        self._adds = (older, recent)
+        self._adds = add_recent(*self._adds, values[~self.added(values)])
 
     def apply_all(self, records: list) -> None:
         """Apply records in order, as apply() one by one does, in one sort.

@@ -26,7 +26,7 @@ import weakref
 import numpy as np
 
 from ndindex import _core, chunks as ch, runs as rn
-from ndindex.arrays import EMPTY_U64, insert_sorted, isin_sorted, sorted_unique
+from ndindex.arrays import EMPTY_U64, add_recent, insert_sorted, isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError
 from ndindex.overlay import LogOverlay, PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
@@ -72,11 +72,6 @@ WARM_QUERIES = 256
 DIRECTORY_MAX_CHUNKS_BACKGROUND = 1 << 14
 #: The background lister's thread ends after this long without work.
 LISTER_IDLE_SECONDS = 1.0
-#: A snapshot's log additions gather in a small "recent" array per table,
-#: folded into the main one once larger than this fraction of it (or than
-#: LOG_RECENT_MIN): see Snapshot._load_log.
-LOG_RECENT_FRACTION = 0.125
-LOG_RECENT_MIN = 4096
 #: A flush first counts from the newest count when at most this many log
 #: operations came since it (one k = 0 probe each, about 1-2 us).
 COUNT_BEFORE_FLUSH_OPS = 1 << 14
@@ -439,7 +434,7 @@ class Snapshot:
         permuted and sorted in two disjoint arrays, and the kernel's search
         aid over log (or None): the records added since the last fold go
         into recent, which is folded into log once it outgrows
-        LOG_RECENT_FRACTION of it, so that a commit costs O(its records)
+        arrays.RECENT_FRACTION of it, so that a commit costs O(its records)
         here, not O(log), amortised.
         prev: (state, log, log_tables) of an earlier snapshot, or None.
         """
@@ -785,10 +780,8 @@ class CountMemo:
 def _log_with(table_log: tuple, new: np.ndarray) -> tuple:
     """A table's (log, recent, log_aid) with sorted new values (in neither) added."""
     log, recent, aid = table_log
-    recent = insert_sorted(recent, new)
-    if len(recent) > max(LOG_RECENT_MIN, LOG_RECENT_FRACTION * len(log)):
-        return insert_sorted(log, recent), EMPTY_U64, None
-    return log, recent, aid
+    folded, recent = add_recent(log, recent, new)
+    return folded, recent, aid if folded is log else None
 
 
 def _ranked(records, rank: int):

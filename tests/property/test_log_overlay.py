@@ -43,8 +43,8 @@ def test_the_net_effect_is_each_values_last_operation(logs, recent_min):
     # Against a model: a value is added or removed as its last operation
     # says.  Records arrive a few at a time, as snapshots extend each other's
     # logs; a small RECENT_MIN folds the recent additions often.
-    from ndindex import overlay
-    saved, overlay.RECENT_MIN = overlay.RECENT_MIN, recent_min
+    from ndindex import arrays
+    saved, arrays.RECENT_MIN = arrays.RECENT_MIN, recent_min
     try:
         log, last = LogOverlay(), {}
         for batch in logs:
@@ -59,7 +59,7 @@ def test_the_net_effect_is_each_values_last_operation(logs, recent_min):
         assert log.adds.tolist() == sorted(v for v, add in last.items() if add)
         assert log.removes.tolist() == sorted(v for v, add in last.items() if not add)
     finally:
-        overlay.RECENT_MIN = saved
+        arrays.RECENT_MIN = saved
 
 
 def test_additions_leave_the_older_part_alone_until_a_fold():

@@ -193,8 +193,8 @@ def test_log_additions_across_commits_fold_and_match_brute_force(path, monkeypat
     # Each commit's additions join the snapshot's small recent log, which is
     # folded into the main one now and then: queries between commits see
     # every addition, before and after each fold, and removals rebuild both.
-    from ndindex import reader
-    monkeypatch.setattr(reader, "LOG_RECENT_MIN", 40)
+    from ndindex import arrays
+    monkeypatch.setattr(arrays, "RECENT_MIN", 40)
     rng = np.random.default_rng(4)
     fps = clustered(rng, 60, 20, 4)
     queries = near(rng, fps, 20, 3)
