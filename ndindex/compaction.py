@@ -677,7 +677,7 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     record = space in RECORD_SPACES
     if full:
         if len(free) > 1 or (not record and (free[0].kind != KIND_HUFFMAN or (
-                coding is not None and free[0].code[0] != coding))):
+                coding is not None and free[0].coding != coding))):
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
         return None
     main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)

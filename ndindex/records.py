@@ -19,7 +19,7 @@ import struct
 import numpy as np
 
 from ndindex import _core
-from ndindex.codec import CODE_RECORD_BYTES
+from ndindex.codec import CODE_RECORD_BYTES, CODING_RESTARTS
 from ndindex.errors import CorruptionError, FormatError
 
 #: The newest format version this code reads and writes.  Version 3 is
@@ -27,7 +27,6 @@ from ndindex.errors import CorruptionError, FormatError
 #: whose tables use it says 3, any other stays at 2, so that readers of
 #: version 2 go on opening it.
 FORMAT_VERSION = 3
-CODING_RESTARTS = 2
 
 
 def format_version_of(coding: int) -> int:
@@ -223,6 +222,11 @@ class Run:
     @property
     def merge_output(self) -> bool:
         return bool(self.flags & RUN_MERGE_OUTPUT)
+
+    @property
+    def coding(self) -> int | None:
+        """A Huffman run's block coding (its code record's first byte), else None."""
+        return self.code[0] if self.kind == KIND_HUFFMAN and self.code else None
 
     def pack(self) -> bytes:
         code = self.code if self.kind == KIND_HUFFMAN else b""

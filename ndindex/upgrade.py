@@ -742,9 +742,7 @@ def newest_coding(coding: int) -> int:
 
 def _older_runs(ix: Index) -> bool:
     """Whether a Huffman run of another coding than the file's is left."""
-    from ndindex.runs import KIND_HUFFMAN
-    return any(r.kind == KIND_HUFFMAN and r.code[0] != ix.coding
-               for r in ix._snapshot().manifest.runs)
+    return any(r.coding not in (None, ix.coding) for r in ix._snapshot().manifest.runs)
 
 
 def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> dict:
