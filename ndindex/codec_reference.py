@@ -206,8 +206,6 @@ def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True,
     only the records from there on are checked.
     """
     block = bytes(block)
-    if len(block) != BLOCK_BYTES:
-        raise CorruptionError(f"block is {len(block)} bytes, expected {BLOCK_BYTES}", database="block")
     coding, table = parse_code(code_record)
     count = _check_header(block, check_checksum)
     first = int.from_bytes(block[6:14], "little")

@@ -224,14 +224,14 @@ long codec_encode(const codec_code *c, const uint64_t *values, size_t n, uint8_t
         uint32_t ends[1 + BLOCK_PAYLOAD_BITS];
         const int restarts = c->coding == CODING_RESTARTS;
         unsigned count = block_fill(
-            c, values, n, i, BLOCK_PAYLOAD_BITS - (restarts ? 8 * restart_table_bytes(0) : 0), ends);
+            c, values, n, i, restarts ? restart_stream_bits(0) : BLOCK_PAYLOAD_BITS, ends);
         if (restarts) {
             /* [B14]: w is that of the last restart's value in the block the
              * smallest table allows; the block the table of that w allows
              * holds no more entries, so its restarts' values are no larger. */
             uint64_t span = values[i + restart_entry(RESTARTS, count)] - first;
             rt.w = span ? 64 - (unsigned)__builtin_clzll(span) : 0;
-            size_t cap = BLOCK_PAYLOAD_BITS - 8 * restart_table_bytes(rt.w);
+            size_t cap = restart_stream_bits(rt.w);
             while (ends[count - 1] > cap)
                 count--;
             for (unsigned r = 0; r < RESTARTS; r++) {
@@ -279,11 +279,17 @@ long codec_block_count(const uint8_t *block) {
     return rc < 0 ? rc : (long)count;
 }
 
+/* A coding-2 block's w (byte 1023): CODEC_BAD_RESTART above 64 ([B11]). */
+static inline int restart_width(const uint8_t *block, unsigned *w) {
+    *w = block[BLOCK_BYTES - 1];
+    return *w > 64 ? CODEC_BAD_RESTART : CODEC_OK;
+}
+
 /* Read a coding-2 block's restart table: CODEC_OK, or CODEC_BAD_RESTART
- * for a width above 64. */
+ * for a width above 64 or nonzero bits after the records. */
 static int restart_table_read(const uint8_t *block, restart_table *rt) {
-    unsigned w = block[BLOCK_BYTES - 1];
-    if (w > 64)
+    unsigned w;
+    if (restart_width(block, &w) < 0)
         return CODEC_BAD_RESTART;
     unsigned nbytes = restart_table_bytes(w);
     const uint8_t *t = block + BLOCK_BYTES - nbytes;
@@ -297,7 +303,7 @@ static int restart_table_read(const uint8_t *block, restart_table *rt) {
     if (read_bits(t, nbytes - 1, bit, (unsigned)(8 * (nbytes - 1) - bit)) != 0)
         return CODEC_BAD_RESTART;
     rt->w = w;
-    rt->stream_bits = BLOCK_PAYLOAD_BITS - 8 * (size_t)nbytes;
+    rt->stream_bits = restart_stream_bits(w);
     return CODEC_OK;
 }
 
@@ -511,12 +517,12 @@ KERNEL_INLINE int slot_start(probe_slot *S, codec_lane *l) {
     S->k = l->k;
     S->limit = BLOCK_PAYLOAD_BITS;
     if (S->c->coding == CODING_RESTARTS) {
-        unsigned w = l->block[BLOCK_BYTES - 1];
-        if (w > 64) {
+        unsigned w;
+        if (restart_width(l->block, &w) < 0) {
             l->n = CODEC_BAD_RESTART;
             return 0;
         }
-        S->limit = BLOCK_PAYLOAD_BITS - 8 * (size_t)restart_table_bytes(w);
+        S->limit = restart_stream_bits(w);
         if (first < S->lo && !slot_restart(S, l, first))
             return 0;
     }

@@ -39,6 +39,10 @@
 static inline unsigned restart_table_bytes(unsigned w) {
     return 1 + (RESTARTS * (RESTART_POS_BITS + w) + 7) / 8;
 }
+/* The bitstream's length in bits before a restart table of w-bit values. */
+static inline size_t restart_stream_bits(unsigned w) {
+    return BLOCK_PAYLOAD_BITS - 8 * (size_t)restart_table_bytes(w);
+}
 #define RESTART_TABLE_MAX_BYTES (1 + (RESTARTS * (RESTART_POS_BITS + 64) + 7) / 8)
 /* The entry restart r (1..RESTARTS) of a block of count entries is at. */
 static inline unsigned restart_entry(unsigned r, unsigned count) {
