@@ -22,11 +22,13 @@ PASS/FAIL.  For each N, k = 3, random 64-bit fingerprints from a fixed seed:
   done (``compact()``): the figure held against the target is the latter.
   The main thread's own counter splits the writer's commits from
   compaction's.
-- queries during the stream: at every tenth of the stream the compactor is
-  held (its lock) for a burst of single queries (``query(keys=False)``,
-  one thread) and one ``query_many`` of 10,000, half of them a stored
-  fingerprint with 1-3 bits flipped and half random, k = 3; the burst's
-  time is left out of the stream's.  The runs per table and the log's
+- queries during the stream: at MOMENTS (40) evenly spaced moments of the
+  stream the compactor is held (its lock) for a burst of single queries
+  (``query(keys=False)``, one thread) and one ``query_many`` of 10,000, half
+  of them a stored fingerprint with 1-3 bits flipped and half random, k = 3;
+  the burst's time is left out of the stream's.  Each moment's p50 is its
+  first pass (new runs' first touches included), held against the compacted
+  copy's second pass: its first runs cold.  The runs per table and the log's
   length at each moment are printed.  The last moment's queries are asked
   again of a copy of the index made by ``vacuum_into`` and then
   ``compact(full=True)`` (same content, fully compacted), and of FAISS
@@ -71,8 +73,12 @@ import numpy as np
 K = 3
 BATCH = 10_000
 SEED = 9
-#: Moments of the stream (tenths) at which queries are sampled.
-MOMENTS = 10
+#: Moments of the stream at which queries are sampled, evenly spaced.  With
+#: tenths, the worst moment of a 10M stream measured 1.46x the compacted
+#: p50 (4 runs a table); a moment mid-way through a merge into the main
+#: level holds 6 or 7 (its output and inputs, and the small levels' merge),
+#: which ten samples mostly miss, so the stream is sampled more densely.
+MOMENTS = 40
 #: query_many is timed this many times per moment; the best counts (a
 #: throughput on a shared machine).
 MANY_REPEATS = 3
@@ -460,8 +466,14 @@ def report(n, s, items, mh, fresh, cycles, churn_fraction) -> list[str]:
             f"{s['wa_settled']:.2f}", f"<= {T['write_amp']:.0f}", s["wa_settled"] <= T["write_amp"])
     worst = max(s["samples"], key=lambda m: m["p50_us"])
     worst_many = min(s["samples"], key=lambda m: m["many_qps"])
-    r = worst["p50_us"] / c["p50_us"]
-    tab.add("query p50 us: compacted / FAISS MultiHash", f"{c['p50_us']:.1f} / {mh['p50_us']:.1f}")
+    # The compacted copy's reference is its second pass: its first one runs
+    # cold (a new file, not yet warm: its large runs are found through the
+    # chunks tree until they are listed), which flattered the moments, 0.63x
+    # at 30M.  The moments keep their first pass, new runs' first touches
+    # and all.
+    ref = c["p50_again_us"]
+    r = worst["p50_us"] / ref
+    tab.add("query p50 us: compacted (warm) / FAISS MultiHash", f"{ref:.1f} / {mh['p50_us']:.1f}")
     tab.add(f"query p50 us, worst moment ({worst['added']:,}) / compacted",
             f"{worst['p50_us']:.1f} = {r:.2f}x", f"<= {T['query_ratio']}x", r <= T["query_ratio"])
     r = mh["p50_us"] / worst["p50_us"]
@@ -498,17 +510,17 @@ def report(n, s, items, mh, fresh, cycles, churn_fraction) -> list[str]:
     tab.add("check_and_add, durability='full' (fsync each), items/s", f"{items['full_items']:,.0f}")
     out += tab.lines()
     out.append("")
-    out.append(f"  queries at each tenth of the stream (compactor held; {len(s['samples'])} "
-               f"moments); then the fully compacted copy:")
+    out.append(f"  queries at {len(s['samples'])} moments of the stream (compactor held); "
+               f"then the fully compacted copy:")
     out.append(f"  {'added':>12} {'runs/table':>10} {'log ops':>9} {'p50 us':>8} {'p99 us':>8} "
                f"{'many q/s':>10} {'x compacted':>11} {'p50 again':>9} {'x':>5}")
     for m in s["samples"] + [dict(c, added="compacted", log_ops=0)]:
         added = m["added"] if isinstance(m["added"], str) else f"{m['added']:,}"
         out.append(f"  {added:>12} {max(m['runs']):>10} {m['log_ops']:>9,} {m['p50_us']:>8.1f} "
-                   f"{m['p99_us']:>8.1f} {m['many_qps']:>10,.0f} {m['p50_us'] / c['p50_us']:>11.2f} "
+                   f"{m['p99_us']:>8.1f} {m['many_qps']:>10,.0f} {m['p50_us'] / ref:>11.2f} "
                    f"{m['p50_again_us']:>9.1f} {m['p50_again_us'] / c['p50_again_us']:>5.2f}")
     out.append("  (p50 again: the same single queries a second time, past the first touches of "
-               "new runs; x: against the compacted copy's second pass)")
+               "new runs; both x columns are against the compacted copy's second pass)")
     out.append(f"  stream ended with runs per table {s['runs_end']} and {s['log_end']:,} log "
                f"operations; compact() then took {s['settle_s']:.1f} s (runs {s['runs_settled']}); "
                f"{s['compaction_steps']:,} compaction commits in all")
