@@ -83,7 +83,7 @@ class Index(DocumentMethods):
     one).
     """
 
-    def __init__(self, store: st.Store, header: Header, plan: plans.Plan, *,
+    def __init__(self, store: st.Store, lock_fd: int, header: Header, plan: plans.Plan, *,
                  durability: str, background_compaction: bool, log_limit: int):
         self._store = store
         self._header = header
@@ -97,10 +97,7 @@ class Index(DocumentMethods):
         self._pool = None
         self._meta = memoryview(store.filemap.buffer(2 * store.filemap.psize))
         self._psize = store.filemap.psize
-        # Write locks need a descriptor open for writing.
-        self._lock_fd = os.open(store.path, (os.O_RDONLY if store.readonly else os.O_RDWR)
-                                | getattr(os, "O_CLOEXEC", 0))
-        compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, __import__("fcntl").F_RDLCK)
+        self._lock_fd = lock_fd  # holds the shared open lock (_open_locked)
         if not store.readonly:
             # What a killed build (create, vacuum, recover, dedup) left
             # would stay for ever.
@@ -177,13 +174,12 @@ class Index(DocumentMethods):
             initial[rec.KEY_FINGERPRINTER] = fingerprinter.to_bytes()
             initial[rec.KEY_KEY_DESIGN] = docstore.key_design_for(fingerprinter).to_bytes()
         try:
-            store = st.Store.create(path, initial, durability=durability)
+            st.Store.create(path, initial)
         except FileExistsError:
-            if exist_ok:
-                return cls.open(path, durability=durability,
-                                background_compaction=background_compaction, log_limit=log_limit)
-            raise
-        return cls._from_store(store, durability, background_compaction, log_limit)
+            if not exist_ok:
+                raise
+        return cls.open(path, durability=durability, background_compaction=background_compaction,
+                        log_limit=log_limit)
 
     @classmethod
     def open(cls, path, *, readonly: bool = False, durability: str = "full",
@@ -203,7 +199,9 @@ class Index(DocumentMethods):
         - log_limit: log operations that trigger a flush into the runs.
 
         Cost: O(1) in the number of fingerprints (nothing is read in
-        proportion to N).  Raises FileNotFoundError, IsADirectoryError,
+        proportion to N).  While another process vacuums the file or
+        upgrades it in place, this waits for it, then opens the new file.
+        Raises FileNotFoundError, IsADirectoryError,
         FormatError (not an index, a newer format, or a format-v1 file:
         upgrade it with ``ndindex upgrade``), CorruptionError (damaged meta
         pages, records, or a commit that a damaged meta page would hide),
@@ -211,11 +209,20 @@ class Index(DocumentMethods):
         """
         _check_durability(durability)
         log_limit = validate.positive_int(log_limit, "log_limit")
-        store = st.Store.open(path, readonly=readonly, durability=durability)
-        return cls._from_store(store, durability, background_compaction, log_limit)
+        path = os.fspath(path)
+        lock_fd = _open_locked(path, readonly)
+        try:
+            store = st.Store.open(path, readonly=readonly, durability=durability)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+        return cls._from_store(store, lock_fd, durability, background_compaction, log_limit)
 
     @classmethod
-    def _from_store(cls, store, durability, background_compaction, log_limit) -> "Index":
+    def _from_store(cls, store, lock_fd, durability, background_compaction,
+                    log_limit) -> "Index":
+        """The Index over an open store; lock_fd as _open_locked gave it (both
+        are closed if this fails)."""
         try:
             st.check_commit_records(store)
             txn, view = store.snapshot()
@@ -237,10 +244,11 @@ class Index(DocumentMethods):
                                           f"{len(plan.tables)}", database=rec.DB_META, key=rec.KEY_PLAN)
             finally:
                 txn.abort()
-            return cls(store, header, plan, durability=durability,
+            return cls(store, lock_fd, header, plan, durability=durability,
                        background_compaction=background_compaction, log_limit=log_limit)
         except BaseException:
             store.close()
+            os.close(lock_fd)
             raise
 
     def close(self) -> None:
@@ -279,8 +287,10 @@ class Index(DocumentMethods):
             # the file mapped, and a deleted file's space in use.  Zeros
             # read as txnid 0, so a late _snapshot() gets ClosedError.
             self._meta = bytes(2 * self._psize)
-            os.close(self._lock_fd)
+            # The open lock goes last: a vacuum in another process, which
+            # waits for it, must find this process's LMDB environment closed.
             self._store.close()
+            os.close(self._lock_fd)
 
     def __enter__(self):
         return self
@@ -731,13 +741,25 @@ class Index(DocumentMethods):
                     runs=[len(r) for r in snap.table_runs], file_bytes=self._store.file_bytes())
 
     def _vacuum_if_alone(self) -> bool:
-        import fcntl
-        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
-            return False
         try:
             self.vacuum()
             return True
+        except _NotAlone:  # raised before any work
+            return False
+
+    @contextlib.contextmanager
+    def _alone(self, advice: str):
+        """Hold the open lock exclusively while the block runs: no other process
+        has the file open, and one that opens it meanwhile waits (see
+        _open_locked).  Raises ReadOnlyError, ending in advice, otherwise."""
+        import fcntl
+        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
+            raise _NotAlone(f"{self.path}: another process has the index open; close it "
+                            f"first, {advice}")
+        try:
+            yield
         finally:
+            # On the descriptor of the day: vacuum replaces it with the new file's.
             compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
 
     def vacuum(self) -> int:
@@ -747,44 +769,40 @@ class Index(DocumentMethods):
         that once held more keeps its size.  This writes a compact copy
         beside the file and renames it over the original, so no other
         process may have the index open: raises ReadOnlyError naming that
-        otherwise (use :meth:`vacuum_into` then).  Returns the new size.
+        otherwise (use :meth:`vacuum_into` then); one that opens it
+        meanwhile waits for the new file.  Returns the new size.
         """
         import fcntl
         self._check_writable()
-        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
-            raise ReadOnlyError(f"{self.path}: another process has the index open; close it "
-                                "first, or use vacuum_into() and replace the file yourself")
-        try:
-            with self._writer.lock, self._compactor._lock:
-                self._writer.checkpoint()
-                # One fixed name, held (flock) while the copy is built: an
-                # open that finds it free deletes a killed vacuum's copy.
-                tmp = st.build_path(self.path, "vacuum")
-                build = st.claim_build(tmp, self.path)
-                try:
-                    os.ftruncate(build, 0)  # a killed vacuum's copy, if any
-                    self._copy_compacted(tmp, build)
-                    size = os.path.getsize(tmp)
-                    self._directories.reopen()  # they point into the old file
-                    with self._snap_lock:
-                        snap, self._snap = self._snap, None
-                    if snap is not None:
-                        snap.close()
-                    path = self.path
-                    self._store.close()
-                    os.replace(tmp, path)
-                finally:
-                    st.release_build(build, tmp)  # deletes the copy unless renamed
-                st._fsync_path(os.path.dirname(os.path.abspath(path)))
-                fresh = st.Store.open(path, durability=self._store.durability)
-                self._store.__dict__.update(fresh.__dict__)
-                self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
-                os.close(self._lock_fd)
-                self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
-                compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)
-            return size
-        finally:
-            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
+        with self._alone("or use vacuum_into() and replace the file yourself"), \
+                self._writer.lock, self._compactor._lock:
+            self._writer.checkpoint()
+            # One fixed name, held (flock) while the copy is built: an
+            # open that finds it free deletes a killed vacuum's copy.
+            tmp = st.build_path(self.path, "vacuum")
+            build = st.claim_build(tmp, self.path)
+            try:
+                os.ftruncate(build, 0)  # a killed vacuum's copy, if any
+                self._copy_compacted(tmp, build)
+                size = os.path.getsize(tmp)
+                self._directories.reopen()  # they point into the old file
+                with self._snap_lock:
+                    snap, self._snap = self._snap, None
+                if snap is not None:
+                    snap.close()
+                path = self.path
+                self._store.close()
+                os.replace(tmp, path)
+            finally:
+                st.release_build(build, tmp)  # deletes the copy unless renamed
+            st._fsync_path(os.path.dirname(os.path.abspath(path)))
+            fresh = st.Store.open(path, durability=self._store.durability)
+            self._store.__dict__.update(fresh.__dict__)
+            self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
+            os.close(self._lock_fd)
+            self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)
+        return size
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.
@@ -922,6 +940,40 @@ class Index(DocumentMethods):
                 yield values[~np.isin(values, gone)] if len(gone) else values
         if part == parts - 1 and len(new):
             yield new
+
+
+class _NotAlone(ReadOnlyError):
+    """Another process has the file open (Index._alone)."""
+
+
+def _open_locked(path: str, readonly: bool) -> int:
+    """Open path and take the shared open lock on the file it names; return the descriptor.
+
+    Every open index holds this lock (compaction.OPEN_BYTE); vacuum (and the
+    in-place upgrade) hold it exclusively while they copy the file and
+    rename the copy over it.  It is taken before LMDB opens the file: an
+    open that went ahead meanwhile would keep the replaced file, and
+    whatever it then committed was lost with it.  So this waits while
+    another process vacuums, then makes sure the file it locked is still
+    the one at path (if not, it locks the new one).  Write locks need a
+    descriptor open for writing.
+    """
+    import fcntl
+    st.check_access(path, readonly)
+    flags = (os.O_RDONLY if readonly else os.O_RDWR) | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        try:
+            fd = os.open(path, flags)
+        except OSError as exc:
+            raise st.translate_error(exc, path) from exc
+        try:
+            compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK, wait=True)
+            if st.same_inode(fd, path):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # replaced while this waited: lock the file now at path
 
 
 def _check_durability(durability) -> None:

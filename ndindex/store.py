@@ -149,6 +149,14 @@ def check_path_for_open(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such index", path)
 
 
+def check_access(path: str, readonly: bool) -> None:
+    """check_path_for_open, and for a writer, that the file can be written."""
+    check_path_for_open(path)
+    if not readonly and not os.access(path, os.W_OK):
+        why = "on a read-only file system" if _read_only_fs(path) else "no permission to write"
+        raise ReadOnlyError(f"{path}: {why}; open it with readonly=True")
+
+
 #: A writer looks for reader slots of dead processes at most this often.
 READER_CHECK_SECONDS = 1.0
 #: How long create waits for another process creating the same index.
@@ -168,7 +176,7 @@ def build_path(path: str, what: str) -> str:
     return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{what}")
 
 
-def _same_inode(fd: int, name: str) -> bool:
+def same_inode(fd: int, name: str) -> bool:
     try:
         a, b = os.fstat(fd), os.stat(name)
     except FileNotFoundError:
@@ -193,7 +201,7 @@ def claim_build(tmp: str, path: str) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # The name may have gone (its builder finished, or a leftover
             # was cleared) between the open and the lock: then try again.
-            if _same_inode(fd, tmp):
+            if same_inode(fd, tmp):
                 return fd
         except BlockingIOError:
             pass
@@ -209,7 +217,7 @@ def claim_build(tmp: str, path: str) -> int:
 def release_build(fd: int, tmp: str) -> None:
     """Drop the build name (still holding it, so no one else's goes) and the lock."""
     try:
-        if _same_inode(fd, tmp):
+        if same_inode(fd, tmp):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     finally:
@@ -388,10 +396,7 @@ class Store:
         CapacityError (no room for the lock file).
         """
         path = os.fspath(path)
-        check_path_for_open(path)
-        if not readonly and not os.access(path, os.W_OK):
-            why = "on a read-only file system" if _read_only_fs(path) else "no permission to write"
-            raise ReadOnlyError(f"{path}: {why}; open it with readonly=True")
+        check_access(path, readonly)
         size = os.path.getsize(path)
         if size < 8192 or not _looks_like_lmdb(path):
             raise FormatError(f"{path}: not an ndindex file ({size} bytes, no LMDB meta page)")
@@ -437,14 +442,15 @@ class Store:
             _close_quietly(env)
             raise
 
-    @classmethod
-    def create(cls, path, initial: dict, *, durability: str = DURABILITY_FULL) -> "Store":
+    @staticmethod
+    def create(path, initial: dict) -> None:
         """Create a new index file atomically; initial maps meta keys to payloads.
 
         The file is built beside the target under a temporary name, synced,
         and linked into place, so a crash at any point leaves either no
-        index or a complete one.  Raises FileExistsError if path exists,
-        ReadOnlyError or CapacityError if the directory cannot take it.
+        index or a complete one (open it with :meth:`open`).  Raises
+        FileExistsError if path exists, ReadOnlyError or CapacityError if
+        the directory cannot take it.
         """
         path = os.fspath(path)
         if os.path.lexists(path):
@@ -496,7 +502,6 @@ class Store:
         finally:
             if build is not None:
                 release_build(build, tmp)
-        return cls.open(path, durability=durability)
 
     def close(self) -> None:
         """Close the environment; later use raises ClosedError."""

@@ -706,7 +706,7 @@ def _restart_tables(src: str, dest: str | None, progress, t0: float) -> dict:
     target = src if dest is None else dest
     if dest is None:
         with _exclusive(os.path.realpath(src)):
-            pass  # no other process has it open: one of an older version would read on
+            pass  # no process has it open, of any version (they hold LMDB's lock file)
     source_bytes = os.path.getsize(src)
     seconds = {}
     with Index.open(target, background_compaction=False) as ix:
@@ -715,8 +715,14 @@ def _restart_tables(src: str, dest: str | None, progress, t0: float) -> dict:
             version = format_version_of(coding)
             header = dataclasses.replace(ix._header, coding=coding, read_version=version,
                                          write_version=version)
-            ix._store.write(lambda wt: put_header(wt, header), sync=True)
-            ix._header = header
+            # Alone for the header's commit: a process of this version that
+            # opens the file meanwhile waits, then reads the new header; one
+            # that opened it since the check above makes this fail.  (One of
+            # a version before the open lock's wait could still slip in
+            # between the two.)
+            with ix._alone("or upgrade a copy with -o OUT"):
+                ix._store.write(lambda wt: put_header(wt, header), sync=True)
+                ix._header = header
         t = time.perf_counter()
         ix.compact(full=True, progress=progress)
         seconds["compact"] = time.perf_counter() - t

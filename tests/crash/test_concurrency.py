@@ -262,6 +262,62 @@ def test_processes_racing_to_create_one_index(tmp_path):
         name for r in range(8) for name in (f"race{r}.ndx", f"race{r}.ndx-lock"))
 
 
+def _vacuum_paused(path: str, copied: str, go: str) -> None:
+    """Vacuum the index at path, pausing between its copy and the rename: the
+    file copied appears, then the vacuum waits for the file go."""
+    ix = Index.open(path, background_compaction=False)
+    copy = ix._copy_compacted
+
+    def paused(*args):
+        copy(*args)
+        open(copied, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    ix._copy_compacted = paused
+    ix.vacuum()
+    ix.close()
+
+
+def test_an_open_during_another_process_vacuum_waits_and_loses_nothing(tmp_path):
+    # The vacuum copies the file and renames the copy over it.  An open that
+    # went ahead meanwhile kept the replaced file: its durable add() went
+    # into it and was lost.  Now the open waits for the vacuum, then opens
+    # the new file.
+    import multiprocessing
+    path = str(tmp_path / "v.ndx")
+    copied, go = str(tmp_path / "copied"), str(tmp_path / "go")
+    _, live = _compacted_index(path, 23)
+    vacuum = multiprocessing.get_context("fork").Process(target=_vacuum_paused,
+                                                         args=(path, copied, go))
+    vacuum.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(copied) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.path.exists(copied)
+        done = []
+
+        def writer():
+            with Index.open(path, background_compaction=False) as ix:
+                ix.add([12345])
+                done.append(len(ix))
+        thread = threading.Thread(target=writer)
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and not done  # waiting for the vacuum
+        open(go, "w").close()
+        thread.join(60)
+        vacuum.join(60)
+        assert vacuum.exitcode == 0
+    finally:
+        open(go, "w").close()
+        vacuum.join(60)
+    assert done == [len(live) + 1]
+    with Index.open(path, readonly=True) as ix:
+        assert 12345 in ix and len(ix) == len(live) + 1
+
+
 def _compacted_index(path: str, seed: int) -> tuple:
     """A compacted index of 60,000 random fingerprints at path: (rng, fingerprints)."""
     rng = np.random.default_rng(seed)

@@ -592,3 +592,29 @@ def test_a_delta_file_open_in_another_process_is_not_upgraded_in_place(tmp_path)
             upgrade(path)
     assert codings(path)[0] == (CODING_DELTA, 2, 2)
     assert upgrade(path)["upgraded"]
+
+
+def test_a_process_opening_a_delta_file_after_the_check_stops_the_header_commit(tmp_path,
+                                                                             monkeypatch):
+    # The upgrade checks LMDB's lock file, lets go, then opens the file: a
+    # process that opens it in between must still stop the header's commit
+    # (it holds the open lock), not read on in the old format.
+    import ndindex.upgrade as up
+    path = str(tmp_path / "d.ndx")
+    format_2(path)
+    checked = up._exclusive
+
+    holders = contextlib.ExitStack()
+
+    @contextlib.contextmanager
+    def check_then_open(p):
+        with checked(p):
+            yield
+        holders.enter_context(held_open(path, "from ndindex import Index; "
+                                              "ix = Index.open(sys.argv[1], readonly=True)"))
+    monkeypatch.setattr(up, "_exclusive", check_then_open)
+    with holders, pytest.raises(ReadOnlyError, match="another process"):
+        upgrade(path)
+    assert codings(path)[0] == (CODING_DELTA, 2, 2)
+    monkeypatch.undo()
+    assert upgrade(path)["upgraded"] and codings(path)[0][0] == CODING_RESTARTS
