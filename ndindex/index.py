@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import codec, compaction, docstore, plan as plans, records as rec, removal, \
-    store as st, validate
+from ndindex import checked_add, codec, compaction, docstore, plan as plans, records as rec, \
+    removal, store as st, validate
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_RESTARTS
@@ -442,6 +442,10 @@ class Index(DocumentMethods):
         k = validate.query_k(k, self._header.k)
         probs = self._flip_probabilities(probabilities, margins, len(qs), max_probes)
         snap, pend = self._view()
+        return self._query_batch(snap, pend, qs, k, probs, max_probes)
+
+    def _query_batch(self, snap, pend, qs, k: int, probs, max_probes) -> np.ndarray:
+        """query_many's answer from snap and pend, split across threads when large."""
         if probs is None:
             def run(a, b):
                 return snap.query_many(qs[a:b], k, pend)
@@ -647,6 +651,48 @@ class Index(DocumentMethods):
                 self._writer.add_one(fp, pairs)
                 return []
         return _matches(snap, pend, found, True)
+
+    def check_and_add_many(self, fingerprints, keys=None, k: int | None = None) -> np.ndarray:
+        """check_and_add() of each fingerprint in turn, as one call; return the matches.
+
+        Fingerprint i is added (with keys[i], if keys are given) exactly
+        when nothing within k (default: the index's k) is stored and no
+        fingerprint this call added before it is within k: what calling
+        check_and_add on each in order does, with the queries asked as one
+        batch (query_many) instead of one at a time.  Returns the matches as
+        :meth:`query_many` does (fields ``query``, ``fingerprint``,
+        ``distance``; grouped by query, then by (distance, fingerprint)), a
+        match being a stored fingerprint or one this call added before the
+        query's; a query with no match was added.  The additions commit as
+        one add() (inside :meth:`transaction`, with the block).  Atomic
+        among the threads of this process.  On an index of a probabilistic
+        plan (PSM) it makes the calls one by one, in one transaction.
+        Raises as add() and query_many.
+        """
+        fps = validate.fingerprints(fingerprints)
+        k = validate.query_k(k, self._header.k)
+        self._check_writable()
+        keys = None if keys is None else list(keys)
+        pairs = validate.doc_pairs(fps, keys)
+        if self.plan.probabilistic:
+            # PSM finds a near fingerprint only at the prefixes it probes, and
+            # the batch's own pairs are joined exactly: so call by call.
+            with self.transaction():
+                rows = [(i, m.fingerprint, m.distance) for i, fp in enumerate(fps.tolist())
+                        for m in self.check_and_add(fp, None if keys is None else keys[i], k)]
+            return np.array(rows, dtype=MATCH_DTYPE)
+        with self._writer.lock:
+            snap, pend = self._view()
+            stored = self._query_batch(snap, pend, fps, k, None, None)
+            hit = np.zeros(len(fps), dtype=bool)
+            hit[stored["query"]] = True
+            added, within = checked_add.in_order(fps, hit, k, MATCH_DTYPE)
+            if added.any():
+                keyed = [i for i, key in enumerate(keys) if key is not None] if keys else []
+                pairs = [pair for i, pair in zip(keyed, pairs) if added[i]]
+                self._writer.apply(LogRecord(sorted_unique(fps[added]), EMPTY_U64,
+                                             sorted(set(pairs)), []))
+        return checked_add.all_matches(stored, within)
 
     def remove(self, fingerprints=None, keys=None) -> int:
         """Remove fingerprints, or document keys; removed entries never return in results.
