@@ -846,7 +846,7 @@ class Index(DocumentMethods):
             self._store.__dict__.update(fresh.__dict__)
             self._meta = memoryview(self._store.filemap.buffer(2 * self._psize))
             os.close(self._lock_fd)
-            self._lock_fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            self._lock_fd = _open_locked(path, readonly=False)
             compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)
         return size
 
