@@ -388,15 +388,15 @@ class Store:
 
     @classmethod
     def open(cls, path, *, readonly: bool = False, durability: str = DURABILITY_FULL) -> "Store":
-        """Open the index file at path.
+        """Open the index file at path, which the caller has checked with
+        check_access (Index.open does, as it takes the open lock first).
 
-        Raises FileNotFoundError, IsADirectoryError, FormatError (not an
-        LMDB/ndindex file), CorruptionError (damaged meta pages or main
-        tree, truncated file), ReadOnlyError (cannot write where asked to),
-        CapacityError (no room for the lock file).
+        Raises FormatError (not an LMDB/ndindex file), CorruptionError
+        (damaged meta pages or main tree, truncated file), ReadOnlyError
+        (cannot write where asked to), CapacityError (no room for the lock
+        file).
         """
         path = os.fspath(path)
-        check_access(path, readonly)
         size = os.path.getsize(path)
         if size < 8192 or not _looks_like_lmdb(path):
             raise FormatError(f"{path}: not an ndindex file ({size} bytes, no LMDB meta page)")
