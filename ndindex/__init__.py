@@ -11,7 +11,7 @@ import importlib
 import sys
 import types
 
-from ndindex.errors import (CapacityError, ClosedError, CorruptionError, FormatError,
+from ndindex.errors import (BusyError, CapacityError, ClosedError, CorruptionError, FormatError,
                             NdindexError, ReadOnlyError)
 
 #: The module each public name comes from.  They are imported on first use
@@ -30,7 +30,7 @@ _SOURCES = {
 __all__ = [
     "Index", "Match", "MATCH_DTYPE", "open", "Plan", "choose_plan",
     "NdindexError", "FormatError", "CorruptionError", "ClosedError", "CapacityError",
-    "ReadOnlyError", "dedup", "DedupResult", "Cluster", "DuplicateFile",
+    "ReadOnlyError", "BusyError", "dedup", "DedupResult", "Cluster", "DuplicateFile",
     "near_duplicate_pairs", "near_duplicate_clusters",
 ]
 __version__ = "0.1.0"

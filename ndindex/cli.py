@@ -26,7 +26,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402 - after the setting above
 
-from ndindex.errors import CorruptionError, NdindexError
+from ndindex.errors import BusyError, CorruptionError, NdindexError
 from ndindex.index import Index
 from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
 
@@ -121,6 +121,21 @@ def _size(text: str) -> int:
         return int(float(t[:-1] if scale != 1 else t) * scale)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64K, 64M)") from None
+
+
+#: An open that waits this long for another process's vacuum says so on stderr.
+BUSY_NOTICE_SECONDS = 1.0
+
+
+def _open_index(path: str, readonly: bool = False) -> Index:
+    """Index.open, saying on stderr why it waits when another process holds the
+    file for a vacuum or an upgrade (it waits for it, as Index.open does)."""
+    try:
+        return Index.open(path, readonly=readonly, timeout=BUSY_NOTICE_SECONDS)
+    except BusyError:
+        print(f"ndindex: {path}: another process is vacuuming or upgrading this index; "
+              "waiting for it (Ctrl-C to give up)", file=sys.stderr, flush=True)
+    return Index.open(path, readonly=readonly)
 
 
 def _sub(commands, name, help, description, examples, run):
@@ -562,7 +577,7 @@ def _cmd_add(args) -> int:
     added = 0
     progress = _Progress(not args.json, interval=1.0)
     try:
-        with Index.open(args.index) as ix:
+        with _open_index(args.index) as ix:
             for start in range(0, len(fps), ADD_BATCH_LINES):
                 added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
                                 keys=keys[start:start + ADD_BATCH_LINES])
@@ -580,7 +595,7 @@ def _cmd_add(args) -> int:
 
 
 def _cmd_query(args) -> int:
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         k = ix.k if args.k is None else args.k
         if args.fingerprint is not None:
             q = args.fingerprint
@@ -615,7 +630,7 @@ def _cmd_query(args) -> int:
 def _cmd_remove(args) -> int:
     if not args.fingerprint and not args.key:
         raise ValueError("remove needs --fingerprint FP... or --key KEY...")
-    with Index.open(args.index) as ix:
+    with _open_index(args.index) as ix:
         removed = 0
         if args.fingerprint:
             removed += ix.remove(fingerprints=args.fingerprint)
@@ -632,7 +647,7 @@ def _cmd_remove(args) -> int:
 def _cmd_compact(args) -> int:
     progress = _Progress(not args.json, interval=1.0)
     try:
-        with Index.open(args.index) as ix:
+        with _open_index(args.index) as ix:
             report = ix.compact(full=args.full, progress=progress)
     finally:
         progress.clear()
@@ -648,7 +663,7 @@ def _cmd_compact(args) -> int:
 
 
 def _cmd_stats(args) -> int:
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         info = ix.stats()
     if args.json:
         _json(info)
@@ -709,7 +724,7 @@ def _cmd_verify(args) -> int:
     progress = _Progress(not args.json, interval=1.0)
     try:
         try:
-            with Index.open(args.index, readonly=True) as ix:
+            with _open_index(args.index, readonly=True) as ix:
                 report = ix.verify(progress=progress)
         finally:
             progress.clear()
@@ -789,7 +804,7 @@ def _recover_into(damaged: str, out: str, as_json: bool) -> int:
 
 def _cmd_export(args) -> int:
     from ndindex.dump import export_index
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         if args.output == "-":
             counts = export_index(ix, sys.stdout.buffer)
             sys.stdout.buffer.flush()
@@ -971,7 +986,7 @@ def _cmd_add_documents(args) -> int:
         docs, invalid = _read_document_lines(args.jsonl, args.skip_invalid)
         items = iter(docs.items())
     counts = dict(added=0, skipped=0)
-    with Index.open(args.index) as ix:
+    with _open_index(args.index) as ix:
         if args.docs:
             items = _document_files(args.docs, counts)
         batch, chars = {}, 0
@@ -1097,7 +1112,7 @@ def _exact_only_note(ix: Index, text, threshold: float) -> str | None:
 
 def _cmd_similar(args) -> int:
     note = None
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         if args.key is not None:
             key = _document_key(args.key)
             try:
@@ -1136,7 +1151,7 @@ def _cmd_similar(args) -> int:
 
 
 def _cmd_pairs(args) -> int:
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         pairs = ix.near_duplicate_pairs(args.threshold)
         threshold = _threshold_of(ix, args.threshold)
     if args.json:
@@ -1151,7 +1166,7 @@ def _cmd_pairs(args) -> int:
 
 
 def _cmd_clusters(args) -> int:
-    with Index.open(args.index, readonly=True) as ix:
+    with _open_index(args.index, readonly=True) as ix:
         clusters = ix.clusters(args.threshold, min_size=args.min_size)
         threshold = _threshold_of(ix, args.threshold)
     if args.json:

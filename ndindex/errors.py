@@ -48,5 +48,11 @@ class CapacityError(NdindexError):
     """The disk is full or the store cannot grow; nothing stored was lost."""
 
 
+class BusyError(NdindexError, TimeoutError):
+    """Another process held the index file exclusively (a vacuum, or an
+    in-place upgrade) for longer than the open's ``timeout``; nothing was
+    opened or changed.  Try again once it is done."""
+
+
 class ReadOnlyError(NdindexError):
     """A write was attempted on an index opened read-only."""

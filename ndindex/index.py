@@ -31,7 +31,7 @@ from ndindex import checked_add, codec, compaction, docstore, plan as plans, rec
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_RESTARTS
-from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.errors import BusyError, CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
 from ndindex.reader import REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot
 from ndindex.records import Header, LogRecord, Manifest, State
@@ -183,7 +183,8 @@ class Index(DocumentMethods):
 
     @classmethod
     def open(cls, path, *, readonly: bool = False, durability: str = "full",
-             background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
+             background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS,
+             timeout: float | None = None) -> "Index":
         """Open an existing index file.
 
         Parameters:
@@ -197,11 +198,14 @@ class Index(DocumentMethods):
         - background_compaction: merge the log into the runs in a thread of
           this process (default); False leaves it to :meth:`compact`.
         - log_limit: log operations that trigger a flush into the runs.
+        - timeout: while another process vacuums the file or upgrades it in
+          place, this waits for it, then opens the new file: for at most
+          timeout seconds (None, the default: as long as that takes), then
+          raises BusyError.
 
         Cost: O(1) in the number of fingerprints (nothing is read in
-        proportion to N).  While another process vacuums the file or
-        upgrades it in place, this waits for it, then opens the new file.
-        Raises FileNotFoundError, IsADirectoryError,
+        proportion to N).
+        Raises FileNotFoundError, IsADirectoryError, BusyError,
         FormatError (not an index, a newer format, or a format-v1 file:
         upgrade it with ``ndindex upgrade``), CorruptionError (damaged meta
         pages, records, or a commit that a damaged meta page would hide),
@@ -210,7 +214,7 @@ class Index(DocumentMethods):
         _check_durability(durability)
         log_limit = validate.positive_int(log_limit, "log_limit")
         path = os.fspath(path)
-        lock_fd = _open_locked(path, readonly)
+        lock_fd = _open_locked(path, readonly, validate.timeout(timeout))
         try:
             store = st.Store.open(path, readonly=readonly, durability=durability)
         except BaseException:
@@ -992,7 +996,11 @@ class _NotAlone(ReadOnlyError):
     """Another process has the file open (Index._alone)."""
 
 
-def _open_locked(path: str, readonly: bool) -> int:
+#: How often an open with a timeout looks whether a vacuum let the file go.
+OPEN_POLL_SECONDS = 0.02
+
+
+def _open_locked(path: str, readonly: bool, timeout: float | None = None) -> int:
     """Open path and take the shared open lock on the file it names; return the descriptor.
 
     Every open index holds this lock (compaction.OPEN_BYTE); vacuum (and the
@@ -1000,20 +1008,32 @@ def _open_locked(path: str, readonly: bool) -> int:
     rename the copy over it.  It is taken before LMDB opens the file: an
     open that went ahead meanwhile would keep the replaced file, and
     whatever it then committed was lost with it.  So this waits while
-    another process vacuums, then makes sure the file it locked is still
-    the one at path (if not, it locks the new one).  Write locks need a
-    descriptor open for writing.
+    another process vacuums (at most timeout seconds, then BusyError; None:
+    no limit), then makes sure the file it locked is still the one at path
+    (if not, it locks the new one).  Write locks need a descriptor open for
+    writing.
     """
     import fcntl
+    import time
     st.check_access(path, readonly)
     flags = (os.O_RDONLY if readonly else os.O_RDWR) | getattr(os, "O_CLOEXEC", 0)
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
             fd = os.open(path, flags)
         except OSError as exc:
             raise st.translate_error(exc, path) from exc
         try:
-            compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK, wait=True)
+            if deadline is None:
+                compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK, wait=True)
+            else:
+                # fcntl has no timed wait: look again every OPEN_POLL_SECONDS.
+                while not compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BusyError(f"{path}: another process is vacuuming or upgrading "
+                                        f"this index; still busy after {timeout:g} s")
+                    time.sleep(min(OPEN_POLL_SECONDS, left))
             if st.same_inode(fd, path):
                 return fd
         except BaseException:

@@ -90,3 +90,14 @@ def positive_int(value, name: str) -> int:
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
+
+
+def timeout(value) -> float | None:
+    """A wait in seconds: None (no limit) or a real number >= 0."""
+    if value is None:
+        return None
+    if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(value, bool):
+        raise TypeError(f"timeout must be a number of seconds or None, got {type(value).__name__}")
+    if not value >= 0:  # also NaN
+        raise ValueError(f"timeout must be >= 0 seconds, got {value!r}")
+    return float(value)

@@ -15,6 +15,7 @@ any thread or process fails the test.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,9 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
+from ndindex.errors import BusyError
 from ndindex.index import Index
 
 N_BATCHES = 120
@@ -316,6 +319,64 @@ def test_an_open_during_another_process_vacuum_waits_and_loses_nothing(tmp_path)
     assert done == [len(live) + 1]
     with Index.open(path, readonly=True) as ix:
         assert 12345 in ix and len(ix) == len(live) + 1
+
+
+def _start_paused_vacuum(path: str, tmp_path) -> tuple:
+    """A vacuum of path in another process, paused once it holds the file
+    alone (its copy made): (process, the file that lets it go on)."""
+    import multiprocessing
+    copied, go = str(tmp_path / "copied"), str(tmp_path / "go")
+    vacuum = multiprocessing.get_context("fork").Process(target=_vacuum_paused,
+                                                         args=(path, copied, go))
+    vacuum.start()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(copied) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os.path.exists(copied)
+    return vacuum, go
+
+
+def test_an_open_with_a_timeout_during_another_process_vacuum_raises_busy(tmp_path):
+    # Index.open waits for a vacuum as long as it takes, unless told a
+    # timeout: then BusyError, typed, after about that long, and the
+    # vacuum, and everything stored, go on untouched.
+    path = str(tmp_path / "v.ndx")
+    _, live = _compacted_index(path, 29)
+    vacuum, go = _start_paused_vacuum(path, tmp_path)
+    try:
+        for readonly, timeout in ((False, 0.3), (True, 0)):
+            t = time.monotonic()
+            with pytest.raises(BusyError, match="vacuuming") as caught:
+                Index.open(path, readonly=readonly, timeout=timeout)
+            assert timeout <= time.monotonic() - t < timeout + 5
+            assert isinstance(caught.value, TimeoutError)
+        assert vacuum.is_alive()
+    finally:
+        open(go, "w").close()
+        vacuum.join(60)
+    assert vacuum.exitcode == 0
+    with Index.open(path, readonly=True, timeout=0) as ix:
+        assert len(ix) == len(live) and all(int(fp) in ix for fp in live[:100])
+
+
+def test_the_command_says_why_it_waits_for_another_process_vacuum(tmp_path):
+    path = str(tmp_path / "v.ndx")
+    _, live = _compacted_index(path, 31)
+    vacuum, go = _start_paused_vacuum(path, tmp_path)
+    try:
+        cmd = subprocess.Popen([sys.executable, "-m", "ndindex", "stats", path, "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = []
+        reader = threading.Thread(target=lambda: line.append(cmd.stderr.readline()))
+        reader.start()
+        reader.join(60)
+        assert line and "another process is vacuuming" in line[0] and path in line[0]
+        assert cmd.poll() is None  # still waiting
+    finally:
+        open(go, "w").close()
+        vacuum.join(60)
+    out, _ = cmd.communicate(timeout=60)
+    assert cmd.returncode == 0 and json.loads(out)["fingerprints"] == len(live)
 
 
 def _compacted_index(path: str, seed: int) -> tuple:

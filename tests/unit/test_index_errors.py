@@ -245,6 +245,17 @@ def test_open_missing_file_raises_file_not_found(tmp_path):
     assert not (tmp_path / "missing.ndx").exists()
 
 
+@pytest.mark.parametrize("timeout, error", [("1", TypeError), (True, TypeError), ([1], TypeError),
+                                            (-0.5, ValueError), (float("nan"), ValueError)])
+def test_open_with_a_bad_timeout_raises_and_opens_nothing(path, timeout, error):
+    with pytest.raises(error, match="timeout"):
+        Index.open(path, timeout=timeout)
+    # Nothing holds the file: a vacuum, which needs it alone, goes ahead.
+    with Index.open(path, background_compaction=False, timeout=0) as index:
+        index.vacuum()
+    assert_file_intact(path)
+
+
 def test_directory_path_raises_and_is_left_alone(tmp_path):
     d = tmp_path / "dir.ndx"
     d.mkdir()
