@@ -484,7 +484,7 @@ class Snapshot:
 
     def query(self, q: int, k: int, pending: PendingOps | None = None) -> list:
         if pending is not None:
-            return _core.query(self.kernel, q, k, pending.adds(), pending.removes())
+            return _core.query(self.kernel, q, k, *pending.query_view(self.plan))
         return _core.query(self.kernel, q, k)
 
     def prefetch(self, q: int, k: int) -> None:
@@ -493,7 +493,7 @@ class Snapshot:
 
     def query_many(self, qs: np.ndarray, k: int, pending: PendingOps | None = None):
         if pending is not None:
-            return _core.query_many(self.kernel, qs, k, pending.adds(), pending.removes())
+            return _core.query_many(self.kernel, qs, k, *pending.query_view(self.plan))
         return _core.query_many(self.kernel, qs, k)
 
     def query_psm(self, q: int, k: int, probabilities: np.ndarray, max_probes: int,

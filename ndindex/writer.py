@@ -66,7 +66,7 @@ class Writer:
         self._ix = index
         self.durability = durability
         self.lock = threading.RLock()
-        self.pending: PendingOps | None = PendingOps() if durability == "normal" else None
+        self.pending: PendingOps | None = PendingOps(self.lock) if durability == "normal" else None
         self._txn_depth = 0
         self._undo = None
         self.journal = None
@@ -133,7 +133,7 @@ class Writer:
         with self.lock:
             if self._txn_depth == 0:
                 if self.pending is None:
-                    self.pending = PendingOps()
+                    self.pending = PendingOps(self.lock)
                     self._undo = None
                 else:
                     self._undo = _copy_pending(self.pending)
@@ -192,7 +192,7 @@ class Writer:
             record = p.to_record()
             self._commit(record, extra=[(jr.journal_key(self.journal.journal_id),
                                          self.journal.position())])
-            self.pending = PendingOps()
+            self.pending = PendingOps(self.lock)
             self.journal.rotate_if_large()
 
     def _checkpoint_loop(self) -> None:
@@ -246,7 +246,7 @@ def _drop_meta(wt, key: bytes) -> None:
 
 
 def _copy_pending(p: PendingOps) -> PendingOps:
-    out = PendingOps()
+    out = PendingOps(p._lock)
     out.add_array(np.sort(p.adds()))
     out.remove(p.removes().tolist())
     out.ops = p.ops.copy()

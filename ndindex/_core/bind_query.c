@@ -10,6 +10,7 @@
 #define SNAPSHOT_CAPSULE "ndindex._core.snapshot"
 #define DIRECTORY_CAPSULE "ndindex._core.run_directory"
 #define LOG_AID_CAPSULE "ndindex._core.log_aid"
+#define PENDING_INDEX_CAPSULE "ndindex._core.pending_index"
 
 /* A run directory and the buffer (the file's mapping) its pointers lie in;
  * a directory that extends another (run_directory's prev) took over its
@@ -372,20 +373,110 @@ static PyObject *raise_query_error(int rc, const query_error *err) {
                                    CHUNK_KEY_BYTES, -1);
 }
 
-/* Optional pending (adds, removes) buffers; both None for none. */
+/* A pending_index and views of the arrays it points into. */
+typedef struct {
+    pending_index ix;
+    Py_buffer *views;
+    int nviews;
+} pending_index_box;
+
+static void pending_index_free(PyObject *cap) {
+    pending_index_box *box = PyCapsule_GetPointer(cap, PENDING_INDEX_CAPSULE);
+    if (!box)
+        return;
+    for (int i = 0; i < box->nviews; i++)
+        PyBuffer_Release(&box->views[i]);
+    PyMem_Free(box->views);
+    PyMem_Free(box->ix.part);
+    PyMem_Free(box->ix.npart);
+    PyMem_Free(box);
+}
+
+PyDoc_STRVAR(pending_index_doc,
+             "pending_index(tables) -> capsule\n\n"
+             "A writer's pending additions indexed for query() and query_many():\n"
+             "tables holds, per table of the snapshot's plan, two sorted uint64\n"
+             "arrays of the additions' values permuted by that table.  The capsule\n"
+             "keeps views of the arrays.");
+static PyObject *py_pending_index(PyObject *self, PyObject *tables) {
+    PyObject *seq = PySequence_Fast(tables, "tables must be a sequence of (older, recent) pairs");
+    if (!seq)
+        return NULL;
+    Py_ssize_t nt = PySequence_Fast_GET_SIZE(seq);
+    pending_index_box *box = PyMem_Calloc(1, sizeof *box);
+    if (!box || nt < 1 || nt > 1024) {
+        PyMem_Free(box);
+        Py_DECREF(seq);
+        return box ? (PyErr_SetString(PyExc_ValueError, "tables: 1..1024 tables"), NULL)
+                   : PyErr_NoMemory();
+    }
+    box->ix.ntables = (int)nt;
+    box->ix.part = PyMem_Calloc((size_t)(2 * nt), sizeof *box->ix.part);
+    box->ix.npart = PyMem_Calloc((size_t)(2 * nt), sizeof *box->ix.npart);
+    box->views = PyMem_Calloc((size_t)(2 * nt), sizeof *box->views);
+    PyObject *cap = NULL;
+    if (!box->ix.part || !box->ix.npart || !box->views) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t t = 0; t < nt; t++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(seq, t);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "each table is an (older, recent) tuple of arrays");
+            goto done;
+        }
+        for (int j = 0; j < 2; j++) {
+            Py_buffer *v = &box->views[box->nviews];
+            if (ndx_get_u64_buffer(PyTuple_GET_ITEM(pair, j), v, 0, "pending index") < 0)
+                goto done;
+            box->nviews++;
+            box->ix.part[2 * t + j] = v->buf;
+            box->ix.npart[2 * t + j] = (size_t)v->len / 8;
+        }
+    }
+    cap = PyCapsule_New(box, PENDING_INDEX_CAPSULE, pending_index_free);
+done:
+    Py_DECREF(seq);
+    if (!cap) {
+        for (int i = 0; i < box->nviews; i++)
+            PyBuffer_Release(&box->views[i]);
+        PyMem_Free(box->views);
+        PyMem_Free(box->ix.part);
+        PyMem_Free(box->ix.npart);
+        PyMem_Free(box);
+    }
+    return cap;
+}
+
+/* Optional pending (adds, removes) buffers, both None for none, and an
+ * optional pending_index capsule (None for none) for snapshot s. */
 typedef struct {
     query_pending p;
     Py_buffer adds, removes;
     int have;
 } pending_args;
 
-static int get_pending(PyObject *adds, PyObject *removes, pending_args *pa) {
+static int get_pending(PyObject *adds, PyObject *removes, PyObject *index,
+                       const query_snapshot *s, pending_args *pa) {
     memset(pa, 0, sizeof *pa);
-    if (adds == Py_None && removes == Py_None)
+    if (adds == Py_None && removes == Py_None && index == Py_None)
         return 0;
     if (adds == Py_None || removes == Py_None) {
         PyErr_SetString(PyExc_TypeError, "pending adds and removes go together");
         return -1;
+    }
+    if (index != Py_None) {
+        pending_index_box *box = PyCapsule_GetPointer(index, PENDING_INDEX_CAPSULE);
+        if (!box) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "pending index must come from pending_index()");
+            return -1;
+        }
+        if (box->ix.ntables != s->ntables) {
+            PyErr_SetString(PyExc_ValueError, "pending index has another number of tables");
+            return -1;
+        }
+        pa->p.index = &box->ix;
     }
     if (ndx_get_u64_buffer(adds, &pa->adds, 0, "pending adds") < 0)
         return -1;
@@ -419,17 +510,18 @@ static query_snapshot *get_snapshot(PyObject *obj) {
 }
 
 PyDoc_STRVAR(query_doc,
-             "query(snapshot, q, k, pending_adds=None, pending_removes=None)\n"
-             "    -> list[tuple[int, int]]\n\n"
+             "query(snapshot, q, k, pending_adds=None, pending_removes=None,\n"
+             "      pending_index=None) -> list[tuple[int, int]]\n\n"
              "Every stored value within Hamming distance k of q, distinct, as\n"
              "(value, distance) pairs ordered by (distance, value).  pending_adds\n"
-             "(uint64, unsorted) are seen as stored; pending_removes (uint64, sorted)\n"
-             "hide stored values.");
+             "(uint64, unsorted) and the values of pending_index (pending_index())\n"
+             "are seen as stored; pending_removes (uint64, sorted) hide stored values\n"
+             "and the index's.");
 static PyObject *py_query(PyObject *self, PyObject *args) {
-    PyObject *snap, *padds = Py_None, *premoves = Py_None;
+    PyObject *snap, *padds = Py_None, *premoves = Py_None, *pindex = Py_None;
     unsigned long long q;
     int k;
-    if (!PyArg_ParseTuple(args, "OKi|OO", &snap, &q, &k, &padds, &premoves))
+    if (!PyArg_ParseTuple(args, "OKi|OOO", &snap, &q, &k, &padds, &premoves, &pindex))
         return NULL;
     query_snapshot *s = get_snapshot(snap);
     if (!s)
@@ -439,7 +531,7 @@ static PyObject *py_query(PyObject *self, PyObject *args) {
         return NULL;
     }
     pending_args pa;
-    if (get_pending(padds, premoves, &pa) < 0)
+    if (get_pending(padds, premoves, pindex, s, &pa) < 0)
         return NULL;
     query_results r = {0};
     query_error err = {0};
@@ -483,15 +575,16 @@ static PyObject *py_query_prefetch(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(query_many_doc,
-             "query_many(snapshot, queries, k, pending_adds=None, pending_removes=None)\n"
+             "query_many(snapshot, queries, k, pending_adds=None, pending_removes=None,\n"
+             "           pending_index=None)\n"
              "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
              "query() for each uint64 in queries; qidx (int64) names the query of each\n"
              "match.  Releases the GIL, so threads can split a batch.");
 static PyObject *py_query_many(PyObject *self, PyObject *args) {
-    PyObject *snap, *padds = Py_None, *premoves = Py_None;
+    PyObject *snap, *padds = Py_None, *premoves = Py_None, *pindex = Py_None;
     Py_buffer qs;
     int k;
-    if (!PyArg_ParseTuple(args, "Oy*i|OO", &snap, &qs, &k, &padds, &premoves))
+    if (!PyArg_ParseTuple(args, "Oy*i|OOO", &snap, &qs, &k, &padds, &premoves, &pindex))
         return NULL;
     query_snapshot *s = get_snapshot(snap);
     if (!s || qs.len % 8 || k < 0 || k > 64) {
@@ -501,7 +594,7 @@ static PyObject *py_query_many(PyObject *self, PyObject *args) {
         return NULL;
     }
     pending_args pa;
-    if (get_pending(padds, premoves, &pa) < 0) {
+    if (get_pending(padds, premoves, pindex, s, &pa) < 0) {
         PyBuffer_Release(&qs);
         return NULL;
     }
@@ -770,7 +863,7 @@ static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
             return NULL;
         }
     pending_args pa;
-    if (get_pending(padds, premoves, &pa) < 0) {
+    if (get_pending(padds, premoves, Py_None, s, &pa) < 0) {
         PyBuffer_Release(&pv);
         return NULL;
     }
@@ -858,7 +951,7 @@ static PyObject *py_query_psm(PyObject *self, PyObject *args) {
     pending_args pa;
     PyObject *res = NULL;
     if (ndx_get_probs(probs_obj, &probs, 64, 1) == 0) {
-        if (get_pending(padds, premoves, &pa) == 0) {
+        if (get_pending(padds, premoves, Py_None, s, &pa) == 0) {
             uint64_t one = q;
             query_results r = {0};
             query_error err = {0};
@@ -904,7 +997,7 @@ static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
     pending_args pa;
     PyObject *res = NULL;
     if (ndx_get_probs(probs_obj, &probs, 64, n) == 0) {
-        if (get_pending(padds, premoves, &pa) == 0) {
+        if (get_pending(padds, premoves, Py_None, s, &pa) == 0) {
             query_results r = {0};
             query_error err = {0};
             int rc;
@@ -960,6 +1053,7 @@ PyMethodDef query_methods[] = {
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query_prefetch", py_query_prefetch, METH_VARARGS, query_prefetch_doc},
     {"query", py_query, METH_VARARGS, query_doc},
+    {"pending_index", py_pending_index, METH_O, pending_index_doc},
     {"query_many", py_query_many, METH_VARARGS, query_many_doc},
     {"query_prefixes", py_query_prefixes, METH_VARARGS, query_prefixes_doc},
     {"query_psm", py_query_psm, METH_VARARGS, query_psm_doc},

@@ -1199,6 +1199,20 @@ void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
     }
 }
 
+/* The indexed pending additions of table t in tp's range within k of q. */
+static int index_candidates(const query_snapshot *s, int t, const pending_index *ix, uint64_t q,
+                            const table_probe *tp, int k, query_results *out) {
+    const query_table *tb = &s->tables[t];
+    for (int j = 2 * t; j < 2 * t + 2; j++) {
+        const uint64_t *a = ix->part[j];
+        size_t n = ix->npart[j];
+        if (scan_candidates(s, t, tb, q, tp->qp, a, n, lower_bound(a, n, tp->lo), tp->hi, k,
+                            out) < 0)
+            return QUERY_NOMEM;
+    }
+    return 0;
+}
+
 HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uint64_t q, int k,
                          int64_t qidx, query_results *out, query_error *err) {
     size_t start = out->n;
@@ -1224,20 +1238,26 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
             out->n = start;
             return rc;
         }
-        for (int t = t0; t < t1; t++)
+        for (int t = t0; t < t1; t++) {
             if (log_candidates(s, t, &s->tables[t], q, tp[t - t0].qp, tp[t - t0].lo,
                                tp[t - t0].hi, k, log_at[t - t0], out) < 0)
                 return QUERY_NOMEM;
+            if (pend && pend->index &&
+                index_candidates(s, t, pend->index, q, &tp[t - t0], k, out) < 0)
+                return QUERY_NOMEM;
+        }
     }
-    /* Then drop what pending removals hide. */
-    if (pend)
-        drop_hidden(out, start, pend->removes, pend->nremoves);
+    /* Then the pending additions, and last drop what pending removals hide
+     * (the additions are not among them, but the index may hold values
+     * removed since it was built). */
     for (size_t i = 0; pend && i < pend->nadds; i++)
         if (popcount64(pend->adds[i] ^ q) <= k) {
             if (reserve(out, 1) < 0)
                 return QUERY_NOMEM;
             out->fp[out->n++] = pend->adds[i];
         }
+    if (pend)
+        drop_hidden(out, start, pend->removes, pend->nremoves);
     return finish_matches(out, start, q, qidx);
 }
 

@@ -125,12 +125,24 @@ typedef struct {
 #define TOMBSTONE_BYTES 12 /* u64 fingerprint, u32 stamp */
 #define TOMB_PROBE_SLOTS 8 /* slots tomb_verified looks in from a chunk's hash */
 
+/* A writer's pending additions indexed as the log is, so that a query
+ * need not scan them all: per table t, sorted permuted values in two
+ * arrays, part[2t] and part[2t + 1]. */
+typedef struct {
+    int ntables;
+    const uint64_t **part;
+    size_t *npart;
+} pending_index;
+
 /* What a writer has not committed yet but must see (a transaction, or
  * durability="normal"): additions scanned whole (unsorted, unpermuted),
- * removals (sorted) that hide anything the runs or the log hold. */
+ * more additions in index (or NULL), and removals (sorted) that hide
+ * anything the runs, the log, index or adds hold.  index may hold values
+ * since removed: they are among the removals. */
 typedef struct {
     size_t nadds, nremoves;
     const uint64_t *adds, *removes;
+    const pending_index *index;
 } query_pending;
 
 /* A growable result list. */

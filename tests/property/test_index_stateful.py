@@ -2,8 +2,10 @@
 
 Operations: add (with and without keys), remove by fingerprint and by key,
 single compaction steps (so queries meet half-done merges), compact
-(incremental and full), transactions that commit or roll back, reopen,
-query (one and many), with durability "full" or "normal"; batches of
+(incremental and full), transactions that commit or roll back (with
+queries inside, and removals of what they added), reopen, query (one and
+many), with durability "full" or "normal", and pending additions indexed
+after 0, 2 or the default overlay.PENDING_SCAN_MAX of them; batches of
 hundreds of values spread over the whole range, and removals of the
 largest values of one table's order.  Chunks and
 merge steps are shrunk so that tiny indexes pass through every state the
@@ -19,7 +21,7 @@ import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ndindex import chunks, compaction
+from ndindex import chunks, compaction, overlay
 from ndindex.index import Index
 from tests.oracle import brute_force
 
@@ -31,8 +33,10 @@ doc_key = st.sampled_from(["a", "b", "c", b"d", "e"])
 
 
 class IndexMachine(RuleBasedStateMachine):
-    @initialize(log_limit=st.integers(3, 40), durability=st.sampled_from(["full", "normal"]))
-    def setup(self, log_limit, durability):
+    @initialize(log_limit=st.integers(3, 40), durability=st.sampled_from(["full", "normal"]),
+                scan_max=st.sampled_from([0, 2, overlay.PENDING_SCAN_MAX]))
+    def setup(self, log_limit, durability, scan_max):
+        overlay.PENDING_SCAN_MAX = scan_max  # restored by the test case's tearDown
         self.dir = tempfile.mkdtemp()
         self.path = f"{self.dir}/m.ndx"
         self.opts = dict(log_limit=log_limit, durability=durability, background_compaction=False)
@@ -140,6 +144,36 @@ class IndexMachine(RuleBasedStateMachine):
             return
         self.keys = model
 
+    @rule(fps=st.lists(fingerprint, min_size=1, max_size=10), data=st.data(),
+          commit=st.booleans())
+    def transaction_with_removes(self, fps, data, commit):
+        # Additions, removals of some of them and of stored values, and
+        # additions again, with queries in between that must see all of it.
+        model = {fp: set(keys) for fp, keys in self.keys.items()}
+        try:
+            with self.ix.transaction():
+                self.ix.add(fps)
+                for fp in fps:
+                    model.setdefault(fp, set()).add(None)
+                for _ in range(data.draw(st.integers(1, 4))):
+                    if model and data.draw(st.booleans()):
+                        gone = data.draw(st.sampled_from(sorted(model)))
+                        self.ix.remove(fingerprints=[gone])
+                        del model[gone]
+                    else:
+                        back = data.draw(st.sampled_from(fps))
+                        self.ix.add([back])
+                        model.setdefault(back, set()).add(None)
+                    q, k = data.draw(fingerprint), data.draw(st.integers(0, 3))
+                    live = np.array(sorted(model), dtype=np.uint64)
+                    assert [(m.fingerprint, m.distance) for m in self.ix.query(q, k)] == \
+                        brute_force(live, q, k)
+                if not commit:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            return
+        self.keys = model
+
     @rule()
     def reopen(self):
         self.ix.close()
@@ -188,10 +222,10 @@ def small_steps():
 
 class TestIndexMachine(IndexMachine.TestCase):
     def setUp(self):
-        self._saved = small_steps()
+        self._saved = small_steps(), overlay.PENDING_SCAN_MAX
 
     def tearDown(self):
-        compaction.STEP_CHUNKS, chunks.CHUNK_MAX_BLOCKS = self._saved
+        (compaction.STEP_CHUNKS, chunks.CHUNK_MAX_BLOCKS), overlay.PENDING_SCAN_MAX = self._saved
 
 
 TestIndexMachine.settings = settings(max_examples=30, stateful_step_count=25, deadline=None)

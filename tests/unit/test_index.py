@@ -1127,3 +1127,71 @@ def test_a_file_says_the_format_version_its_coding_needs(path, coding):
         assert {rn.run_code(r).coding for runs in ix._snapshot().table_runs for r in runs} == {coding}
         assert rec.format_version_of(ix.coding) == header.read_version
         check_queries(ix, np.concatenate([fps, fps[:10] ^ np.uint64(1)]), fps[:20], 3)
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_a_long_transaction_indexes_its_pending_additions_and_stays_exact(path, durability):
+    # Past overlay.PENDING_SCAN_MAX pending additions, queries find them
+    # through a per-table index, not a scan of all (a transaction of n
+    # check_and_add calls was O(n^2)).  Every answer still equals brute
+    # force over what is stored plus what the transaction did so far,
+    # removals of its own additions and additions again included.
+    from ndindex import overlay
+    rng = np.random.default_rng(31)
+    stored = np.unique(clustered(rng, 300, 4, 2))
+    items = clustered(rng, 600, 6, 3)
+    with Index.create(path, k=3, expected_n=5000, durability=durability,
+                      background_compaction=False) as ix:
+        ix.add(stored)
+        ix.compact()
+        live = set(stored.tolist())
+        folds = 0
+        with ix.transaction():
+            for i, fp in enumerate(items.tolist()):
+                want = brute_force(np.array(sorted(live), dtype=np.uint64), fp, 3)
+                got = ix.check_and_add(fp)
+                assert [(m.fingerprint, m.distance) for m in got] == want
+                if not want:
+                    live.add(fp)
+                if i % 97 == 0 and len(live) > len(stored):
+                    # A removal of one of the transaction's own additions
+                    # moves the index's bound back; the value added again later.
+                    gone = max(live - set(stored.tolist()))
+                    ix.remove(fingerprints=[gone])
+                    live.discard(gone)
+                    assert gone not in ix
+                    if i % 2:
+                        ix.add([gone])
+                        live.add(gone)
+                folds += ix._writer.pending._index[0] > 0
+            assert len(live) - len(stored) > 2 * overlay.PENDING_SCAN_MAX
+            assert folds > 0  # the index served
+            qs = rng.integers(0, 2**64, 50, dtype=np.uint64).tolist() + items[:50].tolist()
+            res = ix.query_many(qs, 3)
+            everything = np.array(sorted(live), dtype=np.uint64)
+            for j, q in enumerate(qs):
+                rows = res[res["query"] == j]
+                assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == \
+                    brute_force(everything, q, 3)
+        assert len(ix) == len(live)
+        assert np.array_equal(ix.fingerprints(), np.array(sorted(live), dtype=np.uint64))
+
+
+def test_the_kernel_checks_a_pending_index(path):
+    from ndindex import _core
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        ix.add([5, 6])
+        kernel = ix._snapshot().kernel
+        empty = np.empty(0, np.uint64)
+        one_table = _core.pending_index([(empty, np.array([7], np.uint64))])
+        with pytest.raises(ValueError, match="number of tables"):
+            _core.query(kernel, 7, 3, empty, empty, one_table)
+        with pytest.raises(TypeError, match="pending_index"):
+            _core.query(kernel, 7, 3, empty, empty, object())
+        with pytest.raises(TypeError):
+            _core.pending_index([(empty,)])
+        tables = [(empty, np.sort(d.apply(np.array([7, 9], np.uint64)))) for d in ix.plan.tables]
+        index = _core.pending_index(tables)
+        # 7 and 9 pending (indexed), 9 removed since: only 7 and the stored 5, 6.
+        got = _core.query(kernel, 7, 3, empty, np.array([9], np.uint64), index)
+        assert sorted(got) == [(5, 1), (6, 1), (7, 0)]  # 9, at distance 3, is hidden
