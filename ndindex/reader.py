@@ -503,7 +503,7 @@ class Snapshot:
         probabilities (p_j of bit j); (value, distance) within k of q."""
         if pending is not None:
             return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes,
-                                   pending.adds(), pending.removes())
+                                   *pending.query_view(self.plan))
         return _core.query_psm(self.kernel, 0, q, probabilities, k, max_probes)
 
     def query_psm_many(self, qs: np.ndarray, k: int, probabilities: np.ndarray,
@@ -511,7 +511,7 @@ class Snapshot:
         """query_psm for each query (probabilities: (n, 64)), as query_many returns."""
         if pending is not None:
             return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes,
-                                        pending.adds(), pending.removes())
+                                        *pending.query_view(self.plan))
         return _core.query_psm_many(self.kernel, 0, qs, probabilities, k, max_probes)
 
     def __del__(self):

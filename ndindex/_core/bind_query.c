@@ -830,17 +830,19 @@ static PyObject *results_to_list(const query_results *r) {
 
 PyDoc_STRVAR(query_prefixes_doc,
              "query_prefixes(snapshot, table, q, k, prefixes, pending_adds=None,\n"
-             "               pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "               pending_removes=None, pending_index=None)\n"
+             "    -> list[tuple[int, int]]\n\n"
              "Probe only the given table, at each of prefixes (uint64 values of the\n"
              "table's p prefix bits): every stored value within Hamming distance k of q\n"
              "whose permuted prefix is one of them, distinct, as (value, distance) pairs\n"
              "ordered by (distance, value).  Pending additions count only under a\n"
              "probed prefix.  Raises ValueError for a prefix of more than p bits.");
 static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
-    PyObject *snap, *padds = Py_None, *premoves = Py_None, *prefix_obj;
+    PyObject *snap, *padds = Py_None, *premoves = Py_None, *pindex = Py_None, *prefix_obj;
     unsigned long long q;
     int t, k;
-    if (!PyArg_ParseTuple(args, "OiKiO|OO", &snap, &t, &q, &k, &prefix_obj, &padds, &premoves))
+    if (!PyArg_ParseTuple(args, "OiKiO|OOO", &snap, &t, &q, &k, &prefix_obj, &padds, &premoves,
+                          &pindex))
         return NULL;
     query_snapshot *s = get_snapshot(snap);
     if (!s || check_table(s, t) < 0)
@@ -863,7 +865,7 @@ static PyObject *py_query_prefixes(PyObject *self, PyObject *args) {
             return NULL;
         }
     pending_args pa;
-    if (get_pending(padds, premoves, Py_None, s, &pa) < 0) {
+    if (get_pending(padds, premoves, pindex, s, &pa) < 0) {
         PyBuffer_Release(&pv);
         return NULL;
     }
@@ -930,18 +932,18 @@ static int psm_args(PyObject *snap, int t, int k, Py_ssize_t max_probes, query_s
 
 PyDoc_STRVAR(query_psm_doc,
              "query_psm(snapshot, table, q, probabilities, k, max_probes, pending_adds=None,\n"
-             "          pending_removes=None) -> list[tuple[int, int]]\n\n"
+             "          pending_removes=None, pending_index=None) -> list[tuple[int, int]]\n\n"
              "The probabilistic query of one fingerprint: query_prefixes at the first\n"
              "max_probes prefixes of pi(q) XOR a flip set of at most k prefix bits, most\n"
              "probable flip set first (VOSH order of probabilities, 64 float64 values,\n"
              "p_j of input bit j).");
 static PyObject *py_query_psm(PyObject *self, PyObject *args) {
-    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None, *pindex = Py_None;
     unsigned long long q;
     int t, k;
     Py_ssize_t max_probes;
-    if (!PyArg_ParseTuple(args, "OiKOin|OO", &snap, &t, &q, &probs_obj, &k, &max_probes, &padds,
-                          &premoves))
+    if (!PyArg_ParseTuple(args, "OiKOin|OOO", &snap, &t, &q, &probs_obj, &k, &max_probes, &padds,
+                          &premoves, &pindex))
         return NULL;
     query_snapshot *s;
     uint64_t *headers;
@@ -951,7 +953,7 @@ static PyObject *py_query_psm(PyObject *self, PyObject *args) {
     pending_args pa;
     PyObject *res = NULL;
     if (ndx_get_probs(probs_obj, &probs, 64, 1) == 0) {
-        if (get_pending(padds, premoves, Py_None, s, &pa) == 0) {
+        if (get_pending(padds, premoves, pindex, s, &pa) == 0) {
             uint64_t one = q;
             query_results r = {0};
             query_error err = {0};
@@ -969,17 +971,17 @@ static PyObject *py_query_psm(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(query_psm_many_doc,
              "query_psm_many(snapshot, table, queries, probabilities, k, max_probes,\n"
-             "               pending_adds=None, pending_removes=None)\n"
+             "               pending_adds=None, pending_removes=None, pending_index=None)\n"
              "    -> (qidx: bytes, fingerprints: bytes, distances: bytes)\n\n"
              "query_psm for each uint64 in queries (probabilities: 64 float64 per\n"
              "query), as query_many returns them.  Releases the GIL.");
 static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
-    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None;
+    PyObject *snap, *probs_obj, *padds = Py_None, *premoves = Py_None, *pindex = Py_None;
     Py_buffer qs;
     int t, k;
     Py_ssize_t max_probes;
-    if (!PyArg_ParseTuple(args, "Oiy*Oin|OO", &snap, &t, &qs, &probs_obj, &k, &max_probes, &padds,
-                          &premoves))
+    if (!PyArg_ParseTuple(args, "Oiy*Oin|OOO", &snap, &t, &qs, &probs_obj, &k, &max_probes,
+                          &padds, &premoves, &pindex))
         return NULL;
     if (qs.len % 8) {
         PyErr_SetString(PyExc_ValueError, "queries must be a uint64 buffer");
@@ -997,7 +999,7 @@ static PyObject *py_query_psm_many(PyObject *self, PyObject *args) {
     pending_args pa;
     PyObject *res = NULL;
     if (ndx_get_probs(probs_obj, &probs, 64, n) == 0) {
-        if (get_pending(padds, premoves, Py_None, s, &pa) == 0) {
+        if (get_pending(padds, premoves, pindex, s, &pa) == 0) {
             query_results r = {0};
             query_error err = {0};
             int rc;

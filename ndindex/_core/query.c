@@ -1319,9 +1319,14 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
         if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, NOT_LOCATED, out) < 0)
             return QUERY_NOMEM;
+        if (pend && pend->index) {
+            table_probe range = {qp, lo, hi};
+            /* index_candidates of table t, through the one-table view. */
+            pending_index ix = {1, pend->index->part + 2 * t, pend->index->npart + 2 * t};
+            if (index_candidates(&one, 0, &ix, q, &range, k, out) < 0)
+                return QUERY_NOMEM;
+        }
     }
-    if (pend)
-        drop_hidden(out, start, pend->removes, pend->nremoves);
     if (pend && pend->nadds) {
         /* Pending additions count as stored: reported when within k and
          * under a probed prefix, as if they were in the log. */
@@ -1343,5 +1348,8 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
         }
         free(sorted);
     }
+    /* Last, as in query_one: the index may hold values removed since. */
+    if (pend)
+        drop_hidden(out, start, pend->removes, pend->nremoves);
     return finish_matches(out, start, q, qidx);
 }
