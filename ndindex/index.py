@@ -737,7 +737,11 @@ class Index(DocumentMethods):
         processes see them when the block ends (with durability="full",
         durably).  An exception in the block discards them all.  Blocks
         nest (the outermost one commits).  Writes of other threads of this
-        index wait for the block to end.
+        index wait for the block to end.  A block may hold any number of
+        operations: past overlay.PENDING_SCAN_MAX additions, queries find
+        them through an index per table, not one by one.  They are held in
+        memory until the block ends (about 130 bytes an addition with four
+        tables).
         """
         self._check_writable()
         with self._writer.transaction():
