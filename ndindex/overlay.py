@@ -426,7 +426,8 @@ class PendingOps:
         if tables is None:
             tables = [(EMPTY_U64, EMPTY_U64)] * len(plan.tables)
         else:
-            # A remove moved m back: what is indexed already stays out.
+            # Positions a remove gave back (it moved m down) hold values
+            # indexed already: they stay out (table 0 holds every value).
             older, recent = tables[0]
             p0 = plan.tables[0].apply(new)
             new = new[~(isin_sorted(p0, older) | isin_sorted(p0, recent))]
