@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ndindex import _core
+
 EMPTY_U64 = np.empty(0, dtype=np.uint64)
 #: insert_sorted moves base with np.insert when it is this many times longer
 #: than the new values, else sorts both with numpy's stable sort (timsort:
@@ -70,6 +72,21 @@ def add_recent(older: np.ndarray, recent: np.ndarray, new: np.ndarray) -> tuple:
     if len(recent) > max(RECENT_MIN, RECENT_FRACTION * len(older)):
         return insert_sorted(older, recent), EMPTY_U64
     return older, recent
+
+
+def merge_unique(parts: list, hidden: np.ndarray = EMPTY_U64) -> np.ndarray:
+    """Sorted distinct union of sorted distinct arrays, minus the sorted array
+    hidden: one k-way merge in C (at most 64 parts), O(total), where
+    concatenating and sorting costs O(total log total) and a search of
+    hidden per value O(total log hidden)."""
+    parts = [np.ascontiguousarray(p, dtype=np.uint64) for p in parts if len(p)]
+    if not parts:
+        return EMPTY_U64
+    if len(parts) == 1 and not len(hidden):
+        return parts[0]
+    out = np.empty(sum(len(p) for p in parts), dtype=np.uint64)
+    n = _core.merge_unique(parts, np.ascontiguousarray(hidden, dtype=np.uint64), out)
+    return out[:n]
 
 
 def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:

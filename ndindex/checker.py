@@ -26,7 +26,6 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex import _core, chunks as ch, runs as rn, store as st
-from ndindex.arrays import isin_sorted
 from ndindex.errors import CorruptionError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_FINGERPRINTER, KEY_HEADER,
                              KEY_KEY_DESIGN, KEY_MANIFEST, KEY_PLAN, KEY_STATE, KIND_RECORDS,
@@ -138,10 +137,8 @@ def _table_digest(view, design, runs, tombstones: np.ndarray, read: _Read) -> tu
     hidden = np.sort(design.apply(tombstones)) if len(tombstones) else tombstones
     readers = [rn.RunReader(view, run, READ_CHUNKS) for run in runs]
     count, digest = 0, (0, 0)
-    for values, _ in rn.union_slices(readers):
+    for values, _ in rn.union_slices(readers, hidden):
         read.add(len(values))
-        if len(hidden) and len(values):
-            values = values[~isin_sorted(values, hidden)]
         count += len(values)
         digest = _add_digest(digest, design.invert(values))
     for r in readers:

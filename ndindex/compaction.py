@@ -41,7 +41,7 @@ import time
 import numpy as np
 
 from ndindex import _core, chunks as ch, codec, docstore, runs as rn
-from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
+from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
@@ -478,7 +478,7 @@ class Compactor:
         # Tombstones are dropped as they pass; the log's removals need not be.
         hidden = np.sort(self._ix.plan.tables[space].apply(snap.tombstones)) \
             if len(snap.tombstones) else EMPTY_U64
-        merged = merge_runs(parts, hidden)
+        merged = merge_unique(parts, hidden)
         if output.kind == KIND_HUFFMAN and not output.code:
             # The code is chosen once, from the first values the merge writes:
             # every part of the key space has the same gap distribution.
@@ -726,17 +726,6 @@ def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:
     newest = np.ones(len(fps), bool)
     newest[:-1] = fps[1:] != fps[:-1]
     return fps[newest], stamps[newest]
-
-
-def merge_runs(parts: list, hidden: np.ndarray) -> np.ndarray:
-    """Sorted distinct union of sorted distinct arrays, minus hidden (C kernel)."""
-    from ndindex import _core
-    parts = [np.ascontiguousarray(p, dtype=np.uint64) for p in parts if len(p)]
-    if not parts:
-        return EMPTY_U64
-    out = np.empty(sum(len(p) for p in parts), dtype=np.uint64)
-    n = _core.merge_unique(parts, np.ascontiguousarray(hidden, dtype=np.uint64), out)
-    return out[:n]
 
 
 def _min_fp_run_id(man: Manifest) -> int:

@@ -26,7 +26,8 @@ import weakref
 import numpy as np
 
 from ndindex import _core, chunks as ch, runs as rn
-from ndindex.arrays import EMPTY_U64, add_recent, insert_sorted, isin_sorted, sorted_unique
+from ndindex.arrays import (EMPTY_U64, add_recent, insert_sorted, isin_sorted, merge_unique,
+                            sorted_unique)
 from ndindex.errors import CorruptionError
 from ndindex.overlay import LogOverlay, PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
@@ -651,14 +652,12 @@ class Snapshot:
         per_chunk = max(1, chunk_target // (63 * 150))
         readers = [rn.RunReader(self.view, r, per_chunk) for r in runs]
         lo = -1
-        for merged, upto in rn.union_slices(readers) if readers else [(EMPTY_U64, None)]:
+        for merged, upto in rn.union_slices(readers, hidden) if readers else [(EMPTY_U64, None)]:
             hi = (1 << 64) - 1 if upto is None else upto
-            if len(hidden) and len(merged):
-                merged = merged[~isin_sorted(merged, hidden)]
             a = np.searchsorted(log, np.uint64(lo), side="right") if lo >= 0 else 0
             b = np.searchsorted(log, np.uint64(hi), side="right")
             if b > a:
-                merged = sorted_unique(np.concatenate([merged, log[a:b]]))
+                merged = merge_unique([merged, log[a:b]])
             if len(merged):
                 yield merged
             lo = hi
