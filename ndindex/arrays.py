@@ -87,12 +87,3 @@ def merge_unique(parts: list, hidden: np.ndarray = EMPTY_U64) -> np.ndarray:
     out = np.empty(sum(len(p) for p in parts), dtype=np.uint64)
     n = _core.merge_unique(parts, np.ascontiguousarray(hidden, dtype=np.uint64), out)
     return out[:n]
-
-
-def merge_sorted(existing: np.ndarray, new: np.ndarray, gone: np.ndarray) -> np.ndarray:
-    """Return sorted distinct (existing | new) minus gone; all inputs sorted and distinct."""
-    new = new[~isin_sorted(new, existing)]
-    existing = insert_sorted(existing, new)
-    if len(gone):
-        existing = existing[~isin_sorted(existing, gone)]
-    return existing

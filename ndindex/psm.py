@@ -38,7 +38,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ndindex import _core, plan as plans
-from ndindex.arrays import EMPTY_U64, merge_sorted, sorted_unique
+from ndindex.arrays import merge_unique, sorted_unique
 from ndindex.fpfile import PAIR_DTYPE
 from ndindex.index import MATCH_DTYPE
 from ndindex.validate import fingerprints as _as_fingerprints
@@ -408,7 +408,7 @@ class PsmCollection:
         lo, hi = np.minimum(inner["q"], inner["f"]), np.maximum(inner["q"], inner["f"])
         inner["q"], inner["f"] = lo, hi
         found.append(inner)
-        self.values = merge_sorted(self.values, batch, EMPTY_U64)
+        self.values = merge_unique([self.values, batch])
         self._pending, self._n_pending = [], 0
         return np.unique(np.concatenate(found))
 

@@ -40,7 +40,7 @@ import lmdb
 import numpy as np
 
 from ndindex import _core, codec, pages, plan as plans
-from ndindex.arrays import EMPTY_U64, merge_sorted
+from ndindex.arrays import EMPTY_U64, merge_unique
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 from ndindex.records import format_version_of
@@ -275,7 +275,7 @@ class FormatV1Reader:
             if progress is not None:
                 progress("reading", i + 1, t)
         self._check_no_stray_segments(t)
-        return merge_sorted(reference, self.log_values(), self.tombstones())
+        return merge_unique([reference, self.log_values()], self.tombstones())
 
     def _table_values(self, table: int) -> np.ndarray:
         """The permuted values of one table, in order, every segment checked ([F7], [F8])."""

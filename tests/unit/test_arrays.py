@@ -38,10 +38,11 @@ def test_insert_sorted_both_ways(n_base, n_new):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(u64, max_size=200), st.lists(u64, max_size=200), st.lists(u64, max_size=50))
-def test_merge_sorted_and_isin_sorted(existing, new, gone):
+def test_merge_unique_and_isin_sorted(existing, new, gone):
     existing, new, gone = as_sorted(existing), as_sorted(new), as_sorted(gone)
     want = np.setdiff1d(np.union1d(existing, new), gone)
-    assert np.array_equal(arrays.merge_sorted(existing, new, gone), want)
+    assert np.array_equal(arrays.merge_unique([existing, new], gone), want)
+    assert np.array_equal(arrays.merge_unique([new, existing, new[::2]]), np.union1d(existing, new))
     values = np.concatenate([new, existing[:5]])
     assert np.array_equal(arrays.isin_sorted(values, existing), np.isin(values, existing))
     assert np.array_equal(arrays.sorted_unique(np.concatenate([new, new[::-1]])), new)
