@@ -380,16 +380,19 @@ typedef struct {
     int nviews;
 } pending_index_box;
 
-static void pending_index_free(PyObject *cap) {
-    pending_index_box *box = PyCapsule_GetPointer(cap, PENDING_INDEX_CAPSULE);
-    if (!box)
-        return;
+static void pending_index_box_free(pending_index_box *box) {
     for (int i = 0; i < box->nviews; i++)
         PyBuffer_Release(&box->views[i]);
     PyMem_Free(box->views);
     PyMem_Free(box->ix.part);
     PyMem_Free(box->ix.npart);
     PyMem_Free(box);
+}
+
+static void pending_index_free(PyObject *cap) {
+    pending_index_box *box = PyCapsule_GetPointer(cap, PENDING_INDEX_CAPSULE);
+    if (box)
+        pending_index_box_free(box);
 }
 
 PyDoc_STRVAR(pending_index_doc,
@@ -437,14 +440,8 @@ static PyObject *py_pending_index(PyObject *self, PyObject *tables) {
     cap = PyCapsule_New(box, PENDING_INDEX_CAPSULE, pending_index_free);
 done:
     Py_DECREF(seq);
-    if (!cap) {
-        for (int i = 0; i < box->nviews; i++)
-            PyBuffer_Release(&box->views[i]);
-        PyMem_Free(box->views);
-        PyMem_Free(box->ix.part);
-        PyMem_Free(box->ix.npart);
-        PyMem_Free(box);
-    }
+    if (!cap)
+        pending_index_box_free(box);
     return cap;
 }
 
