@@ -1199,17 +1199,16 @@ void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
     }
 }
 
-/* The indexed pending additions of table t in tp's range within k of q. */
-static int index_candidates(const query_snapshot *s, int t, const pending_index *ix, uint64_t q,
-                            const table_probe *tp, int k, query_results *out) {
-    const query_table *tb = &s->tables[t];
-    for (int j = 2 * t; j < 2 * t + 2; j++) {
-        const uint64_t *a = ix->part[j];
-        size_t n = ix->npart[j];
-        if (scan_candidates(s, t, tb, q, tp->qp, a, n, lower_bound(a, n, tp->lo), tp->hi, k,
-                            out) < 0)
+/* The indexed pending additions of table t of s in [lo, hi] within k of q
+ * (qp: q permuted by the table): the two sorted arrays part[0..1] of
+ * npart[0..1] values, that table's share of a pending_index. */
+static int index_candidates(const query_snapshot *s, int t, const uint64_t *const *part,
+                            const size_t *npart, uint64_t q, uint64_t qp, uint64_t lo,
+                            uint64_t hi, int k, query_results *out) {
+    for (int j = 0; j < 2; j++)
+        if (scan_candidates(s, t, &s->tables[t], q, qp, part[j], npart[j],
+                            lower_bound(part[j], npart[j], lo), hi, k, out) < 0)
             return QUERY_NOMEM;
-    }
     return 0;
 }
 
@@ -1243,7 +1242,8 @@ HOT_KERNEL int query_one(const query_snapshot *s, const query_pending *pend, uin
                                tp[t - t0].hi, k, log_at[t - t0], out) < 0)
                 return QUERY_NOMEM;
             if (pend && pend->index &&
-                index_candidates(s, t, pend->index, q, &tp[t - t0], k, out) < 0)
+                index_candidates(s, t, pend->index->part + 2 * t, pend->index->npart + 2 * t, q,
+                                 tp[t - t0].qp, tp[t - t0].lo, tp[t - t0].hi, k, out) < 0)
                 return QUERY_NOMEM;
         }
     }
@@ -1319,13 +1319,10 @@ HOT_KERNEL int query_prefixes(const query_snapshot *s, const query_pending *pend
         uint64_t lo = p <= 0 ? 0 : prefixes[j] << shift, hi = lo | ~mask;
         if (log_candidates(&one, 0, tb, q, qp, lo, hi, k, NOT_LOCATED, out) < 0)
             return QUERY_NOMEM;
-        if (pend && pend->index) {
-            table_probe range = {qp, lo, hi};
-            /* index_candidates of table t, through the one-table view. */
-            pending_index ix = {1, pend->index->part + 2 * t, pend->index->npart + 2 * t};
-            if (index_candidates(&one, 0, &ix, q, &range, k, out) < 0)
-                return QUERY_NOMEM;
-        }
+        if (pend && pend->index &&
+            index_candidates(&one, 0, pend->index->part + 2 * t, pend->index->npart + 2 * t, q,
+                             qp, lo, hi, k, out) < 0)
+            return QUERY_NOMEM;
     }
     if (pend && pend->nadds) {
         /* Pending additions count as stored: reported when within k and
