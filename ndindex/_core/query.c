@@ -233,25 +233,83 @@ int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *n
     return 0;
 }
 
-/* Entries x of a raw block with lo <= x <= hi and popcount(x ^ qp) <= k
- * (the caller has checked the block's checksum). */
+/* Where the first value >= lo likely sits among a raw block's n values,
+ * which run from about first to key: fingerprints spread evenly. */
+static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsigned n) {
+    if (lo <= first || n < 2)
+        return 0;
+    if (lo >= key)
+        return n - 1;
+    return (unsigned)((double)(lo - first) / (double)(key - first) * (n - 1));
+}
+
+/* Prefetch the lines of a raw block a probe for [lo, hi] reads: the header
+ * and the values from a little before lo's guessed position through hi's.
+ * A run below the main level holds a few values a prefix, and a query at a
+ * busy moment reads a dozen such blocks: fetching all 16 lines of each kept
+ * the core's miss buffers full, and the prefetches themselves stalled.
+ * Without lower (has_lower 0; lower is the previous block's key) the whole
+ * block. */
+static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lower, uint64_t key,
+                                uint64_t lo, uint64_t hi) {
+    if (!has_lower) {
+        for (int line = 0; line < BLOCK_BYTES; line += 64)
+            __builtin_prefetch(block + line);
+        return;
+    }
+    enum { SLACK = 16 }; /* values: three standard deviations of lo's position */
+    unsigned a = raw_guess(lower, key, lo, RAW_BLOCK_MAX_VALUES);
+    unsigned b = raw_guess(lower, key, hi, RAW_BLOCK_MAX_VALUES);
+    unsigned from = a > SLACK ? a - SLACK : 0, to = b + SLACK;
+    if (to > RAW_BLOCK_MAX_VALUES - 1)
+        to = RAW_BLOCK_MAX_VALUES - 1;
+    __builtin_prefetch(block);
+    for (unsigned off = (RAW_BLOCK_HEADER_BYTES + 8 * from) & ~63u;
+         off <= RAW_BLOCK_HEADER_BYTES + 8 * to; off += 64)
+        __builtin_prefetch(block + off);
+}
+
+/* Entries x of a raw block with lo <= x <= hi and popcount(x ^ qp) <= k.
+ * Unless verified (its checksum checked and last value matched before),
+ * the caller has checked the checksum and this checks the last value is
+ * the block's key.  The search for lo starts at its guessed position
+ * (raw_guess) and gallops from there, so it reads the lines raw_prefetch
+ * fetched. */
 static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
-                      uint64_t qp, int k, uint64_t *out, size_t cap) {
+                      uint64_t qp, int k, int verified, uint64_t *out, size_t cap) {
     unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8);
     if (n < 1 || n > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
         return CODEC_BAD_COUNT;
     const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
-    if (load_le64(v + 8 * (n - 1)) != block_key)
+    if (!verified && load_le64(v + 8 * (n - 1)) != block_key)
         return CODEC_NOT_SORTED;
-    /* First value >= lo, without branches: each step halves the range
-     * with a conditional move, so seven steps cost no mispredictions. */
-    unsigned a = 0, len = n;
-    while (len > 1) {
-        unsigned half = len / 2;
-        a = load_le64(v + 8 * (a + half - 1)) < lo ? a + half : a;
-        len -= half;
+    /* First value >= lo: [a, e) holds it (e = n: none), found by galloping
+     * from the guess, then halving. */
+    unsigned g = raw_guess(load_le64(v), block_key, lo, n), a, e;
+    if (load_le64(v + 8 * g) < lo) {
+        unsigned step = 1;
+        a = g + 1;
+        while (a + step - 1 < n && load_le64(v + 8 * (a + step - 1)) < lo) {
+            a += step;
+            step *= 2;
+        }
+        e = a + step - 1 < n ? a + step - 1 : n;
+    } else {
+        unsigned step = 1;
+        e = g;
+        while (e >= step && load_le64(v + 8 * (e - step)) >= lo) {
+            e -= step;
+            step *= 2;
+        }
+        a = e >= step ? e - step + 1 : 0;
     }
-    a += load_le64(v + 8 * a) < lo;
+    while (a < e) {
+        unsigned mid = a + (e - a) / 2;
+        if (load_le64(v + 8 * mid) < lo)
+            a = mid + 1;
+        else
+            e = mid;
+    }
     long m = 0;
     uint64_t prev = a ? load_le64(v + 8 * (a - 1)) : 0;
     for (unsigned i = a; i < n; i++) {
@@ -293,43 +351,54 @@ static int add_candidate(const query_snapshot *s, int t, uint64_t q, query_resul
  * whose buffer takes a whole block. */
 #define LANE_CAP 64
 
-/* One block to probe for permuted values in [lo, hi] within k of qp: of
- * run run of table t; verified is the block's flag in its run directory
- * (NULL: check its checksum); key, when has_key, the chunk's key for an
- * error report. */
+/* A probe of one run of table t for permuted values in [lo, hi] within k
+ * of qp; key, when has_key, the chunk probed, for an error report. */
 typedef struct {
     int t, k;
     const query_run *run;
-    const uint8_t *block;
-    uint64_t block_key; /* the block's last value (its key) */
-    uint8_t *verified;
     uint64_t lo, hi, qp;
     int has_key;
     uint8_t key[CHUNK_KEY_BYTES];
+} run_probe;
+
+/* One block of a run probe: its key (last value); lower, when has_lower,
+ * the previous block's; verified, its flag in the run directory (NULL:
+ * check its checksum).  Small, and written in place (queue_block): a whole
+ * job built on the stack and copied into the queue stalled on store
+ * forwarding, for every block. */
+typedef struct {
+    const run_probe *rp;
+    const uint8_t *block;
+    uint64_t block_key, lower;
+    uint8_t *verified;
+    int has_lower;
 } block_job;
 
+/* Jobs refer to the run probes before them; probes are reused once full
+ * and no job waits (queue_probe). */
 typedef struct {
     const query_snapshot *s;
     uint64_t q; /* the query, unpermuted */
     query_results *out;
     query_error *err;
-    int n;
+    int n, nprobes;
     block_job jobs[PROBE_GROUP];
+    run_probe probes[PROBE_GROUP];
 } job_queue;
 
 /* The prefix a lane decodes a block for: the table's, or for an exact
  * lookup all 64 bits, so that its decode stops right past q. */
-static inline int lane_prefix(const query_snapshot *s, const block_job *jb) {
-    return jb->k == 0 ? 64 : s->tables[jb->t].p;
+static inline int lane_prefix(const query_snapshot *s, const run_probe *rp) {
+    return rp->k == 0 ? 64 : s->tables[rp->t].p;
 }
 
 /* Take the matches of a block: the values in [lo, hi], unpermuted. */
-static int take_matches(const query_snapshot *s, const block_job *jb, uint64_t q,
+static int take_matches(const query_snapshot *s, const run_probe *rp, uint64_t q,
                         const uint64_t *found, long n, query_results *out) {
-    const query_table *tb = &s->tables[jb->t];
+    const query_table *tb = &s->tables[rp->t];
     for (long i = 0; i < n; i++)
-        if (found[i] >= jb->lo && found[i] <= jb->hi &&
-            add_candidate(s, jb->t, q, out, perm_apply(&tb->inv, found[i])) < 0)
+        if (found[i] >= rp->lo && found[i] <= rp->hi &&
+            add_candidate(s, rp->t, q, out, perm_apply(&tb->inv, found[i])) < 0)
             return QUERY_NOMEM;
     return 0;
 }
@@ -341,10 +410,11 @@ static __attribute__((noinline)) int probe_overflowed(const query_snapshot *s,
                                                       const block_job *jb, uint64_t q,
                                                       query_results *out, long *status) {
     uint64_t whole[1 + BLOCK_PAYLOAD_BITS];
-    *status = codec_probe_verified(jb->run->code, jb->block, jb->qp, lane_prefix(s, jb), jb->k,
+    const run_probe *rp = jb->rp;
+    *status = codec_probe_verified(rp->run->code, jb->block, rp->qp, lane_prefix(s, rp), rp->k,
                                    whole, sizeof whole / sizeof *whole,
                                    jb->verified ? *jb->verified : 0);
-    return *status < 0 ? 0 : take_matches(s, jb, q, whole, *status, out);
+    return *status < 0 ? 0 : take_matches(s, rp, q, whole, *status, out);
 }
 
 static int probe_raw_block(job_queue *jq, const block_job *jb);
@@ -352,10 +422,11 @@ static int probe_raw_block(job_queue *jq, const block_job *jb);
 /* Where a queued block failed: its table, run and chunk. */
 static int job_corrupt(job_queue *jq, const block_job *jb, long status) {
     query_error *err = jq->err;
-    err->table = jb->t;
-    err->run_id = jb->run->run_id;
-    err->has_key = jb->has_key;
-    memcpy(err->key, jb->key, CHUNK_KEY_BYTES);
+    const run_probe *rp = jb->rp;
+    err->table = rp->t;
+    err->run_id = rp->run->run_id;
+    err->has_key = rp->has_key;
+    memcpy(err->key, rp->key, CHUNK_KEY_BYTES);
     return corrupt(err, block_status_text(status));
 }
 
@@ -369,11 +440,12 @@ static int queue_flush(job_queue *jq) {
     jq->n = 0;
     for (int j = 0; j < n; j++) {
         const block_job *jb = &jq->jobs[j];
-        if (jb->run->kind == RUN_KIND_RAW)
+        const run_probe *rp = jb->rp;
+        if (rp->run->kind == RUN_KIND_RAW)
             continue;
         lane_job[nlanes] = j;
-        lane[nlanes] = (codec_lane){.code = jb->run->code, .block = jb->block, .q = jb->qp,
-                                    .p = lane_prefix(s, jb), .k = jb->k,
+        lane[nlanes] = (codec_lane){.code = rp->run->code, .block = jb->block, .q = rp->qp,
+                                    .p = lane_prefix(s, rp), .k = rp->k,
                                     .verified = jb->verified ? *jb->verified : 0,
                                     .out = found[nlanes], .cap = LANE_CAP};
         nlanes++;
@@ -383,7 +455,7 @@ static int queue_flush(job_queue *jq) {
         const block_job *jb = &jq->jobs[lane_job[i]];
         long m = lane[i].n;
         int rc = m == CODEC_OUT_FULL ? probe_overflowed(s, jb, jq->q, jq->out, &m)
-                                     : take_matches(s, jb, jq->q, found[i], m, jq->out);
+                                     : take_matches(s, jb->rp, jq->q, found[i], m, jq->out);
         if (rc < 0)
             return rc;
         if (m < 0)
@@ -392,7 +464,7 @@ static int queue_flush(job_queue *jq) {
             *jb->verified = 1; /* a benign race: another thread may set it too */
     }
     for (int j = 0; j < n; j++) {
-        if (jq->jobs[j].run->kind != RUN_KIND_RAW)
+        if (jq->jobs[j].rp->run->kind != RUN_KIND_RAW)
             continue;
         int rc = probe_raw_block(jq, &jq->jobs[j]);
         if (rc < 0)
@@ -401,32 +473,71 @@ static int queue_flush(job_queue *jq) {
     return 0;
 }
 
-/* Queue a block, fetching it into the cache meanwhile. */
-static int queue_push(job_queue *jq, const block_job *jb) {
+/* Start a probe of run of table t in the queue: *rp (without a key). */
+static int queue_probe(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
+                       uint64_t hi, int k, run_probe **rp) {
+    if (jq->nprobes == PROBE_GROUP) {
+        int rc = jq->n ? queue_flush(jq) : 0;
+        if (rc < 0)
+            return rc;
+        jq->nprobes = 0;
+    }
+    run_probe *p = *rp = &jq->probes[jq->nprobes++];
+    p->t = t;
+    p->k = k;
+    p->run = run;
+    p->lo = lo;
+    p->hi = hi;
+    p->qp = qp;
+    p->has_key = 0;
+    return 0;
+}
+
+/* Queue a block of run probe rp, fetching it into the cache meanwhile
+ * unless fetched (locate_listed did). */
+static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
+                       uint64_t block_key, int has_lower, uint64_t lower, uint8_t *verified,
+                       int fetched) {
     if (jq->n == PROBE_GROUP) {
         int rc = queue_flush(jq);
         if (rc < 0)
             return rc;
     }
-    jq->jobs[jq->n++] = *jb;
-    for (int line = 0; line < BLOCK_BYTES; line += 64)
-        __builtin_prefetch(jb->block + line);
+    block_job *jb = &jq->jobs[jq->n++];
+    jb->rp = rp;
+    jb->block = block;
+    jb->block_key = block_key;
+    jb->has_lower = has_lower;
+    jb->lower = lower;
+    jb->verified = verified;
+    /* Raw blocks are read in part once verified; before, whole, by the
+     * checksum (locate_listed fetched the part only). */
+    int raw = rp->run->kind == RUN_KIND_RAW, whole = !raw || !(verified && *verified);
+    if (fetched && !(raw && whole))
+        return 0;
+    if (whole) {
+        for (int line = 0; line < BLOCK_BYTES; line += 64)
+            __builtin_prefetch(block + line);
+    } else {
+        raw_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
+    }
     return 0;
 }
 
 /* Probe a queued raw block (its checksum checked unless *verified says so). */
 static int probe_raw_block(job_queue *jq, const block_job *jb) {
     uint64_t found[RAW_BLOCK_MAX_VALUES];
-    if (!(jb->verified && *jb->verified) &&
-        crc32c(jb->block + 4, BLOCK_BYTES - 4) != load_le32(jb->block))
+    const run_probe *rp = jb->rp;
+    int verified = jb->verified && *jb->verified;
+    if (!verified && crc32c(jb->block + 4, BLOCK_BYTES - 4) != load_le32(jb->block))
         return job_corrupt(jq, jb, CODEC_BAD_CHECKSUM);
-    long n = raw_probe(jb->block, jb->block_key, jb->lo, jb->hi, jb->qp, jb->k, found,
+    long n = raw_probe(jb->block, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k, verified, found,
                        RAW_BLOCK_MAX_VALUES);
     if (n < 0)
         return job_corrupt(jq, jb, n);
     if (jb->verified)
         *jb->verified = 1; /* a benign race: another thread may set it too */
-    return take_matches(jq->s, jb, jq->q, found, n, jq->out);
+    return take_matches(jq->s, rp, jq->q, found, n, jq->out);
 }
 
 /* Probe the blocks of one checked chunk (key, val) for values in [lo, hi];
@@ -445,13 +556,16 @@ static int probe_chunk(job_queue *jq, int t, const query_run *run, uint64_t qp, 
             e = mid;
     }
     *done = 0;
-    block_job jb = {.t = t, .k = k, .run = run, .lo = lo, .hi = hi, .qp = qp, .has_key = 1};
-    memcpy(jb.key, key, CHUNK_KEY_BYTES);
+    run_probe *rp;
+    int rc = queue_probe(jq, t, run, qp, lo, hi, k, &rp);
+    if (rc < 0)
+        return rc;
+    rp->has_key = 1;
+    memcpy(rp->key, key, CHUNK_KEY_BYTES);
     for (; b < nblocks; b++) {
         uint64_t bkey = load_le64(keys + 8 * b);
-        jb.block = blocks + (size_t)b * BLOCK_BYTES;
-        jb.block_key = bkey;
-        int rc = queue_push(jq, &jb);
+        rc = queue_block(jq, rp, blocks + (size_t)b * BLOCK_BYTES, bkey, b > 0,
+                         b > 0 ? load_le64(keys + 8 * (b - 1)) : 0, NULL, 0);
         if (rc < 0)
             return rc;
         if (bkey >= hi) {
@@ -485,12 +599,13 @@ static int probe_directory(job_queue *jq, int t, const query_run *run, uint64_t 
     size_t b = at != NOT_LOCATED ? at : directory_block(d, lo);
     if (b == d->nblocks)
         return corrupt(jq->err, "no block covers a value inside the run");
-    block_job jb = {.t = t, .k = k, .run = run, .lo = lo, .hi = hi, .qp = qp};
-    for (; b < d->nblocks; b++) {
-        jb.block = d->block[b];
-        jb.block_key = d->last[b];
-        jb.verified = &d->verified[b];
-        int rc = queue_push(jq, &jb);
+    run_probe *rp;
+    int rc = queue_probe(jq, t, run, qp, lo, hi, k, &rp);
+    if (rc < 0)
+        return rc;
+    for (size_t first = b; b < d->nblocks; b++) {
+        rc = queue_block(jq, rp, d->block[b], d->last[b], b > 0, b > 0 ? d->last[b - 1] : 0,
+                         &d->verified[b], b == first && at != NOT_LOCATED);
         if (rc < 0)
             return rc;
         if (d->last[b] >= hi)
@@ -1077,8 +1192,14 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
             at[t - t0][r] = b;
             if (b < d->nblocks) {
                 const uint8_t *blk = d->block[b];
-                for (int line = 0; line < BLOCK_BYTES; line += 64)
-                    __builtin_prefetch(blk + line);
+                __builtin_prefetch(d->verified + b);
+                if (tb->runs[r].kind == RUN_KIND_RAW) {
+                    raw_prefetch(blk, b > 0, b > 0 ? d->last[b - 1] : 0, d->last[b],
+                                 search[t - t0][r].v, tp[t - t0].hi);
+                } else {
+                    for (int line = 0; line < BLOCK_BYTES; line += 64)
+                        __builtin_prefetch(blk + line);
+                }
             }
         }
         log_at[t - t0] = group_lower_bound(tb->log, tb->nlog, tb->log_aid.ntop, log_at[t - t0],
