@@ -243,6 +243,12 @@ static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsi
     return (unsigned)((double)(lo - first) / (double)(key - first) * (n - 1));
 }
 
+/* Prefetch all of a block's lines. */
+static inline void prefetch_block(const uint8_t *block) {
+    for (int line = 0; line < BLOCK_BYTES; line += 64)
+        __builtin_prefetch(block + line);
+}
+
 /* Prefetch the lines of a raw block a probe for [lo, hi] reads: the header
  * and the values from a little before lo's guessed position through hi's.
  * A run below the main level holds a few values a prefix, and a query at a
@@ -253,8 +259,7 @@ static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsi
 static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lower, uint64_t key,
                                 uint64_t lo, uint64_t hi) {
     if (!has_lower) {
-        for (int line = 0; line < BLOCK_BYTES; line += 64)
-            __builtin_prefetch(block + line);
+        prefetch_block(block);
         return;
     }
     enum { SLACK = 16 }; /* values: three standard deviations of lo's position */
@@ -515,12 +520,10 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     int raw = rp->run->kind == RUN_KIND_RAW, whole = !raw || !(verified && *verified);
     if (fetched && !(raw && whole))
         return 0;
-    if (whole) {
-        for (int line = 0; line < BLOCK_BYTES; line += 64)
-            __builtin_prefetch(block + line);
-    } else {
+    if (whole)
+        prefetch_block(block);
+    else
         raw_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
-    }
     return 0;
 }
 
@@ -1193,13 +1196,11 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
             if (b < d->nblocks) {
                 const uint8_t *blk = d->block[b];
                 __builtin_prefetch(d->verified + b);
-                if (tb->runs[r].kind == RUN_KIND_RAW) {
+                if (tb->runs[r].kind == RUN_KIND_RAW)
                     raw_prefetch(blk, b > 0, b > 0 ? d->last[b - 1] : 0, d->last[b],
                                  search[t - t0][r].v, tp[t - t0].hi);
-                } else {
-                    for (int line = 0; line < BLOCK_BYTES; line += 64)
-                        __builtin_prefetch(blk + line);
-                }
+                else
+                    prefetch_block(blk);
             }
         }
         log_at[t - t0] = group_lower_bound(tb->log, tb->nlog, tb->log_aid.ntop, log_at[t - t0],
