@@ -366,17 +366,15 @@ typedef struct {
     uint8_t key[CHUNK_KEY_BYTES];
 } run_probe;
 
-/* One block of a run probe: its key (last value); lower, when has_lower,
- * the previous block's; verified, its flag in the run directory (NULL:
- * check its checksum).  Small, and written in place (queue_block): a whole
- * job built on the stack and copied into the queue stalled on store
- * forwarding, for every block. */
+/* One block of a run probe: its key (last value); verified, its flag in
+ * the run directory (NULL: check its checksum).  Small, and written in
+ * place (queue_block): a whole job built on the stack and copied into the
+ * queue stalled on store forwarding, for every block. */
 typedef struct {
     const run_probe *rp;
     const uint8_t *block;
-    uint64_t block_key, lower;
+    uint64_t block_key;
     uint8_t *verified;
-    int has_lower;
 } block_job;
 
 /* Jobs refer to the run probes before them; probes are reused once full
@@ -499,7 +497,8 @@ static int queue_probe(job_queue *jq, int t, const query_run *run, uint64_t qp, 
 }
 
 /* Queue a block of run probe rp, fetching it into the cache meanwhile
- * unless fetched (locate_listed did). */
+ * unless fetched (locate_listed did); lower, when has_lower, is the
+ * previous block's key (for raw_prefetch). */
 static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
                        uint64_t block_key, int has_lower, uint64_t lower, uint8_t *verified,
                        int fetched) {
@@ -512,8 +511,6 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     jb->rp = rp;
     jb->block = block;
     jb->block_key = block_key;
-    jb->has_lower = has_lower;
-    jb->lower = lower;
     jb->verified = verified;
     /* Raw blocks are read in part once verified; before, whole, by the
      * checksum (locate_listed fetched the part only). */
