@@ -587,12 +587,25 @@ KERNEL_INLINE int slot_ready(probe_slot *S) {
  * i + FAST_BATCH) and take the batch, or decode it again checked.  Returns 1
  * once the lane is finished. */
 KERNEL_INLINE int slot_settle(probe_slot *S, const uint64_t *vals, size_t pos, uint32_t flags) {
-    if ((flags & FAST_IRREGULAR) || S->base + pos > S->limit)
+    /* Every delta of an ordinary entry lies in [1, 2^57), so the batch's
+     * values increase unless their sum wrapped, which leaves the last one
+     * at or below the first: one compare checks all of them. */
+    if ((flags & FAST_IRREGULAR) || S->base + pos > S->limit || vals[FAST_BATCH] <= vals[0])
         return slot_checked(S, FAST_BATCH);
-    for (int b = 0; b < FAST_BATCH; b++)
-        if (vals[b + 1] <= vals[b]) /* not increasing (damage): the checked decoder says how */
-            return slot_checked(S, FAST_BATCH);
     codec_lane *l = S->lane;
+    if (vals[0] >= S->lo && vals[FAST_BATCH - 1] <= S->hi) {
+        /* Inside the prefix, the common case: matches are rare, so one
+         * branch on whether any entry is within k. */
+        int any = 0;
+        for (int b = 0; b < FAST_BATCH; b++)
+            any |= popcount64(vals[b] ^ S->q) <= S->k;
+        if (!any) {
+            S->v = vals[FAST_BATCH];
+            S->pos = pos;
+            S->i += FAST_BATCH;
+            return 0;
+        }
+    }
     for (int b = 0; b < FAST_BATCH; b++) {
         uint64_t x = vals[b];
         if (x > S->hi) {
