@@ -709,6 +709,30 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
                          (Py_ssize_t)box->d.inline_chunks, last);
 }
 
+PyDoc_STRVAR(run_directory_verify_doc,
+             "run_directory_verify(directory, kind, start) -> int\n\n"
+             "Check the directory's blocks holding values >= start that no query has\n"
+             "checked yet, as a query's first visit does, and flag those that pass;\n"
+             "return how many.  A block that fails stays unflagged (the query that\n"
+             "reaches it raises).  Releases the GIL.");
+static PyObject *py_run_directory_verify(PyObject *self, PyObject *args) {
+    PyObject *cap;
+    int kind;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "OiK", &cap, &kind, &start))
+        return NULL;
+    directory_box *box = PyCapsule_GetPointer(cap, DIRECTORY_CAPSULE);
+    if (!box)
+        return NULL;
+    if (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW) {
+        PyErr_SetString(PyExc_ValueError, "kind out of range");
+        return NULL;
+    }
+    size_t n;
+    Py_BEGIN_ALLOW_THREADS n = run_directory_verify(&box->d, (uint8_t)kind, start);
+    Py_END_ALLOW_THREADS return PyLong_FromSize_t(n);
+}
+
 PyDoc_STRVAR(run_directory_blocks_doc,
              "run_directory_blocks(directory) -> list[(last, offset)]\n\n"
              "What a run directory lists: each block's last value and its offset in the\n"
@@ -1048,6 +1072,7 @@ PyMethodDef query_methods[] = {
     {"log_aid", py_log_aid, METH_O, log_aid_doc},
     {"run_read", py_run_read, METH_VARARGS, run_read_doc},
     {"run_directory", py_run_directory, METH_VARARGS, run_directory_doc},
+    {"run_directory_verify", py_run_directory_verify, METH_VARARGS, run_directory_verify_doc},
     {"run_directory_blocks", py_run_directory_blocks, METH_O, run_directory_blocks_doc},
     {"make_snapshot", py_make_snapshot, METH_VARARGS, make_snapshot_doc},
     {"query_prefetch", py_query_prefetch, METH_VARARGS, query_prefetch_doc},

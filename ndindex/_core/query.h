@@ -214,6 +214,12 @@ int run_directory_build(const mdbp_map *map, const mdbp_db *chunks, uint8_t spac
                         uint32_t run_id, uint8_t kind, uint64_t start,
                         const run_directory *prev, run_directory *out, query_error *err);
 void run_directory_free(run_directory *d);
+/* Check the blocks of d holding values >= start that no query has checked
+ * yet, as a query's first visit does (checksum and count; a raw block's
+ * last value against its key), and flag those that pass.  Blocks that fail
+ * stay unflagged: the query that reaches them reports the damage.  Returns
+ * the number flagged. */
+size_t run_directory_verify(run_directory *d, uint8_t kind, uint64_t start);
 
 /* A slice of a run read whole: its values and the keys of its chunks. */
 typedef struct {
