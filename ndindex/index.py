@@ -101,6 +101,7 @@ class Index(DocumentMethods):
         self._pool = None
         self._psize = store.filemap.psize
         self._meta = _meta_words(store.filemap.buffer(2 * self._psize))
+        self._txnid2 = self._psize // 8 + META_TXNID_WORD  # the second meta page's
         self._lock_fd = lock_fd  # holds the shared open lock (_open_locked)
         if not store.readonly:
             # What a killed build (create, vacuum, recover, dedup) left
@@ -347,7 +348,7 @@ class Index(DocumentMethods):
     def _latest_txnid(self) -> int:
         # Asked before every query: word reads, a third of struct's cost.
         m = self._meta
-        a, b = m[META_TXNID_WORD], m[self._psize // 8 + META_TXNID_WORD]
+        a, b = m[META_TXNID_WORD], m[self._txnid2]
         return a if a > b else b
 
     def _snapshot(self) -> Snapshot:

@@ -274,20 +274,39 @@ static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lo
         __builtin_prefetch(block + off);
 }
 
-/* Entries x of a raw block with lo <= x <= hi and popcount(x ^ qp) <= k.
- * Unless verified (its checksum checked and last value matched before),
- * the caller has checked the checksum and this checks the last value is
- * the block's key.  The search for lo starts at its guessed position
- * (raw_guess) and gallops from there, so it reads the lines raw_prefetch
- * fetched. */
-static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
-                      uint64_t qp, int k, int verified, uint64_t *out, size_t cap) {
+/* A raw block's count (its header's), or CODEC_BAD_COUNT. */
+static inline long raw_count(const uint8_t *block) {
     unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8);
     if (n < 1 || n > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
         return CODEC_BAD_COUNT;
-    const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
-    if (!verified && load_le64(v + 8 * (n - 1)) != block_key)
+    return n;
+}
+
+/* The check of a raw block's first visit: its checksum, its count, and
+ * that its last value is block_key (the directory's key for it).  0, or
+ * the CODEC_ status of what failed. */
+static long raw_block_check(const uint8_t *block, uint64_t block_key) {
+    if (crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
+        return CODEC_BAD_CHECKSUM;
+    long n = raw_count(block);
+    if (n < 0)
+        return n;
+    if (load_le64(block + RAW_BLOCK_HEADER_BYTES + 8 * (n - 1)) != block_key)
         return CODEC_NOT_SORTED;
+    return 0;
+}
+
+/* Entries x of a checked raw block (raw_block_check) with lo <= x <= hi and
+ * popcount(x ^ qp) <= k.  The search for lo starts at its guessed position
+ * (raw_guess) and gallops from there, so it reads the lines raw_prefetch
+ * fetched. */
+static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
+                      uint64_t qp, int k, uint64_t *out, size_t cap) {
+    long count = raw_count(block);
+    if (count < 0)
+        return count;
+    unsigned n = (unsigned)count;
+    const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
     /* First value >= lo: [a, e) holds it (e = n: none), found by galloping
      * from the guess, then halving. */
     unsigned g = raw_guess(load_le64(v), block_key, lo, n), a, e;
@@ -524,15 +543,14 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     return 0;
 }
 
-/* Probe a queued raw block (its checksum checked unless *verified says so). */
+/* Probe a queued raw block (checked first unless *verified says so). */
 static int probe_raw_block(job_queue *jq, const block_job *jb) {
     uint64_t found[RAW_BLOCK_MAX_VALUES];
     const run_probe *rp = jb->rp;
-    int verified = jb->verified && *jb->verified;
-    if (!verified && crc32c(jb->block + 4, BLOCK_BYTES - 4) != load_le32(jb->block))
-        return job_corrupt(jq, jb, CODEC_BAD_CHECKSUM);
-    long n = raw_probe(jb->block, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k, verified, found,
-                       RAW_BLOCK_MAX_VALUES);
+    long n = jb->verified && *jb->verified ? 0 : raw_block_check(jb->block, jb->block_key);
+    if (n == 0)
+        n = raw_probe(jb->block, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k, found,
+                      RAW_BLOCK_MAX_VALUES);
     if (n < 0)
         return job_corrupt(jq, jb, n);
     if (jb->verified)
@@ -713,15 +731,8 @@ size_t run_directory_verify(run_directory *d, uint8_t kind, uint64_t start) {
         if (d->verified[b])
             continue;
         const uint8_t *blk = d->block[b];
-        unsigned count = (unsigned)blk[4] | ((unsigned)blk[5] << 8);
-        if (crc32c(blk + 4, BLOCK_BYTES - 4) != load_le32(blk))
-            continue;
-        if (count < 1)
-            continue;
-        if (kind == RUN_KIND_RAW ? count > RAW_BLOCK_MAX_VALUES || blk[6] || blk[7] ||
-                                       load_le64(blk + RAW_BLOCK_HEADER_BYTES + 8 * (count - 1)) !=
-                                           d->last[b]
-                                 : count > 1 + BLOCK_PAYLOAD_BITS)
+        if (kind == RUN_KIND_RAW ? raw_block_check(blk, d->last[b]) < 0
+                                 : codec_block_count(blk) < 0)
             continue;
         d->verified[b] = 1; /* a benign race, as a query's flag */
         n++;
