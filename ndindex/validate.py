@@ -67,6 +67,8 @@ def query_k(k, largest: int) -> int:
     """A query distance: None means the index's own k; at most that."""
     if k is None:
         return largest
+    if type(k) is int and 0 <= k <= largest:  # the common case, checked cheaply
+        return k
     if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 0 <= k <= largest:
