@@ -695,18 +695,8 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
         if 1 < level < MAIN_LEVEL:
             # Into the run already at that level (leveled, as LevelDB), not
             # beside it: each run at a level is one more probe per query.
-            below = [r for r in free if r.level == level][:1]
-            level = level_for(sum(r.entries for r in inputs + below), level, main, flush_ops)
-            main_runs = [r for r in free if r.level >= MAIN_LEVEL][:1]
-            if level >= MAIN_LEVEL and below and main_runs:
-                # The last raw level is full: it merges into the main run,
-                # and the flushes merge into level 1 beside that merge.
-                # Taking them along would make a second main-level run, and
-                # then a merge of the two: the raw level written as Huffman
-                # blocks twice, and two main-level runs for queries to probe
-                # while the second merge lasts.
-                return None, below + main_runs, MAIN_LEVEL
-            inputs += below
+            inputs += [r for r in free if r.level == level][:1]
+            level = level_for(sum(r.entries for r in inputs), level, main, flush_ops)
         return None, inputs, level
     for level in sorted({r.level for r in free}):
         here = [r for r in free if r.level == level]

@@ -55,34 +55,3 @@ def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypat
         ix.compact(full=True)
         ix.verify()
         assert set(ix.fingerprints().tolist()) == live
-
-
-def test_a_full_last_raw_level_merges_into_the_main_run_not_beside_it():
-    # Flushes of 100 operations: level 1 holds 800 entries, level 2 6,400
-    # (or a quarter of the main level, if more).
-    from ndindex.records import KIND_HUFFMAN, KIND_RAW, Manifest, Run
-
-    def run(run_id, level, entries):
-        kind = KIND_HUFFMAN if level >= compaction.MAIN_LEVEL else KIND_RAW
-        return Run(space=0, kind=kind, level=level, run_id=run_id, entries=entries, chunks=1)
-
-    main = run(1, compaction.MAIN_LEVEL, 20000)
-    level2, level1, level0 = run(2, 2, 6300), run(3, 1, 750), run(4, 0, 100)
-    man = Manifest(next_run_id=5, runs=[level0, level1, level2, main])
-    output, inputs, level = compaction._choose_merge(man, 0, False, flush_ops=100)
-    # Level 2 would overflow with the flush and level 1: it merges into the
-    # main run (one main-level run, raw entries written as Huffman once) ...
-    assert output is None and level == compaction.MAIN_LEVEL
-    assert [r.run_id for r in inputs] == [2, 1]
-    # ... and the flush merges into level 1 beside that merge.
-    level2.merge_into = main.merge_into = 9
-    level2.flags = main.flags = compaction.RUN_MERGE_INPUT
-    out = run(9, compaction.MAIN_LEVEL, 0)
-    out.merge_into, out.flags = 9, compaction.RUN_MERGE_OUTPUT
-    man.runs.insert(0, out)
-    side = [m for m in compaction._choose_merges(man, 0, False, flush_ops=100) if m[0] is None]
-    assert [[r.run_id for r in inputs] for _, inputs, _ in side] == [[4, 3]]
-    # Without a main run yet, the levels below make the first one.
-    man = Manifest(next_run_id=5, runs=[run(4, 0, 100), run(3, 1, 750), run(2, 2, 6300)])
-    output, inputs, level = compaction._choose_merge(man, 0, False, flush_ops=100)
-    assert level == compaction.MAIN_LEVEL and [r.run_id for r in inputs] == [4, 3, 2]
