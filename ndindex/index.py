@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import checked_add, codec, compaction, docstore, plan as plans, records as rec, \
-    removal, store as st, validate
+from ndindex import checked_add, codec, compaction, docstore, pages, plan as plans, \
+    records as rec, removal, store as st, validate
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_RESTARTS
@@ -70,11 +70,6 @@ class Match(NamedTuple):
 #: would cost more than they save.
 COLD_QUERIES = 8
 
-#: The txnid of an LMDB meta page, as a word of the page (byte 144: after
-#: the 16-byte page header, magic, version, address, map size, both trees'
-#: records and the last page number).  LMDB writes it in native order.
-META_TXNID_WORD = 18
-
 MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
 
 
@@ -101,7 +96,9 @@ class Index(DocumentMethods):
         self._pool = None
         self._psize = store.filemap.psize
         self._meta = _meta_words(store.filemap.buffer(2 * self._psize))
-        self._txnid2 = self._psize // 8 + META_TXNID_WORD  # the second meta page's
+        # Where each meta page's txnid lies, as a word of _meta.
+        self._txnid_words = (pages.META_TXNID_OFFSET // 8,
+                             (self._psize + pages.META_TXNID_OFFSET) // 8)
         self._lock_fd = lock_fd  # holds the shared open lock (_open_locked)
         if not store.readonly:
             # What a killed build (create, vacuum, recover, dedup) left
@@ -348,7 +345,8 @@ class Index(DocumentMethods):
     def _latest_txnid(self) -> int:
         # Asked before every query: word reads, a third of struct's cost.
         m = self._meta
-        a, b = m[META_TXNID_WORD], m[self._txnid2]
+        i, j = self._txnid_words
+        a, b = m[i], m[j]
         return a if a > b else b
 
     def _snapshot(self) -> Snapshot:
@@ -1078,7 +1076,8 @@ def _close_quietly(writer, compactor) -> None:
 
 
 def _meta_words(buf) -> memoryview:
-    """Both meta pages (or zeros after close) as native 64-bit words."""
+    """Both meta pages (or zeros after close) as 64-bit words (LMDB writes
+    them in native order)."""
     return memoryview(buf).cast("B").cast("Q")
 
 

@@ -283,8 +283,8 @@ static inline long raw_count(const uint8_t *block) {
 }
 
 /* The check of a raw block's first visit: its checksum, its count, and
- * that its last value is block_key (the directory's key for it).  0, or
- * the CODEC_ status of what failed. */
+ * that its last value is block_key (the directory's key for it).  The
+ * count, or the CODEC_ status of what failed. */
 static long raw_block_check(const uint8_t *block, uint64_t block_key) {
     if (crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
         return CODEC_BAD_CHECKSUM;
@@ -293,19 +293,15 @@ static long raw_block_check(const uint8_t *block, uint64_t block_key) {
         return n;
     if (load_le64(block + RAW_BLOCK_HEADER_BYTES + 8 * (n - 1)) != block_key)
         return CODEC_NOT_SORTED;
-    return 0;
+    return n;
 }
 
-/* Entries x of a checked raw block (raw_block_check) with lo <= x <= hi and
- * popcount(x ^ qp) <= k.  The search for lo starts at its guessed position
- * (raw_guess) and gallops from there, so it reads the lines raw_prefetch
- * fetched. */
-static long raw_probe(const uint8_t *block, uint64_t block_key, uint64_t lo, uint64_t hi,
-                      uint64_t qp, int k, uint64_t *out, size_t cap) {
-    long count = raw_count(block);
-    if (count < 0)
-        return count;
-    unsigned n = (unsigned)count;
+/* Entries x of a checked raw block of n values (raw_block_check, or
+ * raw_count once verified) with lo <= x <= hi and popcount(x ^ qp) <= k.
+ * The search for lo starts at its guessed position (raw_guess) and gallops
+ * from there, so it reads the lines raw_prefetch fetched. */
+static long raw_probe(const uint8_t *block, unsigned n, uint64_t block_key, uint64_t lo,
+                      uint64_t hi, uint64_t qp, int k, uint64_t *out, size_t cap) {
     const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
     /* First value >= lo: [a, e) holds it (e = n: none), found by galloping
      * from the guess, then halving. */
@@ -547,10 +543,11 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
 static int probe_raw_block(job_queue *jq, const block_job *jb) {
     uint64_t found[RAW_BLOCK_MAX_VALUES];
     const run_probe *rp = jb->rp;
-    long n = jb->verified && *jb->verified ? 0 : raw_block_check(jb->block, jb->block_key);
-    if (n == 0)
-        n = raw_probe(jb->block, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k, found,
-                      RAW_BLOCK_MAX_VALUES);
+    long n = jb->verified && *jb->verified ? raw_count(jb->block)
+                                            : raw_block_check(jb->block, jb->block_key);
+    if (n > 0)
+        n = raw_probe(jb->block, (unsigned)n, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k,
+                      found, RAW_BLOCK_MAX_VALUES);
     if (n < 0)
         return job_corrupt(jq, jb, n);
     if (jb->verified)
