@@ -1,11 +1,12 @@
 """Compaction: the log flushed into runs, runs merged level by level, in small steps.
 
 Each table is a log-structured set of sorted runs (FORMAT.md 7.4).  A
-*flush* turns the append log into one new level-0 run per table (and per
-record space), updates the tombstones and deletes the log records.  A
-*merge* combines runs into one run of the next level, LevelDB-style
-leveling with size ratio ``LEVEL_RATIO``: level 0 runs merge into level 1
-at once; level i merges into level i+1 when it holds more than
+*flush* turns the append log into one new run per table (and per record
+space), updates the tombstones and deletes the log records; a table's
+flush merges with its small level-1 run in the same commit when it can
+(``_flush_target``), else it is a level-0 run.  A *merge* combines runs
+into one run of the next level, LevelDB-style leveling with size ratio
+``LEVEL_RATIO``: level-0 runs merge into level 1 at once; level i merges into level i+1 when it holds more than
 ``FLUSH_OPS * LEVEL_RATIO**i`` entries.  Each fingerprint is so rewritten
 about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
 added fingerprint grows with log N, not N.
@@ -383,7 +384,9 @@ class Compactor:
 
     # -- flush ------------------------------------------------------------------
 
-    def _flush(self, snap) -> None:
+    def _flush(self, snap, into_level_1: bool = True) -> None:
+        """Flush the log (one commit); into_level_1=False keeps each table's
+        flush a run of its own (tests: states with several runs)."""
         snap.count_before_flush()  # len() after the flush then starts from it
         ix = self._ix
         log = snap.log
@@ -393,8 +396,14 @@ class Compactor:
         first_new = man.next_run_id
         main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
                     for t in range(len(ix.plan.tables))), default=0)
-        # A flush is a level-0 run (merged up at once), unless it is larger
-        # than any raw level may hold: then it is a main run of its own.
+        # Tombstones: the log's removals join them, its additions leave them.
+        t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
+        keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
+        fps = np.concatenate([t_fps[keep], log.removes])
+        stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
+        fps, stamps = _newest_tombstones(fps, stamps)
+        # A flush goes to level 1 or level 0 (_flush_target), unless it is
+        # larger than any raw level may hold: then it is a main run of its own.
         level = 0 if len(adds) <= level_capacity(MAIN_LEVEL - 1, main, ix.log_limit) \
             else MAIN_LEVEL
         kind = kind_of(level)
@@ -402,27 +411,30 @@ class Compactor:
             if not len(adds):
                 break
             values = np.sort(design.apply(adds))
+            run_level, into = _flush_target(man, t, level, len(values), main, ix.log_limit) \
+                if into_level_1 else (level, None)
+            at = 0
+            if into is not None:
+                hidden = np.sort(design.apply(fps)) if len(fps) else EMPTY_U64
+                values = merge_unique([values, rn.read_values(snap.view, into).values], hidden)
+                deletes += rn.chunk_keys(snap.view, into)
+                at = man.runs.index(into)
+                man.runs.remove(into)
             code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
                 else None
             rid = man.new_run_id()
             pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True)
             puts += pairs
-            man.runs.insert(0, Run(t, kind, level, rid, n, len(pairs),
-                                   sum(len(v) for _, v in pairs), int(values[0]), last,
-                                   code=code.to_bytes() if code else b""))
+            man.runs.insert(at, Run(t, kind, run_level, rid, n,
+                                    len(pairs), sum(len(v) for _, v in pairs), int(values[0]),
+                                    last, code=code.to_bytes() if code else b""))
         for space, (raw, count) in _space_records(log.ops.streams()).items():
             rid = man.new_run_id()
             pairs = ch.pack_record_stream(space, rid, raw, None, True)
             puts += pairs
             man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, count, len(pairs),
                                    sum(len(v) for _, v in pairs)))
-        # Tombstones: the log's removals join them, its additions leave them,
-        # and a tombstone no run can hold any more goes (see _droppable).
-        t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
-        keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
-        fps = np.concatenate([t_fps[keep], log.removes])
-        stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
-        fps, stamps = _newest_tombstones(fps, stamps)
+        # A tombstone no run can hold any more goes (see _droppable).
         alive = stamps > _min_fp_run_id(man)
         fps, stamps = fps[alive], stamps[alive]
         if not np.array_equal(fps, t_fps):
@@ -606,6 +618,30 @@ def _last_chunk_marked(snap, key: bytes) -> tuple:
 
 
 # -- policy ------------------------------------------------------------------------
+
+
+def _flush_target(man: Manifest, space: int, level: int, entries: int, main_entries: int,
+                  flush_ops: int = FLUSH_OPS):
+    """Where a flush of entries values into a table goes: (1, run) to merge
+    with the table's free level-1 run in the flush's own commit, (1, None)
+    to be the level-1 run itself, or (level, None) to be a run of its own at
+    the flush's level (0: merged up in steps).
+
+    Level 1 when no level-0 run waits and the level-1 run (if there is a
+    free one) and the flush together stay within level 1's share, a commit
+    of a few megabytes.  A level-0 run merged up in steps is two or three
+    more runs for every query to probe meanwhile, and one more write of
+    each value."""
+    if level != 0:
+        return level, None
+    runs = man.of(space)
+    if any(r.level == 0 for r in runs):
+        return level, None
+    free = [r for r in runs if r.level == 1 and not r.merge_into]
+    if len(free) > 1 or sum(r.entries for r in free) + entries > \
+            level_capacity(1, main_entries, flush_ops):
+        return level, None
+    return 1, free[0] if free else None
 
 
 def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:

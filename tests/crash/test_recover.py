@@ -203,6 +203,7 @@ def written_by_an_older_writer(path, monkeypatch, chunk_blocks: str, parts, gone
     from ndindex import chunks as ch, compaction
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     monkeypatch.setattr(ch, chunk_blocks, 1)
+    monkeypatch.setattr(compaction, "_flush_target", lambda man, space, level, *a: (level, None))
     monkeypatch.setattr(compaction, "_last_chunk_marked",
                         lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
     with Index.create(path, k=3, background_compaction=False) as ix:

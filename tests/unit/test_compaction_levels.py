@@ -19,7 +19,8 @@ def brute(stored: np.ndarray, q: int, k: int) -> set:
     return set(stored[d <= k].tolist())
 
 
-def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypatch):
+def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypatch,
+                                                              level0_flushes):
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     rng = np.random.default_rng(4)
@@ -55,3 +56,68 @@ def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypat
         ix.compact(full=True)
         ix.verify()
         assert set(ix.fingerprints().tolist()) == live
+
+
+def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path):
+    # Adds, removes (of values in the main run and in level 1) and re-adds:
+    # after each flush a table holds its level-1 run and its main run, no
+    # merge is left to do, and answers equal brute force.
+    rng = np.random.default_rng(8)
+    fps = np.unique(rng.integers(0, 2**64, 13000, dtype=np.uint64))[:12000]
+    with Index.create(tmp_path / "f.ndx", k=3, expected_n=12000, background_compaction=False,
+                      log_limit=1000) as ix:               # level 1 holds 8,000 entries
+        ix.add(fps[:6000])
+        ix.compact(full=True)
+        live = set(fps[:6000].tolist())
+        removed = []
+        for i, part in enumerate(np.array_split(fps[6000:], 6)):
+            ix.add(part)
+            live |= set(part.tolist())
+            gone = rng.choice(np.array(sorted(live), dtype=np.uint64), 50, replace=False)
+            ix.remove(gone)
+            live -= set(gone.tolist())
+            removed += gone.tolist()
+            if i == 3:
+                back = removed[:20]
+                ix.add(np.array(back, dtype=np.uint64))
+                live |= set(back)
+            ix._compactor.step(force_flush=True)
+            man = ix._snapshot().manifest
+            for t in range(len(ix.plan.tables)):
+                assert [r.level for r in man.of(t)] == [1, compaction.MAIN_LEVEL]
+                assert not any(r.merge_into for r in man.of(t))
+            assert not ix._compactor.step()
+            assert set(ix.fingerprints().tolist()) == live
+            stored = np.array(sorted(live), dtype=np.uint64)
+            for q in [int(x) ^ (1 << int(b)) for x, b in zip(fps[i::301].tolist(), range(64))]:
+                assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+        ix.verify()
+        # Past level 1's share the flush is a level-0 run, merged up in steps.
+        more = np.unique(rng.integers(0, 2**64, 3000, dtype=np.uint64))
+        ix.add(more)
+        live |= set(more.tolist())
+        ix._compactor.step(force_flush=True)
+        assert any(r.level == 0 for r in ix._snapshot().manifest.of(0))
+        ix.compact()
+        assert set(ix.fingerprints().tolist()) == live
+        ix.verify()
+
+
+def test_a_flush_into_level_1_drops_what_the_log_removed_from_it(tmp_path):
+    # With no older run left, the flush's tombstones go at once: the values
+    # they remove must leave the level-1 run in the same commit.
+    rng = np.random.default_rng(9)
+    fps = np.unique(rng.integers(0, 2**64, 5000, dtype=np.uint64))[:4000]
+    with Index.create(tmp_path / "g.ndx", k=3, expected_n=4000, background_compaction=False,
+                      log_limit=1000) as ix:
+        ix.add(fps[:3000])
+        ix._compactor.step(force_flush=True)
+        assert {r.level for r in ix._snapshot().manifest.runs if r.space == 0} == {1}
+        ix.add(fps[3000:])
+        ix.remove(fps[:300])
+        ix._compactor.step(force_flush=True)
+        snap = ix._snapshot()
+        assert [r.level for r in snap.manifest.of(0)] == [1] and not len(snap.tombstones)
+        assert set(ix.fingerprints().tolist()) == set(fps[300:].tolist())
+        assert all(not ix.query(int(x), 0, keys=False) for x in fps[:300:7].tolist())
+        ix.verify()

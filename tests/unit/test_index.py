@@ -45,7 +45,7 @@ def check_queries(ix, stored, queries, k):
 
 def flush(ix):
     """Turn the log into one new run per table, merging nothing."""
-    ix._compactor._flush(ix._snapshot())
+    ix._compactor._flush(ix._snapshot(), into_level_1=False)
 
 
 def runs_per_table(ix):

@@ -81,8 +81,10 @@ def test_pairs_and_similar_equal_the_in_memory_pipeline(tmp_path, texts, small_s
     keys = [f"t{i:04d}" for i in range(len(texts))]
     want = sorted_pairs(oracle_pairs(texts, keys))
     assert len(want) > 50
+    # log_limit=4: level 1 holds 32 entries, so each flush of 50 is a level-0
+    # run merged up in steps (a smaller one merges into level 1 in its commit).
     ix = Index.create(tmp_path / "d.ndx", k=3, fingerprinter=Fingerprinter(),
-                      background_compaction=False, log_limit=10**9)
+                      background_compaction=False, log_limit=4)
     with ix:
         merging = False
         for a in range(0, len(texts), 50):

@@ -46,7 +46,7 @@ def unchecked(ix) -> int:
 
 
 @pytest.fixture
-def small_steps(monkeypatch):
+def small_steps(monkeypatch, level0_flushes):
     # Runs of many chunks and merges of many steps, on a few thousand values.
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 3)
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
