@@ -282,9 +282,15 @@ class Compactor:
         # Flushing first would starve the merges of a busy writer: level-0
         # runs would pile up.  Merge first once they do, unless the log
         # itself has grown long.
-        level0 = max((sum(1 for r in snap.manifest.of(t) if r.level == 0)
-                      for t in range(len(self._ix.plan.tables))), default=0)
-        if log_due and (level0 < MERGE_FIRST_RUNS or st.log_ops >= STOP_LOGS * self._ix.log_limit):
+        tables = range(len(self._ix.plan.tables))
+        level0 = max((sum(1 for r in snap.manifest.of(t) if r.level == 0) for t in tables),
+                     default=0)
+        # A level-1 run past its share, with nothing else merging in its
+        # table, starts its merge up first: the flush would otherwise be a
+        # level-0 run beside it and a third input of that merge.
+        level1_full = any(_level1_full(snap.manifest, t, self._ix.log_limit) for t in tables)
+        if log_due and ((level0 < MERGE_FIRST_RUNS and not level1_full) or
+                        st.log_ops >= STOP_LOGS * self._ix.log_limit):
             self._flush(snap)
             return True
         if self._merge_round(snap, full):
@@ -620,28 +626,36 @@ def _last_chunk_marked(snap, key: bytes) -> tuple:
 # -- policy ------------------------------------------------------------------------
 
 
+def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
+    """Whether a table's free level-1 run is past its share while no merge
+    runs in the table: the next merge round starts its merge up."""
+    runs = man.of(space)
+    return not any(r.merge_into for r in runs) and any(
+        r.level == 1 and r.entries > level_capacity(1, 0, flush_ops) for r in runs)
+
+
 def _flush_target(man: Manifest, space: int, level: int, entries: int, main_entries: int,
                   flush_ops: int = FLUSH_OPS):
     """Where a flush of entries values into a table goes: (1, run) to merge
-    with the table's free level-1 run in the flush's own commit, (1, None)
-    to be the level-1 run itself, or (level, None) to be a run of its own at
-    the flush's level (0: merged up in steps).
+    with a free small run of the table in the flush's own commit, (1, None)
+    to be a level-1 run of its own, or (level, None) to be a level-0 run
+    merged up in steps (or a main run, for a flush larger than the raw
+    levels).
 
-    Level 1 when no level-0 run waits and the level-1 run (if there is a
-    free one) and the flush together stay within level 1's share, a commit
-    of a few megabytes.  A level-0 run merged up in steps is two or three
-    more runs for every query to probe meanwhile, and one more write of
-    each value."""
+    A free small run is a level-0 or level-1 run no merge has.  The flush
+    merges into the smallest one within level 1's share (the commit then
+    writes at most that share and the log, a few megabytes a table); past
+    it, the run's merge up is due, and while it waits for a busy merge of
+    its table, one more level-1 run takes the flushes.  A level-0 run merged
+    up in steps was two or three more runs for every query to probe
+    meanwhile, and one more write of each value."""
     if level != 0:
         return level, None
-    runs = man.of(space)
-    if any(r.level == 0 for r in runs):
-        return level, None
-    free = [r for r in runs if r.level == 1 and not r.merge_into]
-    if len(free) > 1 or sum(r.entries for r in free) + entries > \
-            level_capacity(1, main_entries, flush_ops):
-        return level, None
-    return 1, free[0] if free else None
+    free = [r for r in man.of(space) if r.level <= 1 and not r.merge_into]
+    room = [r for r in free if r.entries <= level_capacity(1, main_entries, flush_ops)]
+    if room:
+        return 1, min(room, key=lambda r: r.entries)
+    return (1, None) if len(free) < 2 else (level, None)
 
 
 def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:

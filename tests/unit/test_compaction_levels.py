@@ -92,12 +92,21 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path):
             for q in [int(x) ^ (1 << int(b)) for x, b in zip(fps[i::301].tolist(), range(64))]:
                 assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
         ix.verify()
-        # Past level 1's share the flush is a level-0 run, merged up in steps.
-        more = np.unique(rng.integers(0, 2**64, 3000, dtype=np.uint64))
-        ix.add(more)
-        live |= set(more.tolist())
+        # A flush merges into a level-1 run within its share, even past it;
+        # a run past its share goes up before the next flush, which is then a
+        # level-1 run of its own.
+        more = np.unique(rng.integers(0, 2**64, 3100, dtype=np.uint64))
+        ix.add(more[:3000])
         ix._compactor.step(force_flush=True)
-        assert any(r.level == 0 for r in ix._snapshot().manifest.of(0))
+        runs = ix._snapshot().manifest.of(0)
+        assert [r.level for r in runs] == [1, compaction.MAIN_LEVEL] and runs[0].entries > 8000
+        ix.add(more[3000:])
+        while ix._snapshot().manifest.of(0)[0].level == 1:
+            assert ix._compactor.step(force_flush=True)
+            assert ix._snapshot().state.log_ops == 100       # merging first
+        ix._compactor.step(force_flush=True)
+        assert [r.level for r in ix._snapshot().manifest.of(0)] == [1, 2, compaction.MAIN_LEVEL]
+        live |= set(more.tolist())
         ix.compact()
         assert set(ix.fingerprints().tolist()) == live
         ix.verify()
@@ -121,3 +130,35 @@ def test_a_flush_into_level_1_drops_what_the_log_removed_from_it(tmp_path):
         assert set(ix.fingerprints().tolist()) == set(fps[300:].tolist())
         assert all(not ix.query(int(x), 0, keys=False) for x in fps[:300:7].tolist())
         ix.verify()
+
+
+def test_flushes_beside_a_busy_merge_go_to_one_free_level_1_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    rng = np.random.default_rng(10)
+    fps = np.unique(rng.integers(0, 2**64, 9000, dtype=np.uint64))[:8000]
+    base, later = fps[:6000], fps[6000:]
+    with Index.create(tmp_path / "b.ndx", k=3, expected_n=8000, background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(base)
+        ix.compact(full=True)
+        ix.remove(base[:600])                  # 10% removed: a merge into the main level is due
+        ix._compactor.step(force_flush=True)
+        ix._compactor.step()
+        live = set(base[600:].tolist())
+        queries = [int(x) ^ (1 << int(b)) for x, b in zip(fps[::97].tolist(), range(64))]
+        for part in np.array_split(later, 8):
+            ix.add(part)
+            live |= set(part.tolist())
+            ix._compactor.step(force_flush=True)
+            man = ix._snapshot().manifest
+            assert any(r.merge_output for r in man.of(0)), "the main merge goes on"
+            small = [r for r in man.of(0) if r.level <= 1]
+            assert [(r.level, r.merge_into) for r in small] == [(1, 0)]
+            ix._compactor.step()
+            stored = np.array(sorted(live), dtype=np.uint64)
+            for q in queries[:8]:
+                assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+        ix.compact()
+        ix.verify()
+        assert set(ix.fingerprints().tolist()) == live
