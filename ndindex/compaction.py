@@ -686,9 +686,11 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     """The merges to advance in a space this round (see _choose_merge).
 
     Beside a merge of the large levels (level 2 and the main level), which
-    takes hundreds of steps at 10M, the flushes that arrive meanwhile are merged among the small
-    levels (level-0 runs with the free level-1 run), as LevelDB compacts
-    different levels at once: otherwise they pile up as level-0 runs, and
+    takes hundreds of steps at 10M, the runs below it merge among themselves
+    as they would alone, into a level below the busy merge's (as LevelDB
+    compacts different levels at once): full level-1 runs into level 2,
+    level-0 runs into level 1 even past its capacity.  Otherwise they pile
+    up (at 30M, four level-1 runs beside a merge into the main level), and
     every query probes each of them.  Record spaces, whose runs are ordered
     (newest wins), keep one merge at a time.
     """
@@ -701,6 +703,12 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     if space in RECORD_SPACES or full or len(busy) > 1 or \
             any(r.level < 2 for r in busy[0][1]):
         return busy
+    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    rest = Manifest(man.generation, man.next_run_id,
+                    [r for r in man.runs if r.space != space or not r.merge_into])
+    side = _choose_merge(rest, space, False, flush_ops, None, coding, main)
+    if side is not None and side[2] < min(r.level for r in busy[0][1]):
+        return busy + [side]
     level0 = [r for r in runs if not r.merge_into and r.level == 0]
     if not level0:
         return busy
@@ -710,12 +718,14 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
 
 
 def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
-                  stamps: np.ndarray | None = None, coding: int | None = None):
+                  stamps: np.ndarray | None = None, coding: int | None = None,
+                  main: int | None = None):
     """The merge to advance in a space: (output or None, inputs newest first, level) or None.
 
     stamps: the tombstones' stamps, sorted (for the deletion trigger).
     coding: the file's block coding; a full merge rewrites a lone Huffman
-    run of another (an upgraded file's, FORMAT.md 7.2).
+    run of another (an upgraded file's, FORMAT.md 7.2).  main: the
+    table's main-level entries, when man leaves out a busy merge's runs.
     """
     runs = man.of(space)
     for r in runs:  # a merge in progress goes first
@@ -730,7 +740,8 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
                 coding is not None and free[0].coding != coding))):
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
         return None
-    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    if main is None:
+        main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
     if not record and stamps is not None and main and len(free) == len(runs):
         # A tombstone stamped s hides fingerprints of runs older than s.
         oldest = min(r.run_id for r in free)

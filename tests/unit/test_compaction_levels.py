@@ -162,3 +162,37 @@ def test_flushes_beside_a_busy_merge_go_to_one_free_level_1_run(tmp_path, monkey
         ix.compact()
         ix.verify()
         assert set(ix.fingerprints().tolist()) == live
+
+
+def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monkeypatch):
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+    rng = np.random.default_rng(11)
+    fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))[:11000]
+    base, later = fps[:8000], fps[8000:]
+    with Index.create(tmp_path / "s.ndx", k=3, expected_n=11000, background_compaction=False,
+                      log_limit=50) as ix:                 # level 1 holds 400 entries
+        ix.add(base)
+        ix.compact(full=True)
+        ix.remove(base[:800])                  # 10% removed: a merge into the main level is due
+        ix._compactor.step(force_flush=True)
+        ix._compactor.step()
+        live = set(base[800:].tolist())
+        queries = [int(x) ^ (1 << int(b)) for x, b in zip(fps[::131].tolist(), range(64))]
+        side = 0
+        for part in np.array_split(later, 10):
+            ix.add(part)
+            live |= set(part.tolist())
+            ix._compactor.step(force_flush=True)
+            for _ in range(2):
+                ix._compactor.step()
+                outputs = [r for r in ix._snapshot().manifest.of(0) if r.merge_output]
+                side += any(r.level == 2 for r in outputs) and \
+                    any(r.level == compaction.MAIN_LEVEL for r in outputs)
+                stored = np.array(sorted(live), dtype=np.uint64)
+                for q in queries[:6]:
+                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+        assert side, "no merge into level 2 ran beside the main merge"
+        ix.compact()
+        ix.verify()
+        assert set(ix.fingerprints().tolist()) == live
