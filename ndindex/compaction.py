@@ -6,8 +6,9 @@ space), updates the tombstones and deletes the log records; a table's
 flush merges with its small level-1 run in the same commit when it can
 (``_flush_target``), else it is a level-0 run.  A *merge* combines runs
 into one run of the next level, LevelDB-style leveling with size ratio
-``LEVEL_RATIO``: level-0 runs merge into level 1 at once; level i merges into level i+1 when it holds more than
-``FLUSH_OPS * LEVEL_RATIO**i`` entries.  Each fingerprint is so rewritten
+``LEVEL_RATIO``: level-0 runs merge into level 1 at once; level i merges
+into level i+1 when it holds more than ``FLUSH_OPS * LEVEL_RATIO**i``
+entries.  Each fingerprint is so rewritten
 about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
 added fingerprint grows with log N, not N.
 
@@ -390,9 +391,7 @@ class Compactor:
 
     # -- flush ------------------------------------------------------------------
 
-    def _flush(self, snap, into_level_1: bool = True) -> None:
-        """Flush the log (one commit); into_level_1=False keeps each table's
-        flush a run of its own (tests: states with several runs)."""
+    def _flush(self, snap) -> None:
         snap.count_before_flush()  # len() after the flush then starts from it
         ix = self._ix
         log = snap.log
@@ -417,8 +416,7 @@ class Compactor:
             if not len(adds):
                 break
             values = np.sort(design.apply(adds))
-            run_level, into = _flush_target(man, t, level, len(values), main, ix.log_limit) \
-                if into_level_1 else (level, None)
+            run_level, into = _flush_target(man, t, level, len(values), main, ix.log_limit)
             at = 0
             if into is not None:
                 hidden = np.sort(design.apply(fps)) if len(fps) else EMPTY_U64
@@ -648,7 +646,9 @@ def _flush_target(man: Manifest, space: int, level: int, entries: int, main_entr
     it, the run's merge up is due, and while it waits for a busy merge of
     its table, one more level-1 run takes the flushes.  A level-0 run merged
     up in steps was two or three more runs for every query to probe
-    meanwhile, and one more write of each value."""
+    meanwhile.  (Flushes then go as soon as the log is due, each rewriting
+    the level-1 run, and a commit holds the whole run: write amplification
+    and the file's growth come more from flushes than they did.)"""
     if level != 0:
         return level, None
     free = [r for r in man.of(space) if r.level <= 1 and not r.merge_into]

@@ -12,11 +12,16 @@ settings.register_profile("dev", max_examples=30, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def level0_flush_target(man, space, level, *args, **kwargs):
+    """compaction._flush_target of a writer whose every flush is a run of its
+    own (level 0: merged up in steps, as when the level-1 run is busy or
+    full), never merged into level 1 in its commit: for tests of the merges
+    that follow a flush, and of states with several runs."""
+    return level, None
+
+
 @pytest.fixture
 def level0_flushes(monkeypatch):
-    """Every flush is a level-0 run merged up in steps (as when the level-1
-    run is busy or full), never merged into level 1 in its own commit: for
-    tests of the merges that follow a flush, on a few thousand values."""
+    """Every flush a level-0 run (level0_flush_target)."""
     from ndindex import compaction
-    monkeypatch.setattr(compaction, "_flush_target",
-                        lambda man, space, level, *args, **kwargs: (level, None))
+    monkeypatch.setattr(compaction, "_flush_target", level0_flush_target)

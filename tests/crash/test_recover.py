@@ -23,6 +23,7 @@ from damage import (build_fixture, chunk_keys, contents, damage_value, flip, lea
                     occurrences, page_map, pages_of, records)
 from ndindex import CorruptionError, FormatError, cli, records as rec, recover
 from ndindex.index import Index
+from tests.conftest import level0_flush_target
 from tests.killing import killed_at
 
 
@@ -203,7 +204,7 @@ def written_by_an_older_writer(path, monkeypatch, chunk_blocks: str, parts, gone
     from ndindex import chunks as ch, compaction
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     monkeypatch.setattr(ch, chunk_blocks, 1)
-    monkeypatch.setattr(compaction, "_flush_target", lambda man, space, level, *a: (level, None))
+    monkeypatch.setattr(compaction, "_flush_target", level0_flush_target)  # as they flushed
     monkeypatch.setattr(compaction, "_last_chunk_marked",
                         lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
     with Index.create(path, k=3, background_compaction=False) as ix:

@@ -8,6 +8,8 @@ at every step.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ndindex import chunks as ch, compaction
@@ -19,23 +21,33 @@ def brute(stored: np.ndarray, q: int, k: int) -> set:
     return set(stored[d <= k].tolist())
 
 
-def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypatch,
-                                                              level0_flushes):
+@contextlib.contextmanager
+def main_merge_started(path, monkeypatch, seed: int, n: int, log_limit: int):
+    """An index of merges in many small steps, with three quarters of n
+    fingerprints compacted into the main level, a tenth of those removed and
+    a merge into the main level begun: yields (ix, live fingerprints, the
+    quarter not added yet, queries near stored fingerprints)."""
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
-    rng = np.random.default_rng(4)
-    fps = np.unique(rng.integers(0, 2**64, 9000, dtype=np.uint64))[:8000]
-    base, later = fps[:6000], fps[6000:]
-    with Index.create(tmp_path / "c.ndx", k=3, expected_n=8000, background_compaction=False,
-                      log_limit=1 << 30) as ix:
+    rng = np.random.default_rng(seed)
+    fps = np.unique(rng.integers(0, 2**64, n + n // 8, dtype=np.uint64))[:n]
+    base, later = fps[:n * 3 // 4], fps[n * 3 // 4:]
+    with Index.create(path, k=3, expected_n=n, background_compaction=False,
+                      log_limit=log_limit) as ix:
         ix.add(base)
         ix.compact(full=True)
-        gone = base[:600]                      # 10% removed: a merge into the main level is due
+        gone = base[:len(base) // 10]          # 10%: a merge into the main level is due
         ix.remove(gone)
         ix._compactor.step(force_flush=True)   # the flush
         ix._compactor.step()                   # the main merge starts
-        live = set(base.tolist()) - set(gone.tolist())
         queries = [int(x) ^ (1 << int(b)) for x, b in zip(fps[::97].tolist(), range(64))]
+        yield ix, set(base[len(gone):].tolist()), later, queries
+
+
+def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypatch,
+                                                              level0_flushes):
+    with main_merge_started(tmp_path / "c.ndx", monkeypatch, 4, 8000, 1 << 30) as started:
+        ix, live, later, queries = started
         both = 0
         for part in np.array_split(later, 8):
             ix.add(part)
@@ -48,7 +60,8 @@ def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypat
                 both += len(outputs) == 2
                 stored = np.array(sorted(live), dtype=np.uint64)
                 for q in queries[:8]:
-                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+                    found = {m.fingerprint for m in ix.query(q, 3, keys=False)}
+                    assert found == brute(stored, q, 3)
         assert both, "no small merge ran beside the main merge"
         ix.compact()
         ix.verify()
@@ -133,20 +146,8 @@ def test_a_flush_into_level_1_drops_what_the_log_removed_from_it(tmp_path):
 
 
 def test_flushes_beside_a_busy_merge_go_to_one_free_level_1_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
-    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
-    rng = np.random.default_rng(10)
-    fps = np.unique(rng.integers(0, 2**64, 9000, dtype=np.uint64))[:8000]
-    base, later = fps[:6000], fps[6000:]
-    with Index.create(tmp_path / "b.ndx", k=3, expected_n=8000, background_compaction=False,
-                      log_limit=1 << 30) as ix:
-        ix.add(base)
-        ix.compact(full=True)
-        ix.remove(base[:600])                  # 10% removed: a merge into the main level is due
-        ix._compactor.step(force_flush=True)
-        ix._compactor.step()
-        live = set(base[600:].tolist())
-        queries = [int(x) ^ (1 << int(b)) for x, b in zip(fps[::97].tolist(), range(64))]
+    with main_merge_started(tmp_path / "b.ndx", monkeypatch, 10, 8000, 1 << 30) as started:
+        ix, live, later, queries = started
         for part in np.array_split(later, 8):
             ix.add(part)
             live |= set(part.tolist())
@@ -165,20 +166,9 @@ def test_flushes_beside_a_busy_merge_go_to_one_free_level_1_run(tmp_path, monkey
 
 
 def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monkeypatch):
-    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
-    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
-    rng = np.random.default_rng(11)
-    fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))[:11000]
-    base, later = fps[:8000], fps[8000:]
-    with Index.create(tmp_path / "s.ndx", k=3, expected_n=11000, background_compaction=False,
-                      log_limit=50) as ix:                 # level 1 holds 400 entries
-        ix.add(base)
-        ix.compact(full=True)
-        ix.remove(base[:800])                  # 10% removed: a merge into the main level is due
-        ix._compactor.step(force_flush=True)
-        ix._compactor.step()
-        live = set(base[800:].tolist())
-        queries = [int(x) ^ (1 << int(b)) for x, b in zip(fps[::131].tolist(), range(64))]
+    # log_limit=50: level 1 holds 400 entries.
+    with main_merge_started(tmp_path / "s.ndx", monkeypatch, 11, 11000, 50) as started:
+        ix, live, later, queries = started
         side = 0
         for part in np.array_split(later, 10):
             ix.add(part)
@@ -191,7 +181,8 @@ def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monk
                     any(r.level == compaction.MAIN_LEVEL for r in outputs)
                 stored = np.array(sorted(live), dtype=np.uint64)
                 for q in queries[:6]:
-                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+                    found = {m.fingerprint for m in ix.query(q, 3, keys=False)}
+                    assert found == brute(stored, q, 3)
         assert side, "no merge into level 2 ran beside the main merge"
         ix.compact()
         ix.verify()

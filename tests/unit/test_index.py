@@ -8,6 +8,7 @@ output below it); one Huffman run after a full compaction; reopened.
 import errno
 import os
 import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from ndindex import chunks as ch, codec, compaction, plan as plans, runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
+from tests.conftest import level0_flush_target
 from tests.killing import killed_at
 from tests.oracle import brute_force, clustered, near
 
@@ -45,7 +47,8 @@ def check_queries(ix, stored, queries, k):
 
 def flush(ix):
     """Turn the log into one new run per table, merging nothing."""
-    ix._compactor._flush(ix._snapshot(), into_level_1=False)
+    with mock.patch.object(compaction, "_flush_target", level0_flush_target):
+        ix._compactor._flush(ix._snapshot())
 
 
 def runs_per_table(ix):
