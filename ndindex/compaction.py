@@ -288,7 +288,8 @@ class Compactor:
                      default=0)
         # A level-1 run past its share, with nothing else merging in its
         # table, starts its merge up first: the flush would otherwise be a
-        # level-0 run beside it and a third input of that merge.
+        # second level-1 run beside it (_flush_target) and one more input
+        # of that merge.
         level1_full = any(_level1_full(snap.manifest, t, self._ix.log_limit) for t in tables)
         if log_due and ((level0 < MERGE_FIRST_RUNS and not level1_full) or
                         st.log_ops >= STOP_LOGS * self._ix.log_limit):
