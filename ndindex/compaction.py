@@ -417,7 +417,7 @@ class Compactor:
             if not len(adds):
                 break
             values = np.sort(design.apply(adds))
-            run_level, into = _flush_target(man, t, level, len(values), main, ix.log_limit)
+            run_level, into = _flush_target(man, t, level, ix.log_limit)
             at = 0
             if into is not None:
                 hidden = np.sort(design.apply(fps)) if len(fps) else EMPTY_U64
@@ -633,9 +633,8 @@ def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
         r.level == 1 and r.entries > level_capacity(1, 0, flush_ops) for r in runs)
 
 
-def _flush_target(man: Manifest, space: int, level: int, entries: int, main_entries: int,
-                  flush_ops: int = FLUSH_OPS):
-    """Where a flush of entries values into a table goes: (1, run) to merge
+def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_OPS):
+    """Where a table's flush (of a run at level) goes: (1, run) to merge
     with a free small run of the table in the flush's own commit, (1, None)
     to be a level-1 run of its own, or (level, None) to be a level-0 run
     merged up in steps (or a main run, for a flush larger than the raw
@@ -653,7 +652,7 @@ def _flush_target(man: Manifest, space: int, level: int, entries: int, main_entr
     if level != 0:
         return level, None
     free = [r for r in man.of(space) if r.level <= 1 and not r.merge_into]
-    room = [r for r in free if r.entries <= level_capacity(1, main_entries, flush_ops)]
+    room = [r for r in free if r.entries <= level_capacity(1, 0, flush_ops)]
     if room:
         return 1, min(room, key=lambda r: r.entries)
     return (1, None) if len(free) < 2 else (level, None)

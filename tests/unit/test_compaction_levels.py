@@ -21,6 +21,20 @@ def brute(stored: np.ndarray, q: int, k: int) -> set:
     return set(stored[d <= k].tolist())
 
 
+def assert_answers(ix, live: set, queries) -> None:
+    """Each query within 3 finds what brute force finds among live."""
+    stored = np.array(sorted(live), dtype=np.uint64)
+    for q in queries:
+        assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+
+
+def assert_settles(ix, live: set) -> None:
+    """compact() leaves a file that verifies and holds exactly live."""
+    ix.compact()
+    ix.verify()
+    assert set(ix.fingerprints().tolist()) == live
+
+
 @contextlib.contextmanager
 def main_merge_started(path, monkeypatch, seed: int, n: int, log_limit: int):
     """An index of merges in many small steps, with three quarters of n
@@ -58,14 +72,9 @@ def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypat
                 man = ix._snapshot().manifest
                 outputs = [r for r in man.of(0) if r.merge_output]
                 both += len(outputs) == 2
-                stored = np.array(sorted(live), dtype=np.uint64)
-                for q in queries[:8]:
-                    found = {m.fingerprint for m in ix.query(q, 3, keys=False)}
-                    assert found == brute(stored, q, 3)
+                assert_answers(ix, live, queries[:8])
         assert both, "no small merge ran beside the main merge"
-        ix.compact()
-        ix.verify()
-        assert set(ix.fingerprints().tolist()) == live
+        assert_settles(ix, live)
         ix.compact(full=True)
         ix.verify()
         assert set(ix.fingerprints().tolist()) == live
@@ -101,9 +110,8 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path):
                 assert not any(r.merge_into for r in man.of(t))
             assert not ix._compactor.step()
             assert set(ix.fingerprints().tolist()) == live
-            stored = np.array(sorted(live), dtype=np.uint64)
-            for q in [int(x) ^ (1 << int(b)) for x, b in zip(fps[i::301].tolist(), range(64))]:
-                assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
+            near = [int(x) ^ (1 << int(b)) for x, b in zip(fps[i::301].tolist(), range(64))]
+            assert_answers(ix, live, near)
         ix.verify()
         # A flush merges into a level-1 run within its share, even past it;
         # a run past its share goes up before the next flush, which is then a
@@ -120,9 +128,7 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path):
         ix._compactor.step(force_flush=True)
         assert [r.level for r in ix._snapshot().manifest.of(0)] == [1, 2, compaction.MAIN_LEVEL]
         live |= set(more.tolist())
-        ix.compact()
-        assert set(ix.fingerprints().tolist()) == live
-        ix.verify()
+        assert_settles(ix, live)
 
 
 def test_a_flush_into_level_1_drops_what_the_log_removed_from_it(tmp_path):
@@ -157,12 +163,8 @@ def test_flushes_beside_a_busy_merge_go_to_one_free_level_1_run(tmp_path, monkey
             small = [r for r in man.of(0) if r.level <= 1]
             assert [(r.level, r.merge_into) for r in small] == [(1, 0)]
             ix._compactor.step()
-            stored = np.array(sorted(live), dtype=np.uint64)
-            for q in queries[:8]:
-                assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == brute(stored, q, 3)
-        ix.compact()
-        ix.verify()
-        assert set(ix.fingerprints().tolist()) == live
+            assert_answers(ix, live, queries[:8])
+        assert_settles(ix, live)
 
 
 def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monkeypatch):
@@ -179,11 +181,6 @@ def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monk
                 outputs = [r for r in ix._snapshot().manifest.of(0) if r.merge_output]
                 side += any(r.level == 2 for r in outputs) and \
                     any(r.level == compaction.MAIN_LEVEL for r in outputs)
-                stored = np.array(sorted(live), dtype=np.uint64)
-                for q in queries[:6]:
-                    found = {m.fingerprint for m in ix.query(q, 3, keys=False)}
-                    assert found == brute(stored, q, 3)
+                assert_answers(ix, live, queries[:6])
         assert side, "no merge into level 2 ran beside the main merge"
-        ix.compact()
-        ix.verify()
-        assert set(ix.fingerprints().tolist()) == live
+        assert_settles(ix, live)
