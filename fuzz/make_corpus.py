@@ -118,10 +118,27 @@ def record_chunk_seeds() -> dict[str, bytes]:
     return seeds
 
 
+def decode_raw_block_seeds() -> dict[str, bytes]:
+    """Return raw blocks as the writers make them: plain and packed, of each table."""
+    from ndindex import chunks
+    rng = np.random.default_rng(5)
+    named = dict(tables(), level2=np.unique(rng.integers(0, 2**64 // 2**22 * 300, 300,
+                                                         dtype=np.uint64)))
+    seeds = {}
+    for name, values in named.items():
+        for packed in (False, True):
+            blocks = chunks.encode_raw(values, packed).blocks.tobytes()[:2 * chunks.BLOCK_BYTES]
+            n_blocks = len(blocks) // chunks.BLOCK_BYTES
+            seeds[f"{name}-{'packed' if packed else 'plain'}-{n_blocks}b"] = \
+                bytes([1 | (n_blocks - 1) << 1]) + blocks
+    return seeds
+
+
 def main() -> None:
     for target, make in (("decode_block", decode_block_seeds), ("decode_code", decode_code_seeds),
                          ("round_trip_blocks", round_trip_blocks_seeds),
-                         ("record_chunk", record_chunk_seeds)):
+                         ("record_chunk", record_chunk_seeds),
+                         ("decode_raw_block", decode_raw_block_seeds)):
         out = os.path.join(FUZZ_DIR, "corpus", target)
         os.makedirs(out, exist_ok=True)
         for f in os.listdir(out):

@@ -31,7 +31,7 @@ import tempfile
 import time
 
 FUZZ_DIR = os.path.dirname(os.path.abspath(__file__))
-TARGETS = ("decode_block", "decode_code", "round_trip_blocks", "record_chunk")
+TARGETS = ("decode_block", "decode_code", "round_trip_blocks", "record_chunk", "decode_raw_block")
 #: libFuzzer's per-input limit: one input is a few blocks, decoded in ms.
 INPUT_TIMEOUT_SECONDS = 10
 RSS_LIMIT_MB = 2048

@@ -28,9 +28,10 @@ import numpy as np
 from ndindex import _core, chunks as ch, runs as rn, store as st
 from ndindex.errors import CorruptionError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_FINGERPRINTER, KEY_HEADER,
-                             KEY_KEY_DESIGN, KEY_MANIFEST, KEY_PLAN, KEY_STATE, KIND_RECORDS,
-                             KIND_TOMBSTONES, RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY,
-                             SPACE_KEYS_BY_FP, SPACE_TOMBSTONES, U64_BE, space_name, unframe)
+                             KEY_KEY_DESIGN, KEY_MANIFEST, KEY_PLAN, KEY_STATE, KIND_RAW,
+                             KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, SPACE_DOCS,
+                             SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_TOMBSTONES, U64_BE,
+                             space_name, unframe)
 
 #: Names of the meta records (FORMAT.md 7.2-7.5); journal positions are
 #: JOURNAL_PREFIX and a u64 id (7.3).
@@ -85,6 +86,8 @@ def verify(ix, progress=None) -> dict:
             raise CorruptionError(f"table {t} holds different fingerprints from table 0 "
                                   f"({digest[0]:,} against {reference[0]:,})",
                                   database=DB_CHUNKS)
+    if not ix.packs_raw:
+        _check_plain_raw(view, man, ix._header.read_version)
     for run in man.of(SPACE_TOMBSTONES):
         rn.load_tombstones(view, run)
         runs_checked += 1
@@ -103,6 +106,20 @@ def verify(ix, progress=None) -> dict:
                 log_records=snap.state.log_next_seq - snap.state.log_first_seq,
                 log_entries=snap.state.log_ops, removed_pending=len(snap.tombstones),
                 keys=len(by_fp), lmdb=lmdb_stats)
+
+
+def _check_plain_raw(view, man, version: int) -> None:
+    """[B15]: a file of format 3 or older holds plain raw blocks only (its
+    readers know no other form)."""
+    for run in man.runs:
+        if run.kind != KIND_RAW:
+            continue
+        for c in rn.fp_chunks(view, run):
+            widths = np.frombuffer(c.blocks, np.uint8)[6::ch.BLOCK_BYTES]
+            if widths.any():
+                raise CorruptionError(f"a packed raw block in a file of format {version} "
+                                      "(packed blocks need format 4)", database=DB_CHUNKS,
+                                      key=c.key)
 
 
 #: Chunks read from each run at a time by the table check (about 1.5 MB of

@@ -44,7 +44,9 @@ CHUNK_MAX_BLOCKS = 63
 FP_CHUNK_HEAD = struct.Struct("<IBBHIIQQ")  # crc kind flags n_blocks run_id reserved low_fence entries
 FLAG_FIRST = 1
 FLAG_LAST = 2
+#: Values of a plain raw block, and the most of a packed one (FORMAT.md 5.3).
 RAW_BLOCK_VALUES = (BLOCK_BYTES - 8) // 8
+RAW_BLOCK_MAX_VALUES = 1024
 TOMBSTONE = struct.Struct("<QI")
 TOMBSTONES_PER_CHUNK = (CHUNK_MAX_BYTES - FP_CHUNK_HEAD.size) // TOMBSTONE.size
 RECORD_CHUNK_HEAD = struct.Struct("<IBBHIIIHH")  # crc kind flags n_blocks run_id records dir_bytes fence_len filter_bytes
@@ -80,20 +82,22 @@ def _bad(why: str, key: bytes | None = None, offset: int | None = None) -> Corru
 # -- fingerprint chunks (7.6) ----------------------------------------------------
 
 
-def encode_raw(values: np.ndarray) -> codec.EncodedTable:
-    """Encode sorted distinct values as raw blocks of up to RAW_BLOCK_VALUES (C kernel)."""
+def encode_raw(values: np.ndarray, packed: bool = False) -> codec.EncodedTable:
+    """Encode sorted distinct values as raw blocks (C kernel): plain ones of up
+    to RAW_BLOCK_VALUES, or, packed (files of format 4), packed ones wherever
+    they hold more."""
     values = np.ascontiguousarray(values, dtype=np.uint64)
     cap = len(values) // RAW_BLOCK_VALUES + 1
     blocks = np.empty(cap * BLOCK_BYTES, dtype=np.uint8)
     keys = np.empty(cap, dtype=np.uint64)
-    nb = _core.raw_encode(values, blocks, keys)
+    nb = _core.raw_encode(values, blocks, keys, packed)
     return codec.EncodedTable(blocks[:nb * BLOCK_BYTES], keys[:nb])
 
 
 def decode_raw(blocks, key: bytes | None = None) -> np.ndarray:
     """Decode raw blocks, checking checksums, counts, order and padding."""
     buf = np.frombuffer(blocks, dtype=np.uint8)
-    out = np.empty(len(buf) // BLOCK_BYTES * RAW_BLOCK_VALUES, dtype=np.uint64)
+    out = np.empty(len(buf) // BLOCK_BYTES * RAW_BLOCK_MAX_VALUES, dtype=np.uint64)
     try:
         n = _core.raw_decode(buf, out)
     except CorruptionError as exc:
@@ -101,11 +105,13 @@ def decode_raw(blocks, key: bytes | None = None) -> np.ndarray:
     return out[:n]
 
 
-def encode_values(values: np.ndarray, kind: int, code: codec.HuffmanCode | None):
-    """Blocks for sorted distinct values: Huffman-delta (with code) or raw."""
+def encode_values(values: np.ndarray, kind: int, code: codec.HuffmanCode | None,
+                  packed: bool = False):
+    """Blocks for sorted distinct values: Huffman-delta (with code) or raw
+    (packed where they hold more, if packed)."""
     if kind == KIND_HUFFMAN:
         return codec.encode(values, code)
-    return encode_raw(values)
+    return encode_raw(values, packed)
 
 
 def pack_fp_chunks(space: int, run_id: int, kind: int, enc: codec.EncodedTable, counts,

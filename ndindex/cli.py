@@ -218,7 +218,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coding", choices=["delta+restarts", "delta", "xor"],
                    default="delta+restarts",
                    help="block coding (default delta+restarts; delta or xor make a file that "
-                        "ndindex before format 3 can open too)")
+                        "ndindex before format 3 can open too; the default makes a format-4 "
+                        "file)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
     p.add_argument("--docs", action="store_true",
@@ -357,8 +358,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = _sub(commands, "upgrade", "bring an index file to the newest file format",
-             "A format-2 index of the delta coding gets restart tables (format 3: faster "
-             "queries, 2.4% larger tables): its header names the new coding and a full "
+             "A format-2 index of the delta coding gets restart tables (faster queries, 2.4% "
+             "larger tables) and a format-3 index packed raw blocks (smaller files while new "
+             "fingerprints wait to merge), both format 4: its header names the new format "
+             "and coding and a full "
              "compaction rewrites every table, then it is verified; INDEX must not be open in "
              "another process, and a crash leaves a whole index that the next upgrade "
              "finishes (with -o, a compacted copy is upgraded instead).  An index made before "
@@ -700,7 +703,10 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     lines.append(summary)
     if info.get("coding") == "delta":
         lines.append("  format 2, delta coding: `ndindex upgrade` adds restart tables "
-                     "(format 3: faster queries)")
+                     "(format 4: faster queries)")
+    elif info.get("format") == 3:
+        lines.append("  format 3: `ndindex upgrade` packs raw blocks "
+                     "(format 4: smaller files while new fingerprints wait to merge)")
     if info.get("key_bytes"):
         lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
                      f"{_plural(info['key_runs'], 'run')}")

@@ -266,3 +266,54 @@ def iter_block(block: bytes, code_record: bytes, *, check_checksum: bool = True,
         yield value
     if pos < stream_bits and bits(pos, stream_bits - pos) != 0:
         raise CorruptionError("nonzero padding bits after the last entry", database="block")
+
+
+# "Raw blocks" (5.3): plain (width 0) and packed.
+RAW_PLAIN_MAX = 127
+RAW_PACKED_MAX = 1024
+RAW_PACKED_MAX_WIDTH = 56
+RAW_OFFSETS_AT = 16
+RAW_PACKED_BITS = (BLOCK_BYTES - RAW_OFFSETS_AT - 7) * 8
+
+
+def decode_raw_block(block: bytes) -> list[int]:
+    """Decode one raw block ("Raw blocks") to its list of fingerprints.
+
+    Raises CorruptionError for every violation [B10] and [B15] name:
+    checksum, count, width, reserved byte, order, the packed width not the
+    bit length of the block's span, nonzero padding.
+    """
+    if len(block) != BLOCK_BYTES:
+        raise CorruptionError(f"block is {len(block)} bytes, expected {BLOCK_BYTES}", database="block")
+    if crc32c(block[4:]) != int.from_bytes(block[0:4], "little"):
+        raise CorruptionError("checksum mismatch", database="block", offset=0)
+    count = int.from_bytes(block[4:6], "little")
+    width, reserved = block[6], block[7]
+    if reserved:
+        raise CorruptionError("nonzero reserved byte", database="block", offset=7)
+    if width == 0:  # plain: the values whole
+        if not 1 <= count <= RAW_PLAIN_MAX:
+            raise CorruptionError(f"impossible count {count}", database="block", offset=4)
+        values = [int.from_bytes(block[8 + 8 * i:16 + 8 * i], "little") for i in range(count)]
+        end_bit = (8 + 8 * count) * 8
+    else:  # packed: the first value, then offsets from it, `width` bits each, LSB-first
+        if width > RAW_PACKED_MAX_WIDTH or not 2 <= count <= RAW_PACKED_MAX or \
+                (count - 1) * width > RAW_PACKED_BITS:
+            raise CorruptionError(f"impossible count {count} or width {width}", database="block",
+                                  offset=4)
+        first = int.from_bytes(block[8:16], "little")
+        stream = int.from_bytes(block[RAW_OFFSETS_AT:], "little")
+        values = [first] + [first + (stream >> ((i - 1) * width) & ((1 << width) - 1))
+                            for i in range(1, count)]
+        if values[-1] >= 1 << 64:
+            raise CorruptionError("a value past 2^64", database="block", offset=RAW_OFFSETS_AT)
+        if (values[-1] - first).bit_length() != width:
+            raise CorruptionError(f"width {width} is not the bit length of the block's span",
+                                  database="block", offset=6)
+        end_bit = RAW_OFFSETS_AT * 8 + (count - 1) * width
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise CorruptionError("values do not increase", database="block")
+    rest = int.from_bytes(block, "little") >> end_bit
+    if rest:
+        raise CorruptionError("nonzero padding", database="block")
+    return values

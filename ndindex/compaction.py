@@ -428,7 +428,8 @@ class Compactor:
             code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
                 else None
             rid = man.new_run_id()
-            pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True)
+            pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True,
+                                                packed=ix.packs_raw)
             puts += pairs
             man.runs.insert(at, Run(t, kind, run_level, rid, n,
                                     len(pairs), sum(len(v) for _, v in pairs), int(values[0]),
@@ -507,12 +508,13 @@ class Compactor:
         # cursor (what the inputs gave up) may lie beyond.
         low = output.last if output.chunks else None
         pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
-                                                  code, low, final, whole_chunks_only=not final)
+                                                  code, low, final, whole_chunks_only=not final,
+                                                  packed=self._ix.packs_raw)
         if not final and not written and len(merged):
             # Less than a chunk's worth up to the bound: write it as a short
             # chunk rather than make no progress.
             pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
-                                                      code, low, False)
+                                                      code, low, False, packed=self._ix.packs_raw)
         if final:
             done = (1 << 64) - 1
         else:

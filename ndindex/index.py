@@ -133,7 +133,7 @@ class Index(DocumentMethods):
         queried by probabilistic simhash matching (``plan.psm_plan``: p =
         ``plan.psm_header_bits(expected_n)`` prefix bits; see :meth:`query`);
         coding, the block coding (``codec.CODING_RESTARTS``, the default,
-        makes a format-3 file; ``CODING_DELTA`` or ``CODING_XOR`` a
+        makes a format-4 file; ``CODING_DELTA`` or ``CODING_XOR`` a
         format-2 file, which ndindex before restart records can open too);
         fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
         ``to_bytes()``): the index then stores documents too
@@ -329,6 +329,13 @@ class Index(DocumentMethods):
     def coding(self) -> int:
         """The block coding of the tables (codec.CODING_XOR, CODING_DELTA or CODING_RESTARTS)."""
         return self._header.coding
+
+    @property
+    def packs_raw(self) -> bool:
+        """Whether compaction writes packed raw blocks (FORMAT.md 5.3): in files
+        of read version 4 and above, so that an older file stays readable by
+        the versions that wrote it."""
+        return self._header.read_version >= rec.PACKED_RAW_VERSION
 
     @property
     def readonly(self) -> bool:

@@ -23,14 +23,22 @@ from ndindex.codec import CODE_RECORD_BYTES, CODING_RESTARTS
 from ndindex.errors import CorruptionError, FormatError
 
 #: The newest format version this code reads and writes.  Version 3 is
-#: version 2 with block coding 2 (restart records, FORMAT.md 5.4): a file
-#: whose tables use it says 3, any other stays at 2, so that readers of
-#: version 2 go on opening it.
-FORMAT_VERSION = 3
+#: version 2 with block coding 2 (restart records, FORMAT.md 5.4); version
+#: 4 is version 3 with packed raw blocks (5.3).  A new file of coding 2
+#: says 4, any other stays at 2, so that readers of version 2 go on opening
+#: it; a version-3 file keeps its plain raw blocks until `ndindex upgrade`.
+FORMAT_VERSION = 4
+#: The first version whose files may hold packed raw blocks.
+PACKED_RAW_VERSION = 4
 
 
 def format_version_of(coding: int) -> int:
     """The format version of a new file whose tables use this block coding."""
+    return FORMAT_VERSION if coding == CODING_RESTARTS else 2
+
+
+def oldest_version_of(coding: int) -> int:
+    """The oldest format version a file of this block coding can have."""
     return 3 if coding == CODING_RESTARTS else 2
 
 MAGIC = b"ndindex\0"
@@ -138,7 +146,7 @@ class Header:
                                   database=DB_META, key=KEY_HEADER)
         _, _, _, f, k, t, coding, expected_n, file_id = HEADER.unpack(payload)
         if f != 64 or coding > CODING_RESTARTS or not 1 <= t or k > 63 or expected_n < 1 or \
-                read_v < format_version_of(coding):
+                read_v < oldest_version_of(coding):
             raise CorruptionError(f"header f={f} k={k} t={t} coding={coding} expected_n="
                                   f"{expected_n} read version {read_v} impossible",
                                   database=DB_META, key=KEY_HEADER)

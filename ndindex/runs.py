@@ -188,15 +188,16 @@ def all_values(view: PageView, run: Run) -> np.ndarray:
 
 def build_fp_chunks(space: int, run_id: int, kind: int, values: np.ndarray,
                     code: codec.HuffmanCode | None, low_fence: int | None,
-                    is_last: bool, whole_chunks_only: bool = False):
+                    is_last: bool, whole_chunks_only: bool = False, packed: bool = False):
     """Encode sorted distinct values into chunk (key, value) pairs.
 
+    packed: raw blocks may be packed (FORMAT.md 5.3; files of format 4).
     whole_chunks_only keeps only full chunks (a merge step that is not the
     last): returns (pairs, entries written, last value written or None).
     """
     if not len(values):
         return [], 0, None
-    enc = ch.encode_values(values, kind, code)
+    enc = ch.encode_values(values, kind, code, packed)
     counts = ch.block_entry_counts(enc, kind)
     nb = enc.n_blocks
     if whole_chunks_only:

@@ -1,10 +1,11 @@
 """Upgrading an index file to the newest format (``ndindex upgrade``).
 
-A format-2 file of the delta coding gets restart tables (format 3, coding
-2): :func:`upgrade` names the new coding in its header and compacts it
-fully, which rewrites every table in it (FORMAT.md 7.2).  A format-1
-file is rebuilt in the newest format (3, or 2 for the xor coding), in two
-parts:
+A format-2 file of the delta coding gets restart tables (coding 2), and
+a format-3 file packed raw blocks (FORMAT.md 5.3), both format 4:
+:func:`upgrade` names the new format and coding in its header and
+compacts it fully, which rewrites every table in it (FORMAT.md 7.2).  A
+format-1 file is rebuilt in the newest format (4, or 2 for the xor
+coding), in two parts:
 
 - :class:`FormatV1Reader` reads a format-1 file on its own: file format 1
   is frozen (``git show 9521845:format-spec/FORMAT.md``, section 7), so
@@ -607,11 +608,12 @@ def file_format(path) -> int:
 def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     """Bring an index file to the newest format; return what was done.
 
-    A format-2 file of the delta coding gets restart tables (format 3, see
-    _restart_tables: in place, or into a copy at dest); a file of coding 2
-    or of the xor coding is left alone (``upgraded=False``).  The rest of
-    this describes a format-1 file, rebuilt in the newest format: 3 for
-    the delta coding (with restart tables), 2 for xor.
+    A format-2 file of the delta coding gets restart tables and a
+    format-3 file packed raw blocks (format 4 both, see _newer_blocks: in
+    place, or into a copy at dest); a format-4 file or one of the xor
+    coding is left alone (``upgraded=False``).  The rest of this describes
+    a format-1 file, rebuilt in the newest format: 4 for the delta coding
+    (with restart tables), 2 for xor.
 
     Parameters: src, the format-1 file; dest, where to write the new
     index (must not exist), or None to upgrade in place: the original is
@@ -655,7 +657,7 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     src = os.fspath(src)
     t0 = time.perf_counter()
     if file_format(src) == 2:
-        return _restart_tables(src, None if dest is None else os.fspath(dest), progress, t0)
+        return _newer_blocks(src, None if dest is None else os.fspath(dest), progress, t0)
     if dest is not None:
         dest = os.fspath(dest)
         if os.path.lexists(dest):
@@ -685,19 +687,22 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     return result
 
 
-def _restart_tables(src: str, dest: str | None, progress, t0: float) -> dict:
-    """Give a format-2 file of the delta coding restart tables; see upgrade().
+def _newer_blocks(src: str, dest: str | None, progress, t0: float) -> dict:
+    """Give a format-2 file of the delta coding restart tables, and a
+    format-3 file packed raw blocks; see upgrade().
 
-    In place, the header names coding 2 (read and write version 3) in one
-    commit, and compact(full=True) rewrites every table in it: runs of
-    both codings are valid meanwhile, so a crash at any point leaves a
-    whole index, which the next upgrade finishes.  With dest, a vacuumed
-    copy of src is upgraded, and src is left as it is.  The xor coding is
-    kept: it is there to measure the paper's scheme.
+    In place, the header names coding 2 and format 4 in one commit, and
+    compact(full=True) rewrites every table in it: runs of both codings,
+    and raw blocks of both forms, are valid in a format-4 file meanwhile,
+    so a crash at any point leaves a whole index, which the next upgrade
+    finishes.  (A format-3 file needs only the header: every format-3
+    file is a valid format-4 file.)  With dest, a vacuumed copy of src is
+    upgraded, and src is left as it is.  The xor coding is kept: it is
+    there to measure the paper's scheme.
     """
     with Index.open(src, readonly=True) as ix:
-        if newest_coding(ix.coding) == ix.coding and not _older_runs(ix):
-            return dict(upgraded=False, format=format_version_of(ix.coding), source=src,
+        if _is_newest(ix) and not _older_runs(ix):
+            return dict(upgraded=False, format=ix._header.read_version, source=src,
                         output=None, backup=None, seconds=dict(total=time.perf_counter() - t0))
         if dest is not None:
             if os.path.lexists(dest):
@@ -711,7 +716,7 @@ def _restart_tables(src: str, dest: str | None, progress, t0: float) -> dict:
     seconds = {}
     with Index.open(target, background_compaction=False) as ix:
         coding = newest_coding(ix.coding)
-        if coding != ix.coding:
+        if not _is_newest(ix):
             version = format_version_of(coding)
             header = dataclasses.replace(ix._header, coding=coding, read_version=version,
                                          write_version=version)
@@ -744,6 +749,12 @@ def newest_coding(coding: int) -> int:
     """The coding an upgrade gives a file of this one: delta gains restart
     tables; xor stays (it is there to measure the paper's scheme)."""
     return codec.CODING_RESTARTS if coding == codec.CODING_DELTA else coding
+
+
+def _is_newest(ix: Index) -> bool:
+    """Whether a file's header names the newest coding and format it can have."""
+    coding = newest_coding(ix.coding)
+    return coding == ix.coding and ix._header.read_version >= format_version_of(coding)
 
 
 def _older_runs(ix: Index) -> bool:

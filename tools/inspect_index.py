@@ -21,6 +21,7 @@ import lmdb
 import zstandard
 
 from ndindex import codec_reference as ref
+from ndindex.errors import CorruptionError
 
 CODINGS = {0: "xor", 1: "delta", 2: "delta+restarts"}
 KINDS = {1: "huffman", 2: "raw", 3: "records", 4: "tombstones"}
@@ -86,16 +87,19 @@ def fp_chunk(key: bytes, value: bytes, run: dict, low_expected):
     return bkeys, blocks, flags, low
 
 
+#: The header's read version (packed raw blocks need 4, [B15]).
+READ_VERSION = 0
+
+
 def decode_raw(block: bytes) -> list:
-    """5.3: a raw block."""
-    crc, count, reserved = struct.unpack_from("<IHH", block)
-    if ref.crc32c(block[4:]) != crc or not 1 <= count <= 127 or reserved or \
-            any(block[8 + 8 * count:]):
-        fail("raw block invalid [B10]")
-    vals = list(struct.unpack_from(f"<{count}Q", block, 8))
-    if vals != sorted(set(vals)):
-        fail("raw block values do not increase [B10]")
-    return vals
+    """5.3: a raw block, plain or packed."""
+    try:
+        values = ref.decode_raw_block(block)
+    except CorruptionError as exc:
+        fail(f"raw block invalid [B10]/[B15]: {exc}")
+    if block[6] and READ_VERSION < 4:
+        fail(f"a packed raw block in a file of read version {READ_VERSION} [B15]")
+    return values
 
 
 def main(argv=None) -> int:
@@ -118,8 +122,10 @@ def main(argv=None) -> int:
         if magic != b"ndindex\0" or f != 64 or coding > 2 or len(h) != 40 or \
                 rv < (3 if coding == 2 else 2):
             fail("header invalid [F4]-[F6]")
-        if rv > 3:
-            fail(f"read version {rv}: newer than this inspector's 3 [V1]")
+        if rv > 4:
+            fail(f"read version {rv}: newer than this inspector's 4 [V1]")
+        global READ_VERSION
+        READ_VERSION = rv
         plan = framed(b"plan", txn.get(b"plan", db=meta), "plan")
         print("== 6 plan")
         print(f"f {plan[0]} k {plan[1]} tables {plan[2]} flags {plan[3]:#04x}"

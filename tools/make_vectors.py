@@ -1,4 +1,4 @@
-"""Write the codec test vectors in format-spec/vectors/ (FORMAT.md section 9).
+"""Write the codec test vectors in format-spec/vectors/ (FORMAT.md section 10).
 
 Deterministic: running it again must leave the files unchanged, which
 tests/conformance checks by re-encoding.  Run: python tools/make_vectors.py
@@ -11,7 +11,7 @@ import pathlib
 
 import numpy as np
 
-from ndindex import _core, codec
+from ndindex import _core, chunks as ch, codec
 from ndindex.codec import CODING_DELTA, CODING_RESTARTS, CODING_XOR, HuffmanCode
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "format-spec" / "vectors"
@@ -162,6 +162,68 @@ def restarts(example_values, table):
             f"bitstream's {stream} bits into the table")
 
 
+def raw_valid(name, values, packed, note):
+    """A raw-block vector (5.3): "raw" names the writer ("plain" or "packed", [B16])."""
+    values = np.array(values, dtype=np.uint64)
+    blocks = ch.encode_raw(values, packed).blocks.tobytes()
+    write(name, {"note": note, "raw": "packed" if packed else "plain", "blocks": blocks.hex(),
+                 "values": [str(int(v)) for v in values]})
+    return blocks
+
+
+def raw_invalid(name, block: bytes, error, statement, note):
+    b = bytearray(block)
+    b[0:4] = _core.crc32c(bytes(b[4:])).to_bytes(4, "little")
+    write(name, {"note": note, "raw": "damaged", "blocks": bytes(b).hex(), "error": error,
+                 "statement": statement})
+
+
+def packed_block(first: int, offsets, width: int, count: int | None = None) -> bytes:
+    """A packed raw block laid out by hand (checksum left to raw_invalid)."""
+    b = bytearray(1024)
+    b[4:6] = (count or len(offsets) + 1).to_bytes(2, "little")
+    b[6] = width
+    b[8:16] = first.to_bytes(8, "little")
+    stream = sum(o << (i * width) for i, o in enumerate(offsets))
+    b[16:] = stream.to_bytes(1008, "little")
+    return bytes(b)
+
+
+def raw_blocks():
+    """Raw-block vectors (5.3): both forms, and one damage per statement of [B15]."""
+    rng = np.random.default_rng(20261127)
+    level2 = np.unique(rng.integers(0, 2**64 // (2**22) * 400, 400, dtype=np.uint64))
+    blocks = raw_valid("raw-packed-400", level2, True,
+                       "400 fingerprints spread as a run of 4M (2^42 apart): packed blocks")
+    raw_valid("raw-plain-400", level2, False, "the same values, plain blocks (versions 2 and 3)")
+    raw_valid("raw-packed-consecutive", np.arange(2**64 - 1500, 2**64, dtype=np.uint64), True,
+              "1500 consecutive values up to 2^64 - 1: width 10, 801 values in the first block")
+    sparse = np.sort(rng.integers(0, 2**64, 130, dtype=np.uint64))
+    raw_valid("raw-mixed", np.concatenate([sparse[:127], sparse[-1] + np.arange(1, 201,
+                                                                             dtype=np.uint64)]),
+              True, "127 random values (a span past 56 bits: plain), then 200 consecutive ones")
+    raw_valid("raw-packed-two", [5, 2**56 + 4], True, "two values: width 56, the widest")
+    first = blocks[:1024]
+    count = int.from_bytes(first[4:6], "little")
+    width = first[6]
+    values = ch.decode_raw(first)
+    offsets = [int(v - values[0]) for v in values[1:]]
+    few = offsets[:100]
+    raw_invalid("raw-bad-width-wide", packed_block(int(values[0]), few, few[-1].bit_length() + 1),
+                "width", "B15", "101 values, offsets written one bit wider than their span needs")
+    raw_invalid("raw-bad-width-57", packed_block(0, [2**56 + 1], 57), "width", "B15",
+                "two values 2^56 + 1 apart: width 57")
+    raw_invalid("raw-bad-order", packed_block(int(values[0]), offsets[:5] + offsets[4:5] +
+                                              offsets[6:], width),
+                "increase", "B15", "an offset equal to the one before it")
+    bad = bytearray(first)
+    end = 16 * 8 + (count - 1) * width
+    bad[end // 8] |= 1 << (end % 8)
+    raw_invalid("raw-bad-padding", bytes(bad), "padding", "B15", "the bit after the last offset set")
+    raw_invalid("raw-bad-count", packed_block(7, [], 3, count=1), "count", "B15",
+                "a packed block of one value")
+
+
 def main(out: pathlib.Path = OUT):
     global OUT
     OUT = out
@@ -200,6 +262,7 @@ def main(out: pathlib.Path = OUT):
     invalid("bad-order", bytes(bad), example, "increase", "B7",
             "first = 2^64-5: the first delta wraps past 2^64")
     restarts(example_values, table)
+    raw_blocks()
     print(f"wrote {len(list(OUT.glob('*.json')))} vectors to {OUT}")
 
 

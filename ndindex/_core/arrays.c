@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "crc32c.h"
 
 void permute_u64(const perm_runs *r, const uint64_t *in, uint64_t *out, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -80,50 +79,4 @@ size_t merge_unique_u64(const uint64_t *const *runs, const size_t *lens, int k,
     }
     free(tmp);
     return drop_hidden_u64(out, m, hide, nhide);
-}
-
-static inline void put_le64(uint8_t *p, uint64_t v) {
-    memcpy(p, &v, 8);
-}
-
-long raw_encode(const uint64_t *values, size_t n, uint8_t *out, size_t cap, uint64_t *keys) {
-    for (size_t i = 1; i < n; i++)
-        if (values[i] <= values[i - 1])
-            return CODEC_UNSORTED_INPUT;
-    size_t nb = (n + RAW_BLOCK_MAX_VALUES - 1) / RAW_BLOCK_MAX_VALUES;
-    if (nb > cap)
-        return CODEC_OVERRUN;
-    for (size_t b = 0; b < nb; b++) {
-        uint8_t *blk = out + b * BLOCK_BYTES;
-        size_t first = b * RAW_BLOCK_MAX_VALUES;
-        size_t count = n - first < RAW_BLOCK_MAX_VALUES ? n - first : RAW_BLOCK_MAX_VALUES;
-        memset(blk, 0, BLOCK_BYTES);
-        blk[4] = (uint8_t)count;
-        blk[5] = (uint8_t)(count >> 8);
-        for (size_t i = 0; i < count; i++)
-            put_le64(blk + RAW_BLOCK_HEADER_BYTES + 8 * i, values[first + i]);
-        uint32_t crc = crc32c(blk + 4, BLOCK_BYTES - 4);
-        memcpy(blk, &crc, 4);
-        keys[b] = values[first + count - 1];
-    }
-    return (long)nb;
-}
-
-long raw_decode(const uint8_t *block, uint64_t *out) {
-    uint32_t stored;
-    memcpy(&stored, block, 4);
-    if (crc32c(block + 4, BLOCK_BYTES - 4) != stored)
-        return CODEC_BAD_CHECKSUM;
-    unsigned count = (unsigned)block[4] | ((unsigned)block[5] << 8);
-    if (count < 1 || count > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
-        return CODEC_BAD_COUNT;
-    for (unsigned i = 0; i < count; i++) {
-        memcpy(&out[i], block + RAW_BLOCK_HEADER_BYTES + 8 * i, 8);
-        if (i && out[i] <= out[i - 1])
-            return CODEC_NOT_SORTED;
-    }
-    for (size_t i = RAW_BLOCK_HEADER_BYTES + 8 * (size_t)count; i < BLOCK_BYTES; i++)
-        if (block[i])
-            return CODEC_BAD_PADDING;
-    return (long)count;
 }

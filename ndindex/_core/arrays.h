@@ -20,14 +20,4 @@ void delta_histogram(const uint64_t *a, size_t n, int coding, uint64_t counts[64
 size_t merge_unique_u64(const uint64_t *const *runs, const size_t *lens, int k,
                         const uint64_t *hide, size_t nhide, uint64_t *out);
 
-/* Raw blocks (FORMAT.md 5.3): up to RAW_BLOCK_MAX_VALUES sorted values
- * each, checksummed.  Encode n strictly increasing values into blocks at
- * out (capacity cap blocks), each block's last value into keys; returns the
- * number of blocks or a negative codec status. */
-long raw_encode(const uint64_t *values, size_t n, uint8_t *out, size_t cap, uint64_t *keys);
-
-/* Decode one raw block into out (capacity >= RAW_BLOCK_MAX_VALUES); returns
- * the count or a negative codec status (checksum, count, order, padding). */
-long raw_decode(const uint8_t *block, uint64_t *out);
-
 #endif

@@ -5,6 +5,7 @@
 #include <Python.h>
 
 #include "arrays.h"
+#include "rawblock.h"
 #include "bindings.h"
 #include "codec.h"
 #include "crc32c.h"
@@ -56,6 +57,7 @@ const char *ndx_status_text(long rc) {
     case CODEC_BAD_CODE: return "invalid Huffman code";
     case CODEC_BAD_PADDING: return "nonzero padding bits after the last entry";
     case CODEC_BAD_RESTART: return "a restart record disagrees with the entries";
+    case CODEC_BAD_WIDTH: return "impossible packed width (above 56, or not the span's bit length)";
     default: return "unknown codec error";
     }
 }
@@ -536,12 +538,14 @@ done:
 }
 
 PyDoc_STRVAR(raw_encode_doc,
-             "raw_encode(values, out_blocks, out_keys) -> int\n\n"
-             "Encode strictly increasing uint64 values as raw blocks (FORMAT.md 5.3);\n"
-             "return the number of blocks.  GIL released.");
+             "raw_encode(values, out_blocks, out_keys, packed) -> int\n\n"
+             "Encode strictly increasing uint64 values as raw blocks (FORMAT.md 5.3),\n"
+             "packed ones where they hold more if packed (format-4 files); return the\n"
+             "number of blocks (at most one per 127 values, rounded up).  GIL released.");
 static PyObject *py_raw_encode(PyObject *self, PyObject *args) {
     Py_buffer values, blocks, keys;
-    if (!PyArg_ParseTuple(args, "y*w*w*", &values, &blocks, &keys))
+    int packed;
+    if (!PyArg_ParseTuple(args, "y*w*w*p", &values, &blocks, &keys, &packed))
         return NULL;
     PyObject *res = NULL;
     if (values.len % 8 || keys.len % 8 || check_blocks(&blocks) < 0) {
@@ -555,7 +559,7 @@ static PyObject *py_raw_encode(PyObject *self, PyObject *args) {
         goto done;
     }
     long rc;
-    Py_BEGIN_ALLOW_THREADS rc = raw_encode(values.buf, (size_t)values.len / 8, blocks.buf, cap,
+    Py_BEGIN_ALLOW_THREADS rc = raw_encode(values.buf, (size_t)values.len / 8, packed, blocks.buf, cap,
                                            keys.buf);
     Py_END_ALLOW_THREADS if (rc == CODEC_UNSORTED_INPUT) PyErr_SetString(
         PyExc_ValueError, "values must be strictly increasing (sorted, without duplicates)");
@@ -570,7 +574,7 @@ done:
 
 PyDoc_STRVAR(raw_decode_doc,
              "raw_decode(blocks, out) -> int\n\n"
-             "Decode consecutive raw blocks into out (uint64, room for 127 per block),\n"
+             "Decode consecutive raw blocks into out (uint64, room for 1024 per block),\n"
              "checking each checksum, count, order and padding, and that values\n"
              "increase across blocks; return the count.  Raises CorruptionError naming\n"
              "the first bad block.  GIL released.");

@@ -66,6 +66,7 @@ enum codec_status {
     CODEC_BAD_BLOCK_SIZE = -8,
     CODEC_OUT_FULL = -9, /* codec_probe_lanes: more matches than the lane's cap */
     CODEC_BAD_RESTART = -10, /* a restart record disagrees with the entries */
+    CODEC_BAD_WIDTH = -11,   /* a packed raw block's width: above 56, or not its span's */
 };
 
 /* A compiled code: what the kernels need, built once per table. */

@@ -5,6 +5,7 @@
 
 #include "arrays.h"
 #include "crc32c.h"
+#include "rawblock.h"
 
 /* A run's block not located ahead (see locate_listed). */
 #define NOT_LOCATED ((size_t)-1)
@@ -185,6 +186,7 @@ static const char *block_status_text(long rc) {
     case CODEC_NOT_SORTED: return "block values do not increase or end at its key";
     case CODEC_BAD_PADDING: return "block padding is not zero";
     case CODEC_BAD_RESTART: return "block restart record disagrees with its entries";
+    case CODEC_BAD_WIDTH: return "raw block width is impossible or not its span's";
     default: return "block does not decode";
     }
 }
@@ -231,118 +233,6 @@ int chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen, unsigned *n
         return corrupt(err, "chunk's low fence is not below its first block");
     *nblocks = n;
     return 0;
-}
-
-/* Where the first value >= lo likely sits among a raw block's n values,
- * which run from about first to key: fingerprints spread evenly. */
-static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsigned n) {
-    if (lo <= first || n < 2)
-        return 0;
-    if (lo >= key)
-        return n - 1;
-    return (unsigned)((double)(lo - first) / (double)(key - first) * (n - 1));
-}
-
-/* Prefetch all of a block's lines. */
-static inline void prefetch_block(const uint8_t *block) {
-    for (int line = 0; line < BLOCK_BYTES; line += 64)
-        __builtin_prefetch(block + line);
-}
-
-/* Prefetch the lines of a raw block a probe for [lo, hi] reads: the header
- * and the values from a little before lo's guessed position through hi's.
- * A run below the main level holds a few values a prefix, and a query at a
- * busy moment reads a dozen such blocks: fetching all 16 lines of each kept
- * the core's miss buffers full, and the prefetches themselves stalled.
- * Without lower (has_lower 0; lower is the previous block's key) the whole
- * block. */
-static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lower, uint64_t key,
-                                uint64_t lo, uint64_t hi) {
-    if (!has_lower) {
-        prefetch_block(block);
-        return;
-    }
-    enum { SLACK = 16 }; /* values: three standard deviations of lo's position */
-    unsigned a = raw_guess(lower, key, lo, RAW_BLOCK_MAX_VALUES);
-    unsigned b = raw_guess(lower, key, hi, RAW_BLOCK_MAX_VALUES);
-    unsigned from = a > SLACK ? a - SLACK : 0, to = b + SLACK;
-    if (to > RAW_BLOCK_MAX_VALUES - 1)
-        to = RAW_BLOCK_MAX_VALUES - 1;
-    __builtin_prefetch(block);
-    for (unsigned off = (RAW_BLOCK_HEADER_BYTES + 8 * from) & ~63u;
-         off <= RAW_BLOCK_HEADER_BYTES + 8 * to; off += 64)
-        __builtin_prefetch(block + off);
-}
-
-/* A raw block's count (its header's), or CODEC_BAD_COUNT. */
-static inline long raw_count(const uint8_t *block) {
-    unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8);
-    if (n < 1 || n > RAW_BLOCK_MAX_VALUES || block[6] || block[7])
-        return CODEC_BAD_COUNT;
-    return n;
-}
-
-/* The check of a raw block's first visit: its checksum, its count, and
- * that its last value is block_key (the directory's key for it).  The
- * count, or the CODEC_ status of what failed. */
-static long raw_block_check(const uint8_t *block, uint64_t block_key) {
-    if (crc32c(block + 4, BLOCK_BYTES - 4) != load_le32(block))
-        return CODEC_BAD_CHECKSUM;
-    long n = raw_count(block);
-    if (n < 0)
-        return n;
-    if (load_le64(block + RAW_BLOCK_HEADER_BYTES + 8 * (n - 1)) != block_key)
-        return CODEC_NOT_SORTED;
-    return n;
-}
-
-/* Entries x of a checked raw block of n values (raw_block_check, or
- * raw_count once verified) with lo <= x <= hi and popcount(x ^ qp) <= k.
- * The search for lo starts at its guessed position (raw_guess) and gallops
- * from there, so it reads the lines raw_prefetch fetched. */
-static long raw_probe(const uint8_t *block, unsigned n, uint64_t block_key, uint64_t lo,
-                      uint64_t hi, uint64_t qp, int k, uint64_t *out, size_t cap) {
-    const uint8_t *v = block + RAW_BLOCK_HEADER_BYTES;
-    /* First value >= lo: [a, e) holds it (e = n: none), found by galloping
-     * from the guess, then halving. */
-    unsigned g = raw_guess(load_le64(v), block_key, lo, n), a, e;
-    if (load_le64(v + 8 * g) < lo) {
-        unsigned step = 1;
-        a = g + 1;
-        while (a + step - 1 < n && load_le64(v + 8 * (a + step - 1)) < lo) {
-            a += step;
-            step *= 2;
-        }
-        e = a + step - 1 < n ? a + step - 1 : n;
-    } else {
-        unsigned step = 1;
-        e = g;
-        while (e >= step && load_le64(v + 8 * (e - step)) >= lo) {
-            e -= step;
-            step *= 2;
-        }
-        a = e >= step ? e - step + 1 : 0;
-    }
-    while (a < e) {
-        unsigned mid = a + (e - a) / 2;
-        if (load_le64(v + 8 * mid) < lo)
-            a = mid + 1;
-        else
-            e = mid;
-    }
-    long m = 0;
-    uint64_t prev = a ? load_le64(v + 8 * (a - 1)) : 0;
-    for (unsigned i = a; i < n; i++) {
-        uint64_t x = load_le64(v + 8 * i);
-        if (i && x <= prev)
-            return CODEC_NOT_SORTED;
-        prev = x;
-        if (x > hi)
-            break;
-        if (popcount64(x ^ qp) <= k && (size_t)m < cap)
-            out[m++] = x;
-    }
-    return m;
 }
 
 /* Append a candidate v (unpermuted) found by table t, unless an earlier

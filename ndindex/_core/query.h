@@ -27,10 +27,6 @@ typedef struct {
 #define CHUNK_FLAG_LAST 2
 #define RUN_KIND_HUFFMAN 1
 #define RUN_KIND_RAW 2
-/* Raw blocks: u32 checksum of bytes 4..1023, u16 count, u16 reserved, then
- * count sorted u64 values. */
-#define RAW_BLOCK_HEADER_BYTES 8
-#define RAW_BLOCK_MAX_VALUES ((BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES) / 8)
 
 /* A search aid over a large sorted array a[0..n): top[], the last value of
  * every DIRECTORY_GROUP-th element, and guide[], for each value r of the

@@ -62,18 +62,6 @@ def parse_manifest(payload: bytes):
     return generation, next_run_id, runs
 
 
-def decode_raw_block(block: bytes) -> list[int]:
-    # [B10]
-    (crc,) = struct.unpack_from("<I", block)
-    assert ref.crc32c(block[4:]) == crc
-    count, reserved = struct.unpack_from("<HH", block, 4)
-    assert 1 <= count <= 127 and reserved == 0
-    vals = list(struct.unpack_from(f"<{count}Q", block, 8))
-    assert all(a < b for a, b in zip(vals, vals[1:]))
-    assert block[8 + 8 * count:] == bytes(1024 - 8 - 8 * count)
-    return vals
-
-
 def read_fp_run(txn, db, run):
     """Values of a kind-1/2 run, chunk by chunk, checking [F12]-[F14]."""
     prefix = bytes([run["space"]]) + struct.pack(">I", run["run_id"])
@@ -95,7 +83,7 @@ def read_fp_run(txn, db, run):
         chunk_vals = []
         for j in range(n):
             block = value[32 + 8 * n + 1024 * j:32 + 8 * n + 1024 * (j + 1)]
-            vals = ref.decode_block(block, run["code"]) if kind == 1 else decode_raw_block(block)
+            vals = ref.decode_block(block, run["code"]) if kind == 1 else ref.decode_raw_block(block)
             assert vals[-1] == block_keys[j]                                  # [F14]
             chunk_vals += vals
         assert len(chunk_vals) == entries                                     # [F14]
@@ -181,8 +169,8 @@ def stored_set(path):
         meta = {k: unframe(k, v) for k, v in txn.cursor(db=dbs[b"meta"])}
         header = meta[b"header"]
         magic, rv, wv, f, k, t, coding, expected_n, file_id = struct.unpack("<8sHHBBBBQ16s", header)
-        assert (magic, rv, f, len(header)) == (b"ndindex\0", 3, 64, 40)       # [F4]-[F6]
-        assert (coding, wv) == (2, 3)  # the default coding makes a version-3 file
+        assert (magic, rv, f, len(header)) == (b"ndindex\0", 4, 64, 40)       # [F4]-[F6]
+        assert (coding, wv) == (2, 4)  # the default coding makes a version-4 file
         plan = Plan.from_bytes(meta[b"plan"])
         assert len(plan.tables) == t                                          # [F6]
         state = struct.unpack("<7Q", meta[b"state"])

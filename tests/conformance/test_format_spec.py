@@ -25,8 +25,10 @@ def load(path):
     return v, bytes.fromhex(v["code"]), bytes.fromhex(v["blocks"])
 
 
-VALID = [p for p in VECTORS if "values" in json.loads(p.read_text())]
-INVALID = [p for p in VECTORS if "error" in json.loads(p.read_text())]
+#: Raw-block vectors (5.3) name their writer in "raw"; the others are Huffman blocks.
+RAW = [p for p in VECTORS if "raw" in json.loads(p.read_text())]
+VALID = [p for p in VECTORS if "values" in json.loads(p.read_text()) and p not in RAW]
+INVALID = [p for p in VECTORS if "error" in json.loads(p.read_text()) and p not in RAW]
 #: The valid vectors of coding 2 (delta with restart tables, 5.4).
 RESTART_VECTORS = [p for p in VALID if bytes.fromhex(json.loads(p.read_text())["code"])[0] == 2]
 
@@ -41,6 +43,37 @@ def test_vectors_present():
     assert {statements[n] for n in ("bad-restart-width", "bad-restart-end", "bad-restart-value",
                                     "bad-restart-tail", "bad-restart-first", "bad-restart-padding",
                                     "bad-restart-overrun")} == {"B11", "B12", "B8", "B6"}
+
+
+def test_raw_vectors_present():
+    # 5.3: both forms, a run that mixes them, and a damage per rule of [B15].
+    kinds = {p.stem: json.loads(p.read_text())["raw"] for p in RAW}
+    assert {"raw-packed-400": "packed", "raw-plain-400": "plain", "raw-mixed": "packed",
+            "raw-packed-consecutive": "packed"}.items() <= kinds.items()
+    assert sum(k == "damaged" for k in kinds.values()) >= 5
+
+
+@pytest.mark.parametrize("path", RAW, ids=lambda p: p.stem)
+def test_raw_vector_decodes_or_is_rejected_by_both_decoders(path):
+    # [B10], [B15]: the kernel's decoder and the reference agree; [B16]: a
+    # writer of the vector's form reproduces its bytes.
+    from ndindex import chunks
+    v = json.loads(path.read_text())
+    blocks = bytes.fromhex(v["blocks"])
+    parts = [blocks[i:i + 1024] for i in range(0, len(blocks), 1024)]
+    if v["raw"] == "damaged":
+        assert codec_reference.crc32c(parts[0][4:]) == int.from_bytes(parts[0][:4], "little")
+        with pytest.raises(CorruptionError, match=v["error"]):
+            chunks.decode_raw(blocks)
+        with pytest.raises(CorruptionError, match=v["error"]):
+            codec_reference.decode_raw_block(parts[0])
+        return
+    want = [int(s) for s in v["values"]]
+    assert chunks.decode_raw(blocks).tolist() == want
+    assert [x for part in parts for x in codec_reference.decode_raw_block(part)] == want
+    packed = v["raw"] == "packed"
+    assert chunks.encode_raw(np.array(want, dtype=np.uint64), packed).blocks.tobytes() == blocks
+    assert any(part[6] for part in parts) == packed
 
 
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)

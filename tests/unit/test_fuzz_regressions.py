@@ -16,7 +16,7 @@ import pytest
 
 FUZZ_DIR = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "fuzz")
 FUZZ_DIR = os.path.normpath(FUZZ_DIR)
-TARGETS = ("decode_block", "decode_code", "round_trip_blocks", "record_chunk")
+TARGETS = ("decode_block", "decode_code", "round_trip_blocks", "record_chunk", "decode_raw_block")
 
 
 def target_module(name: str):

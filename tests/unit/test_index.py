@@ -1112,7 +1112,7 @@ def test_len_of_a_compacted_index_reads_no_table(path, monkeypatch):
 
 @pytest.mark.parametrize("coding", sorted(codec.CODING_NAMES), ids=codec.CODING_NAMES.get)
 def test_a_file_says_the_format_version_its_coding_needs(path, coding):
-    # FORMAT.md section 2, [F6]: coding 2 (restart tables) makes a version-3
+    # FORMAT.md section 2, [F6]: coding 2 (restart tables) makes a version-4
     # file; codings 0 and 1 a version-2 file, which readers of version 2 open.
     from ndindex import records as rec
     fps = np.random.default_rng(4).integers(0, 2**64, 5000, dtype=np.uint64)
@@ -1122,7 +1122,7 @@ def test_a_file_says_the_format_version_its_coding_needs(path, coding):
     with Index.open(path) as ix:
         header = ix._header
         assert (header.coding, header.read_version, header.write_version) == \
-            (coding, *(2 * [3 if coding == codec.CODING_RESTARTS else 2]))
+            (coding, *(2 * [4 if coding == codec.CODING_RESTARTS else 2]))
         codes = {rn.run_code(r).coding for runs in ix._snapshot().table_runs for r in runs}
         assert codes == {coding}
         ix.add(fps[:10] ^ np.uint64(1))  # a later writer keeps the file's coding

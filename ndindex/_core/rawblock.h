@@ -1,0 +1,213 @@
+/* Raw blocks (FORMAT.md 5.3): the blocks of the small, often rewritten
+ * levels, cheap to merge and binary-searchable where they lie.
+ *
+ * Two forms share the 8-byte header (u32 checksum of bytes 4..1023, u16
+ * count, u8 width, u8 reserved):
+ *
+ * - plain (width 0): up to 127 values stored whole, u64 LE from byte 8;
+ * - packed (width w in 1..56, format 4): the first value at byte 8, then
+ *   each later value's offset from it in w bits, LSB-first, from byte 16.
+ *   w is the bit length of (last - first).  A run of n random fingerprints
+ *   has neighbours about 2^64 / n apart, so a block of m values spans about
+ *   m * 2^64 / n: at n = 4M a table (level 2 at 10M), 160 values in 50
+ *   bits, 6.4 bytes a value against 8.06 plain.  Every value is still
+ *   one load, a shift and a mask away, so a probe binary-searches a packed
+ *   block as it does a plain one.
+ *
+ * Offsets are read with one unaligned 8-byte load at byte bit/8: w <= 56
+ * keeps an offset inside it, and the last RAW_PACKED_SLACK bytes stay free
+ * so that the load never leaves the block. */
+#ifndef NDINDEX_RAWBLOCK_H
+#define NDINDEX_RAWBLOCK_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "codec.h"
+#include "crc32c.h"
+
+#define RAW_BLOCK_HEADER_BYTES 8
+#define RAW_PLAIN_MAX_VALUES ((BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES) / 8)
+#define RAW_PACKED_OFFSETS_AT 16
+#define RAW_PACKED_SLACK 7
+#define RAW_PACKED_BITS ((BLOCK_BYTES - RAW_PACKED_OFFSETS_AT - RAW_PACKED_SLACK) * 8)
+#define RAW_PACKED_MAX_WIDTH 56
+#define RAW_PACKED_MAX_VALUES 1024
+/* The most values a raw block of either form holds (output buffers). */
+#define RAW_BLOCK_MAX_VALUES RAW_PACKED_MAX_VALUES
+
+static inline uint64_t rb_le64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+static inline unsigned rb_bit_length(uint64_t x) {
+    return x ? 64u - (unsigned)__builtin_clzll(x) : 0u;
+}
+
+/* A checked raw block, ready to read value i of. */
+typedef struct {
+    const uint8_t *block;
+    uint64_t first, mask;
+    unsigned n, width;
+} raw_view;
+
+static inline uint64_t raw_at(const raw_view *v, unsigned i) {
+    if (!v->width)
+        return rb_le64(v->block + RAW_BLOCK_HEADER_BYTES + 8 * (size_t)i);
+    if (!i)
+        return v->first;
+    size_t bit = (size_t)(i - 1) * v->width;
+    return v->first +
+           ((rb_le64(v->block + RAW_PACKED_OFFSETS_AT + (bit >> 3)) >> (bit & 7)) & v->mask);
+}
+
+/* The header's count and width, checked (not the checksum): the count, or
+ * CODEC_BAD_COUNT / CODEC_BAD_WIDTH. */
+static inline long raw_count(const uint8_t *block) {
+    unsigned n = (unsigned)block[4] | ((unsigned)block[5] << 8), w = block[6];
+    if (block[7])
+        return CODEC_BAD_COUNT;
+    if (!w)
+        return n >= 1 && n <= RAW_PLAIN_MAX_VALUES ? (long)n : CODEC_BAD_COUNT;
+    if (w > RAW_PACKED_MAX_WIDTH)
+        return CODEC_BAD_WIDTH;
+    if (n < 2 || n > RAW_PACKED_MAX_VALUES ||
+        (size_t)(n - 1) * w > RAW_PACKED_BITS)
+        return CODEC_BAD_COUNT;
+    return n;
+}
+
+/* The view of a block whose header raw_count accepted (n its count). */
+static inline raw_view raw_view_of(const uint8_t *block, unsigned n) {
+    raw_view v = {block, rb_le64(block + RAW_BLOCK_HEADER_BYTES), 0, n, block[6]};
+    v.mask = v.width ? (~0ull >> (64 - v.width)) : 0;
+    return v;
+}
+
+/* The check of a raw block's first visit: its checksum, header, that its
+ * last value is block_key (the directory's key for it) and, packed, that
+ * its width is the bit length of its span.  The count, or the CODEC_
+ * status of what failed. */
+static inline long raw_block_check(const uint8_t *block, uint64_t block_key) {
+    uint32_t stored;
+    memcpy(&stored, block, 4);
+    if (crc32c(block + 4, BLOCK_BYTES - 4) != stored)
+        return CODEC_BAD_CHECKSUM;
+    long n = raw_count(block);
+    if (n < 0)
+        return n;
+    raw_view v = raw_view_of(block, (unsigned)n);
+    uint64_t last = raw_at(&v, (unsigned)n - 1);
+    if (last != block_key || (v.width && last <= v.first))
+        return CODEC_NOT_SORTED;
+    if (v.width && rb_bit_length(last - v.first) != v.width)
+        return CODEC_BAD_WIDTH;
+    return n;
+}
+
+/* Where the first value >= lo likely sits among a raw block's n values,
+ * which run from about first to key: fingerprints spread evenly. */
+static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsigned n) {
+    if (lo <= first || n < 2)
+        return 0;
+    if (lo >= key)
+        return n - 1;
+    return (unsigned)((double)(lo - first) / (double)(key - first) * (n - 1));
+}
+
+static inline void prefetch_block(const uint8_t *block) {
+    for (int line = 0; line < BLOCK_BYTES; line += 64)
+        __builtin_prefetch(block + line);
+}
+
+/* Prefetch the lines of a raw block a probe for [lo, hi] reads, before its
+ * header is known: the header and the bytes from a little before lo's
+ * guessed place through hi's.  Either form fills its block evenly (all but
+ * a run's last block are full), so a value's place in the block's span is
+ * about its place in the bytes.  A run below the main level holds a few
+ * values a prefix, and a query at a busy moment reads a dozen such blocks:
+ * fetching all 16 lines of each kept the core's miss buffers full, and the
+ * prefetches themselves stalled.  Without lower (has_lower 0; lower is the
+ * previous block's key) the whole block. */
+static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lower, uint64_t key,
+                                uint64_t lo, uint64_t hi) {
+    if (!has_lower) {
+        prefetch_block(block);
+        return;
+    }
+    enum { SPAN = BLOCK_BYTES - RAW_BLOCK_HEADER_BYTES, SLACK = 128 }; /* bytes: 16 values */
+    unsigned a = raw_guess(lower, key, lo, SPAN), b = raw_guess(lower, key, hi, SPAN);
+    unsigned from = RAW_BLOCK_HEADER_BYTES + (a > SLACK ? a - SLACK : 0);
+    unsigned to = RAW_BLOCK_HEADER_BYTES + b + SLACK;
+    if (to > BLOCK_BYTES - 1)
+        to = BLOCK_BYTES - 1;
+    __builtin_prefetch(block);
+    for (unsigned off = from & ~63u; off <= to; off += 64)
+        __builtin_prefetch(block + off);
+}
+
+/* Entries x of a checked raw block (raw_block_check, or raw_count once
+ * verified; n its count) with lo <= x <= hi and popcount(x ^ qp) <= k.
+ * The search for lo starts at its guessed position (raw_guess) and gallops
+ * from there, so it reads the lines raw_prefetch fetched. */
+static inline long raw_probe(const uint8_t *block, unsigned n, uint64_t block_key, uint64_t lo,
+                             uint64_t hi, uint64_t qp, int k, uint64_t *out, size_t cap) {
+    raw_view v = raw_view_of(block, n);
+    /* First value >= lo: [a, e) holds it (e = n: none), found by galloping
+     * from the guess, then halving. */
+    unsigned g = raw_guess(raw_at(&v, 0), block_key, lo, n), a, e;
+    if (raw_at(&v, g) < lo) {
+        unsigned step = 1;
+        a = g + 1;
+        while (a + step - 1 < n && raw_at(&v, a + step - 1) < lo) {
+            a += step;
+            step *= 2;
+        }
+        e = a + step - 1 < n ? a + step - 1 : n;
+    } else {
+        unsigned step = 1;
+        e = g;
+        while (e >= step && raw_at(&v, e - step) >= lo) {
+            e -= step;
+            step *= 2;
+        }
+        a = e >= step ? e - step + 1 : 0;
+    }
+    while (a < e) {
+        unsigned mid = a + (e - a) / 2;
+        if (raw_at(&v, mid) < lo)
+            a = mid + 1;
+        else
+            e = mid;
+    }
+    long m = 0;
+    uint64_t prev = a ? raw_at(&v, a - 1) : 0;
+    for (unsigned i = a; i < n; i++) {
+        uint64_t x = raw_at(&v, i);
+        if (i && x <= prev)
+            return CODEC_NOT_SORTED;
+        prev = x;
+        if (x > hi)
+            break;
+        if (__builtin_popcountll(x ^ qp) <= k && (size_t)m < cap)
+            out[m++] = x;
+    }
+    return m;
+}
+
+/* Encode n strictly increasing values into raw blocks at out (capacity cap
+ * blocks), each block's last value into keys; packed: in the packed form
+ * wherever it holds more values than a plain block would (format 4 files),
+ * else plain only.  Returns the number of blocks (never more than plain
+ * blocks would take) or a negative codec status. */
+long raw_encode(const uint64_t *values, size_t n, int packed, uint8_t *out, size_t cap,
+                uint64_t *keys);
+
+/* Decode one raw block into out (capacity >= RAW_BLOCK_MAX_VALUES); returns
+ * the count or a negative codec status (checksum, header, order, width,
+ * padding). */
+long raw_decode(const uint8_t *block, uint64_t *out);
+
+#endif
