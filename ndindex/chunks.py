@@ -12,8 +12,9 @@ Three chunk kinds:
 
 - fingerprint chunks (KIND_HUFFMAN, KIND_RAW): up to 63 blocks of 1 KB, the
   key of each block in the header; Huffman-delta blocks are ndindex.codec's;
-  raw blocks hold up to 127 plain values (cheap to merge and to probe, for
-  small runs);
+  raw blocks (small runs: cheap to merge and to probe) hold 127 plain
+  values, or up to 1024 packed ones (offsets from the block's first value,
+  format 4), binary-searchable in place;
 - tombstone chunks (KIND_TOMBSTONES): (fingerprint, stamp) pairs;
 - record chunks (KIND_RECORDS): records (key bytes, put/delete flag, value
   bytes) in zstd-compressed sub-blocks of about 4 KB, with a directory of

@@ -57,8 +57,9 @@ FLUSH_OPS = 1 << 16
 FLUSH_IDLE_SECONDS = 1.0
 #: Size ratio between the small levels.
 LEVEL_RATIO = 8
-#: Levels 0..RAW_LEVELS-1 hold raw blocks (cheap to merge and to probe,
-#: 8 bytes a value); the bottom level holds Huffman-delta blocks (about
+#: Levels 0..RAW_LEVELS-1 hold raw blocks (cheap to merge and to probe;
+#: packed, about 6.4 bytes a value at level 2 of a 10M index, FORMAT.md
+#: 5.3; plain, 8.06); the bottom level holds Huffman-delta blocks (about
 #: 5.5 bytes a value at 10M, but several times dearer to encode).  Keeping
 #: the levels that are rewritten often raw is what lets one core keep up
 #: with a million additions a second.
