@@ -26,10 +26,12 @@ import lmdb
 import numpy as np
 import pytest
 
-from damage import (build_fixture, chunk_keys, damage_value, flip, leaf_keys, pages_of,
-                    records)
-from ndindex import CorruptionError, FormatError, ReadOnlyError, cli, records as rec
+from damage import (K, build_fixture, chunk_keys, damage_value, flip, leaf_keys, occurrences,
+                    pages_of, records)
+from ndindex import CorruptionError, FormatError, ReadOnlyError, _core, chunks as ch, cli
+from ndindex import records as rec
 from ndindex.index import Index
+from tests.oracle import brute_force
 
 DAMAGE = (CorruptionError, FormatError)
 META_TXNID_OFFSET = 144
@@ -371,3 +373,86 @@ def test_truncated_file_raises_at_open_and_is_left_alone(damaged, keep):
         # A cut inside the last page, past what LMDB uses, loses nothing.
         assert keep > size - 4096
     assert open(path, "rb").read() == before
+
+
+# -- packed raw blocks (FORMAT.md 5.3, [B15]) ---------------------------------------
+
+def _packed_fixture(path) -> np.ndarray:
+    """An index whose tables are one raw run of packed blocks (clustered
+    fingerprints: spans of about 40 bits), copied compactly; its fingerprints."""
+    rng = np.random.default_rng(9)
+    fps = np.unique(rng.integers(2**62, 2**62 + 2**45, 4000, dtype=np.uint64))
+    tmp = path + ".build"
+    with Index.create(tmp, k=K, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(fps)
+        ix._compactor.flush_log()
+        ix.vacuum_into(path)
+    for leftover in (tmp, tmp + "-lock"):
+        os.unlink(leftover)
+    return fps
+
+
+def _repacked(block: bytes, change) -> bytes:
+    """A packed block with some field changed and its checksum made right again."""
+    b = bytearray(block)
+    change(b)
+    b[0:4] = _core.crc32c(bytes(b[4:])).to_bytes(4, "little")
+    return bytes(b)
+
+
+#: name, change to the first packed block of a raw chunk (checksum repaired).
+PACKED_DAMAGE = [
+    ("width-57", lambda b: b.__setitem__(6, 57)),
+    ("width-wider", lambda b: b.__setitem__(6, b[6] + 1)),
+    ("width-narrower", lambda b: b.__setitem__(6, b[6] - 1)),
+    ("count-1025", lambda b: b.__setitem__(slice(4, 6), (1025).to_bytes(2, "little"))),
+    ("count-past-bits", lambda b: b.__setitem__(slice(4, 6), (8008 // b[6] + 2).to_bytes(2, "little"))),
+    ("count-1", lambda b: b.__setitem__(slice(4, 6), (1).to_bytes(2, "little"))),
+    ("reserved", lambda b: b.__setitem__(7, 1)),
+    ("first-raised", lambda b: b.__setitem__(slice(8, 16), (int.from_bytes(b[8:16], "little")
+                                                            + 2**50).to_bytes(8, "little"))),
+    ("offsets-scrambled", lambda b: b.__setitem__(slice(40, 80), bytes(reversed(b[40:80])))),
+    ("padding", lambda b: b.__setitem__(1020, 0x80)),
+]
+
+
+@pytest.mark.parametrize("name, change", PACKED_DAMAGE, ids=[d[0] for d in PACKED_DAMAGE])
+def test_a_damaged_packed_block_is_reported_never_answered_wrongly(tmp_path, capsys, name, change):
+    # Damage that keeps the block's checksum right reaches the kernel's
+    # checks of a packed block (raw_count, raw_block_check, the probe's
+    # order check, raw_decode): queries answer exactly or raise
+    # CorruptionError, never read outside the block (the chunk sits in
+    # LMDB overflow pages), and verify names the chunk.
+    path = str(tmp_path / "packed.ndx")
+    fps = _packed_fixture(path)
+    key, value = next((k, v) for k, v in records(path, rec.DB_CHUNKS) if k[0] == 0 and
+                      v[4] == rec.KIND_RAW)
+    n_blocks = value[6] | value[7] << 8
+    head = ch.FP_CHUNK_HEAD.size + 8 * n_blocks
+    block = value[head:head + ch.BLOCK_BYTES]
+    assert block[6], "the fixture's raw blocks are packed"
+    bad = _repacked(block, change)
+    data = open(path, "rb").read()
+    hits = occurrences(data, value)
+    assert hits
+    with open(path, "r+b") as fh:
+        for hit in hits:
+            fh.seek(hit + head)
+            fh.write(bad)
+    errors = 0
+    with Index.open(path, readonly=True) as ix:
+        for q in fps[::7].tolist():
+            try:
+                got = [(m.fingerprint, m.distance) for m in ix.query(q, K, keys=False)]
+            except CorruptionError:
+                errors += 1
+                continue
+            assert got == brute_force(fps, q, K), hex(q)
+        with pytest.raises(CorruptionError, match="database=chunks"):
+            ix.verify()
+    # Nonzero padding changes no value: queries answer right; verify, which
+    # decodes every block, reports it.
+    assert errors or name == "padding", "no query met the damaged block"
+    line = cli_verify_line(path, capsys)
+    assert "database=chunks" in line
