@@ -38,11 +38,6 @@ void query_results_free(query_results *r) {
     memset(r, 0, sizeof *r);
 }
 
-static inline uint64_t load_le64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
 static inline uint64_t load_be64(const uint8_t *p) {
     return __builtin_bswap64(load_le64(p));
 }

@@ -37,7 +37,7 @@ static void put_packed(uint8_t *blk, const uint64_t *values, size_t count, unsig
     for (size_t i = 1; i < count; i++) {
         size_t bit = (i - 1) * w;
         uint8_t *p = blk + RAW_PACKED_OFFSETS_AT + (bit >> 3);
-        put_le64(p, rb_le64(p) | (values[i] - values[0]) << (bit & 7));
+        put_le64(p, load_le64(p) | (values[i] - values[0]) << (bit & 7));
     }
 }
 

@@ -36,7 +36,8 @@
 /* The most values a raw block of either form holds (output buffers). */
 #define RAW_BLOCK_MAX_VALUES RAW_PACKED_MAX_VALUES
 
-static inline uint64_t rb_le64(const uint8_t *p) {
+/* A little-endian u64 at p (unaligned). */
+static inline uint64_t load_le64(const uint8_t *p) {
     uint64_t v;
     memcpy(&v, p, 8);
     return v;
@@ -57,12 +58,12 @@ typedef struct {
  * form (raw_probe_form), so that the plain form compiles to one load. */
 static inline uint64_t raw_at_form(const raw_view *v, unsigned i, const int packed) {
     if (!packed)
-        return rb_le64(v->block + RAW_BLOCK_HEADER_BYTES + 8 * (size_t)i);
+        return load_le64(v->block + RAW_BLOCK_HEADER_BYTES + 8 * (size_t)i);
     if (!i)
         return v->first;
     size_t bit = (size_t)(i - 1) * v->width;
     return v->first +
-           ((rb_le64(v->block + RAW_PACKED_OFFSETS_AT + (bit >> 3)) >> (bit & 7)) & v->mask);
+           ((load_le64(v->block + RAW_PACKED_OFFSETS_AT + (bit >> 3)) >> (bit & 7)) & v->mask);
 }
 
 static inline uint64_t raw_at(const raw_view *v, unsigned i) {
@@ -87,7 +88,7 @@ static inline long raw_count(const uint8_t *block) {
 
 /* The view of a block whose header raw_count accepted (n its count). */
 static inline raw_view raw_view_of(const uint8_t *block, unsigned n) {
-    raw_view v = {block, rb_le64(block + RAW_BLOCK_HEADER_BYTES), 0, n, block[6]};
+    raw_view v = {block, load_le64(block + RAW_BLOCK_HEADER_BYTES), 0, n, block[6]};
     v.mask = v.width ? (~0ull >> (64 - v.width)) : 0;
     return v;
 }
