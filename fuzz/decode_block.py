@@ -26,8 +26,6 @@ Run: ``python fuzz/run.py --targets decode_block`` (see fuzz/README.md).
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np  # imported before instrumentation: not ours to cover
 
 try:
@@ -151,13 +149,5 @@ def check(data: bytes) -> None:
             assert side == alone, f"block {i}: {side[:3]}... beside others, {alone[:3]}... alone"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the fuzzer (libFuzzer flags in argv; see fuzz/README.md)."""
-    if atheris is None:
-        sys.exit("atheris is not installed: pip install -e '.[fuzz]'")
-    atheris.Setup(argv if argv is not None else sys.argv, check)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    harness.fuzz(check)

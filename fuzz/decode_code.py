@@ -16,8 +16,6 @@ Run: ``python fuzz/run.py --targets decode_code`` (see fuzz/README.md).
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np  # imported before instrumentation: not ours to cover
 
 try:
@@ -79,13 +77,5 @@ def check(data: bytes) -> None:
     round_trip(code, np.unique(rng.integers(0, 2**64, size=300, dtype=np.uint64)))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the fuzzer (libFuzzer flags in argv; see fuzz/README.md)."""
-    if atheris is None:
-        sys.exit("atheris is not installed: pip install -e '.[fuzz]'")
-    atheris.Setup(argv if argv is not None else sys.argv, check)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    harness.fuzz(check)

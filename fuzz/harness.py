@@ -176,3 +176,15 @@ def corpus_files(fuzz_dir: str, target: str) -> list[str]:
             found += sorted(os.path.join(d, f) for f in os.listdir(d)
                             if not f.startswith(".") and os.path.isfile(os.path.join(d, f)))
     return found
+
+
+def fuzz(check, argv: list[str] | None = None) -> None:
+    """Run libFuzzer on a target's check (libFuzzer flags in argv, else
+    sys.argv; see fuzz/README.md).  atheris is imported here, not above:
+    replaying the corpus under pytest needs no fuzzer."""
+    try:
+        import atheris
+    except ImportError:
+        sys.exit("atheris is not installed: pip install -e '.[fuzz]'")
+    atheris.Setup(argv if argv is not None else sys.argv, check)
+    atheris.Fuzz()

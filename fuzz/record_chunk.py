@@ -23,7 +23,6 @@ Run: ``python fuzz/run.py --targets record_chunk`` (see fuzz/README.md).
 from __future__ import annotations
 
 import struct
-import sys
 
 try:
     import atheris
@@ -98,10 +97,5 @@ def check(data: bytes) -> None:
     assert keys == sorted(set(keys)), "records out of order passed the checks"
 
 
-def main() -> None:
-    atheris.Setup(sys.argv, lambda data: check(bytes(data)))
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    harness.fuzz(lambda data: check(bytes(data)))

@@ -25,8 +25,6 @@ Run: ``python fuzz/run.py --targets round_trip_blocks`` (see fuzz/README.md).
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np  # imported before instrumentation: not ours to cover
 
 try:
@@ -89,13 +87,5 @@ def check(data: bytes) -> None:
         assert codec.probe(table.block(i), code, x, 64, 0) == [x], f"probe misses {x:#x} in block {i}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the fuzzer (libFuzzer flags in argv; see fuzz/README.md)."""
-    if atheris is None:
-        sys.exit("atheris is not installed: pip install -e '.[fuzz]'")
-    atheris.Setup(argv if argv is not None else sys.argv, check)
-    atheris.Fuzz()
-
-
 if __name__ == "__main__":
-    main()
+    harness.fuzz(check)

@@ -70,14 +70,10 @@ long raw_encode(const uint64_t *values, size_t n, int packed, uint8_t *out, size
 }
 
 long raw_decode(const uint8_t *block, uint64_t *out) {
-    uint32_t stored;
-    memcpy(&stored, block, 4);
-    if (crc32c(block + 4, BLOCK_BYTES - 4) != stored)
-        return CODEC_BAD_CHECKSUM;
-    long n = raw_count(block);
+    raw_view v;
+    long n = raw_open(block, &v);
     if (n < 0)
         return n;
-    raw_view v = raw_view_of(block, (unsigned)n);
     for (unsigned i = 0; i < (unsigned)n; i++) {
         out[i] = raw_at(&v, i);
         if (i && out[i] <= out[i - 1])

@@ -93,19 +93,28 @@ static inline raw_view raw_view_of(const uint8_t *block, unsigned n) {
     return v;
 }
 
-/* The check of a raw block's first visit: its checksum, header, that its
- * last value is block_key (the directory's key for it) and, packed, that
- * its width is the bit length of its span.  The count, or the CODEC_
- * status of what failed. */
-static inline long raw_block_check(const uint8_t *block, uint64_t block_key) {
+/* A block's checksum and header checked, its view in *v: the count, or
+ * the CODEC_ status of what failed. */
+static inline long raw_open(const uint8_t *block, raw_view *v) {
     uint32_t stored;
     memcpy(&stored, block, 4);
     if (crc32c(block + 4, BLOCK_BYTES - 4) != stored)
         return CODEC_BAD_CHECKSUM;
     long n = raw_count(block);
+    if (n >= 0)
+        *v = raw_view_of(block, (unsigned)n);
+    return n;
+}
+
+/* The check of a raw block's first visit: its checksum, header, that its
+ * last value is block_key (the directory's key for it) and, packed, that
+ * its width is the bit length of its span.  The count, or the CODEC_
+ * status of what failed. */
+static inline long raw_block_check(const uint8_t *block, uint64_t block_key) {
+    raw_view v;
+    long n = raw_open(block, &v);
     if (n < 0)
         return n;
-    raw_view v = raw_view_of(block, (unsigned)n);
     uint64_t last = raw_at(&v, (unsigned)n - 1);
     if (last != block_key || (v.width && last <= v.first))
         return CODEC_NOT_SORTED;
