@@ -710,6 +710,11 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     if info.get("key_bytes"):
         lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
                      f"{_plural(info['key_runs'], 'run')}")
+    if info.get("oldest_reader_lag"):
+        oldest = min(info["readers"], key=lambda r: r["txnid"])
+        lines.append(f"  a read open in process {oldest['pid']} is "
+                     f"{_plural(info['oldest_reader_lag'], 'commit')} behind: pages freed "
+                     "since it began are not reused (the file grows) until it ends")
     if info.get("probabilistic"):
         lines.append(f"  probabilistic plan: a query probes the flip sets of table 0's "
                      f"{prefixes[0]}-bit prefix, most likely first "

@@ -913,7 +913,13 @@ class Index(DocumentMethods):
     # -- inspection ---------------------------------------------------------
 
     def stats(self) -> dict:
-        """Return counts, sizes and bits per fingerprint per table, runs, log size and the plan."""
+        """Return counts, sizes and bits per fingerprint per table, runs, log size and the plan.
+
+        Also the open reads on the file, from every process (``readers``:
+        pid and the transaction each reads), and ``oldest_reader_lag``, how
+        many commits the oldest of them is behind the newest: pages freed
+        since it began are not reused until it ends.
+        """
         snap = self._snapshot()
         n = snap.count()
         per_table = []
@@ -926,6 +932,10 @@ class Index(DocumentMethods):
                 coding=codec.CODING_NAMES[self.coding]))
         key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
         file_bytes = self._store.file_bytes()
+        # LMDB reuses no page freed after the oldest open read began: a long
+        # read (a parked reader, a long items() loop) lets the file grow.
+        readers = self._store.readers()
+        newest = self._latest_txnid()
         return dict(
             path=self.path, k=self.k, format=self._header.read_version,
             coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
@@ -937,6 +947,8 @@ class Index(DocumentMethods):
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
             entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
             compaction_steps=self._compactor.steps if self._compactor else 0,
+            readers=[dict(pid=pid, txnid=txnid) for pid, txnid in readers],
+            oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),
             plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
 
     def verify(self, progress=None) -> dict:

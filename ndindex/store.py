@@ -653,6 +653,21 @@ class Store:
     def file_bytes(self) -> int:
         return os.path.getsize(self.path)
 
+    def readers(self) -> list[tuple[int, int]]:
+        """(pid, txnid) of every read transaction open on the file, in any
+        process: LMDB's reader table (mdb_reader_list's text, parsed; a slot
+        between reads, txnid "-", is left out)."""
+        try:
+            text = self.env.readers()
+        except lmdb.Error as exc:
+            raise translate_error(exc, self.path) from exc
+        out = []
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
+                out.append((int(parts[0]), int(parts[2])))
+        return out
+
     def copy_to(self, dest: str, fd: int | None = None) -> None:
         """Write a compacted copy of the environment (only live pages) to dest, a
         new name, or to fd, open on dest and empty."""

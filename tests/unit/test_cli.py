@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -412,6 +413,32 @@ def test_the_command_keeps_numpys_blas_to_one_thread_unless_told(given, seen):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60, check=True).stdout.strip()
     assert out == seen
+
+
+def test_stats_names_a_read_another_process_keeps_open(ix, capsys, monkeypatch):
+    run(capsys, "add", ix, stdin="".join(f"{i * 7919}\n" for i in range(1, 100)),
+        monkeypatch=monkeypatch)
+    # Another process parks inside a read: an items() loop, one chunk taken.
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, ndindex; "
+         "ix = ndindex.open(sys.argv[1], readonly=True); it = ix.items(); next(it); "
+         "print('reading', flush=True); sys.stdin.read()", ix],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "reading"
+        for i in range(2):
+            run(capsys, "add", ix, stdin=f"{12345 + i}\n", monkeypatch=monkeypatch)
+        status, out, _ = run(capsys, "stats", ix)
+        # At least the two adds' commits (a background flush may add one).
+        lines = [ln for ln in out.splitlines() if ln.startswith("  a read open")]
+        assert status == 0 and len(lines) == 1, out
+        assert re.fullmatch(rf"  a read open in process {holder.pid} is [2-9] commits behind: "
+                            "pages freed since it began are not reused \\(the file grows\\) "
+                            "until it ends", lines[0]), lines
+    finally:
+        holder.communicate("", timeout=30)
+    status, out, _ = run(capsys, "stats", ix)
+    assert status == 0 and "a read open" not in out
 
 
 def test_stats_says_what_a_format_2_delta_file_gains_from_upgrade(tmp_path, capsys, monkeypatch):

@@ -513,6 +513,25 @@ def test_stats_fields(path):
         assert s["tables"][0]["runs"] == 1 and s["tables"][0]["bytes"] > 0
 
 
+def test_stats_names_an_open_read_and_how_far_behind_it_is(path):
+    # LMDB reuses no page freed after the oldest open read began.
+    import gc
+    fps = np.random.default_rng(3).integers(0, 2**64, 200, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(fps[:100])
+        held = ix._snapshot()                 # a read open on this commit
+        for part in np.array_split(fps[100:], 3):
+            ix.add(part)
+        s = ix.stats()
+        assert {"pid": os.getpid(), "txnid": held.txnid} in s["readers"]
+        assert s["oldest_reader_lag"] == ix._latest_txnid() - held.txnid >= 3
+        del held
+        gc.collect()
+        s = ix.stats()
+        assert s["oldest_reader_lag"] == 0 and s["readers"] == [
+            {"pid": os.getpid(), "txnid": ix._latest_txnid()}]
+
+
 def test_vacuum_into_drops_free_pages(path, tmp_path):
     rng = np.random.default_rng(7)
     fps = rng.integers(0, 2**64, 40000, dtype=np.uint64)
