@@ -656,8 +656,11 @@ class Store:
     def readers(self) -> list[tuple[int, int]]:
         """(pid, txnid) of every read transaction open on the file, in any
         process: LMDB's reader table (mdb_reader_list's text, parsed; a slot
-        between reads, txnid "-", is left out)."""
+        between reads, txnid "-", is left out).  Slots of processes that died
+        inside a read are freed first: they hold back page reuse too, but no
+        one will end them (clear_dead_readers, unthrottled)."""
         try:
+            self.env.reader_check()
             text = self.env.readers()
         except lmdb.Error as exc:
             raise translate_error(exc, self.path) from exc

@@ -532,6 +532,31 @@ def test_stats_names_an_open_read_and_how_far_behind_it_is(path):
             {"pid": os.getpid(), "txnid": ix._latest_txnid()}]
 
 
+def test_stats_frees_the_slot_of_a_reader_killed_inside_its_read(path):
+    import signal
+    import subprocess
+    import sys
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 100, dtype=np.uint64) << np.uint64(40))
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import sys, ndindex; "
+             "ix = ndindex.open(sys.argv[1], readonly=True); it = ix.items(); next(it); "
+             "print('reading', flush=True); sys.stdin.read()", str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "reading"
+            ix.add(np.arange(100, 110, dtype=np.uint64) << np.uint64(40))
+            assert holder.pid in {r["pid"] for r in ix.stats()["readers"]}
+            holder.send_signal(signal.SIGKILL)   # dies inside its read: its slot stays
+            holder.wait(timeout=30)
+            s = ix.stats()
+            assert holder.pid not in {r["pid"] for r in s["readers"]}
+            assert s["oldest_reader_lag"] == 0
+        finally:
+            holder.kill()
+            holder.communicate(timeout=30)
+
+
 def test_vacuum_into_drops_free_pages(path, tmp_path):
     rng = np.random.default_rng(7)
     fps = rng.integers(0, 2**64, 40000, dtype=np.uint64)
