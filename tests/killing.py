@@ -1,4 +1,5 @@
-"""Run an operation in a child process that dies (``os._exit(9)``) at a chosen call.
+"""Child processes for the tests: one that dies (``os._exit(9)``) at a chosen
+call, and one that parks inside a read.
 
 The kill tests of create, vacuum, recover and the dedup job's first build
 replace ``os.<call>`` in the child before ndindex is imported, so that the
@@ -7,8 +8,28 @@ child stops exactly there, as a SIGKILL at that moment would leave it.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+
+
+@contextlib.contextmanager
+def reader_parked(path):
+    """A child process that opens path read-only and stays inside one read
+    (an items() loop, one chunk taken) until the block ends; yields its Popen."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, ndindex; "
+         "ix = ndindex.open(sys.argv[1], readonly=True); it = ix.items(); next(it); "
+         "print('reading', flush=True); sys.stdin.read()", str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "reading"
+        yield child
+    finally:
+        if child.poll() is None:
+            child.communicate("", timeout=30)
+        else:
+            child.communicate(timeout=30)
 
 
 def killed_at(call: str, code: str, *args, after: bool = False, only_to: int | None = None,

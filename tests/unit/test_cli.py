@@ -14,6 +14,7 @@ import pytest
 import ndindex
 from ndindex.cli import main
 from ndindex.fingerprint import Fingerprinter
+from tests.killing import reader_parked
 
 DOC = ("The quick brown fox jumps over the lazy dog while the farmer sleeps in the "
        "afternoon sun and the cows graze quietly in the green meadow by the river. ") * 4
@@ -418,14 +419,7 @@ def test_the_command_keeps_numpys_blas_to_one_thread_unless_told(given, seen):
 def test_stats_names_a_read_another_process_keeps_open(ix, capsys, monkeypatch):
     run(capsys, "add", ix, stdin="".join(f"{i * 7919}\n" for i in range(1, 100)),
         monkeypatch=monkeypatch)
-    # Another process parks inside a read: an items() loop, one chunk taken.
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, ndindex; "
-         "ix = ndindex.open(sys.argv[1], readonly=True); it = ix.items(); next(it); "
-         "print('reading', flush=True); sys.stdin.read()", ix],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "reading"
+    with reader_parked(ix) as holder:   # another process, inside a read
         for i in range(2):
             run(capsys, "add", ix, stdin=f"{12345 + i}\n", monkeypatch=monkeypatch)
         status, out, _ = run(capsys, "stats", ix)
@@ -435,8 +429,6 @@ def test_stats_names_a_read_another_process_keeps_open(ix, capsys, monkeypatch):
         assert re.fullmatch(rf"  a read open in process {holder.pid} is [2-9] commits behind: "
                             "pages freed since it began are not reused \\(the file grows\\) "
                             "until it ends", lines[0]), lines
-    finally:
-        holder.communicate("", timeout=30)
     status, out, _ = run(capsys, "stats", ix)
     assert status == 0 and "a read open" not in out
 

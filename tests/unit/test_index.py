@@ -17,7 +17,7 @@ from ndindex import chunks as ch, codec, compaction, plan as plans, runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
 from tests.conftest import level0_flush_target
-from tests.killing import killed_at
+from tests.killing import killed_at, reader_parked
 from tests.oracle import brute_force, clustered, near
 
 
@@ -533,28 +533,16 @@ def test_stats_names_an_open_read_and_how_far_behind_it_is(path):
 
 
 def test_stats_frees_the_slot_of_a_reader_killed_inside_its_read(path):
-    import signal
-    import subprocess
-    import sys
     with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
         ix.add(np.arange(1, 100, dtype=np.uint64) << np.uint64(40))
-        holder = subprocess.Popen(
-            [sys.executable, "-c", "import sys, ndindex; "
-             "ix = ndindex.open(sys.argv[1], readonly=True); it = ix.items(); next(it); "
-             "print('reading', flush=True); sys.stdin.read()", str(path)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert holder.stdout.readline().strip() == "reading"
+        with reader_parked(path) as holder:
             ix.add(np.arange(100, 110, dtype=np.uint64) << np.uint64(40))
             assert holder.pid in {r["pid"] for r in ix.stats()["readers"]}
-            holder.send_signal(signal.SIGKILL)   # dies inside its read: its slot stays
+            holder.kill()                  # dies inside its read: its slot stays
             holder.wait(timeout=30)
             s = ix.stats()
             assert holder.pid not in {r["pid"] for r in s["readers"]}
             assert s["oldest_reader_lag"] == 0
-        finally:
-            holder.kill()
-            holder.communicate(timeout=30)
 
 
 def test_vacuum_into_drops_free_pages(path, tmp_path):
