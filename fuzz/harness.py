@@ -1,8 +1,8 @@
 """Shared pieces of the fuzz targets: input slicing, codes, guarded buffers.
 
-Nothing here needs atheris, so the targets import (and pytest replays them)
-without it.  Targets import this module inside ``atheris.instrument_imports``
-so that its branches count as coverage too.
+Nothing here needs atheris until ``fuzz`` runs, so the targets import (and
+pytest replays them) without it.  Targets import this module inside
+``instrumented.imports`` so that its branches count as coverage too.
 """
 
 from __future__ import annotations

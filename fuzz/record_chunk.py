@@ -24,17 +24,9 @@ from __future__ import annotations
 
 import struct
 
-try:
-    import atheris
-except ImportError:  # replaying the corpus under pytest needs no fuzzer
-    atheris = None
+import instrumented
 
-if atheris is not None and __name__ == "__main__":  # only fuzzing needs coverage
-    with atheris.instrument_imports(include=["ndindex", "harness"]):
-        import harness
-        from ndindex import _core, chunks
-        from ndindex.errors import CorruptionError
-else:
+with instrumented.imports(__name__):  # coverage only when fuzzing
     import harness
     from ndindex import _core, chunks
     from ndindex.errors import CorruptionError
