@@ -417,7 +417,9 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     int raw = rp->run->kind == RUN_KIND_RAW, whole = !raw || !(verified && *verified);
     if (fetched && !(raw && whole))
         return 0;
-    if (whole)
+    if (!raw)
+        coded_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
+    else if (whole)
         prefetch_block(block);
     else
         raw_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
@@ -1112,7 +1114,8 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
                     raw_prefetch(blk, b > 0, b > 0 ? d->last[b - 1] : 0, d->last[b],
                                  search[t - t0][r].v, tp[t - t0].hi);
                 else
-                    prefetch_block(blk);
+                    coded_prefetch(blk, b > 0, b > 0 ? d->last[b - 1] : 0, d->last[b],
+                                   search[t - t0][r].v, tp[t - t0].hi);
             }
         }
         log_at[t - t0] = group_lower_bound(tb->log, tb->nlog, tb->log_aid.ntop, log_at[t - t0],

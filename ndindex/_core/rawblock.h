@@ -167,6 +167,35 @@ static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lo
         __builtin_prefetch(block + off);
 }
 
+/* Prefetch the lines of a Huffman block (coding 2) a probe for [lo, hi]
+ * reads, before its header is known: the header, the restart table (the
+ * last line), and the bitstream from the restart at or below lo's guessed
+ * place (restarts sit at quarters of the entries, so about at quarters of
+ * the stream) through hi's.  Entries fill a block about evenly in bits,
+ * as raw values do in bytes.  A query's first block of a run starts at a
+ * restart and stops at hi, so this fetches about half of it; fetching all
+ * 16 lines of every block filled the core's miss buffers as it did for
+ * raw blocks.  Reckoned in 8-byte steps, as raw_prefetch is. */
+static inline void coded_prefetch(const uint8_t *block, int has_lower, uint64_t lower,
+                                  uint64_t key, uint64_t lo, uint64_t hi) {
+    if (!has_lower) {
+        prefetch_block(block);
+        return;
+    }
+    enum { STEPS = (BLOCK_BYTES - BLOCK_HEADER_BYTES) / 8, QUARTER = STEPS / 4, SLACK = 14 };
+    unsigned a = raw_guess(lower, key, lo, STEPS), b = raw_guess(lower, key, hi, STEPS);
+    unsigned from = a > SLACK ? a - SLACK : 0, to = b + SLACK;
+    from = from / QUARTER * QUARTER;
+    from = from > 1 ? from - 1 : 0;
+    if (to > STEPS - 1)
+        to = STEPS - 1;
+    __builtin_prefetch(block);
+    __builtin_prefetch(block + BLOCK_BYTES - 1);
+    for (unsigned off = (BLOCK_HEADER_BYTES + 8 * from) & ~63u; off <= BLOCK_HEADER_BYTES + 8 * to;
+         off += 64)
+        __builtin_prefetch(block + off);
+}
+
 /* raw_probe of one form (packed: a constant after inlining). */
 static inline __attribute__((always_inline)) long
 raw_probe_form(const raw_view *v, uint64_t block_key, uint64_t lo, uint64_t hi, uint64_t qp, int k,
