@@ -320,8 +320,6 @@ static __attribute__((noinline)) int probe_overflowed(const query_snapshot *s,
     return *status < 0 ? 0 : take_matches(s, rp, q, whole, *status, out);
 }
 
-static int probe_raw_block(job_queue *jq, const block_job *jb);
-
 /* Where a queued block failed: its table, run and chunk. */
 static int job_corrupt(job_queue *jq, const block_job *jb, long status) {
     query_error *err = jq->err;
@@ -333,8 +331,28 @@ static int job_corrupt(job_queue *jq, const block_job *jb, long status) {
     return corrupt(err, block_status_text(status));
 }
 
+/* Probe a queued raw block (checked first unless *verified says so).
+ * Inlined into queue_flush's clones (raw_probe too), so that its popcounts
+ * compile to the instruction where the clone may use it: out of line, they
+ * were the portable bit-twiddling sequence in every build. */
+static inline __attribute__((always_inline)) int probe_raw_block(job_queue *jq,
+                                                                 const block_job *jb) {
+    uint64_t found[RAW_BLOCK_MAX_VALUES];
+    const run_probe *rp = jb->rp;
+    long n = jb->verified && *jb->verified ? raw_count(jb->block)
+                                            : raw_block_check(jb->block, jb->block_key);
+    if (n > 0)
+        n = raw_probe(jb->block, (unsigned)n, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k,
+                      found, RAW_BLOCK_MAX_VALUES);
+    if (n < 0)
+        return job_corrupt(jq, jb, n);
+    if (jb->verified)
+        *jb->verified = 1; /* a benign race: another thread may set it too */
+    return take_matches(jq->s, rp, jq->q, found, n, jq->out);
+}
+
 /* Probe the queued blocks and take their matches. */
-static int queue_flush(job_queue *jq) {
+HOT_KERNEL static int queue_flush(job_queue *jq) {
     const query_snapshot *s = jq->s;
     const int n = jq->n;
     codec_lane lane[PROBE_GROUP];
@@ -426,21 +444,6 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     return 0;
 }
 
-/* Probe a queued raw block (checked first unless *verified says so). */
-static int probe_raw_block(job_queue *jq, const block_job *jb) {
-    uint64_t found[RAW_BLOCK_MAX_VALUES];
-    const run_probe *rp = jb->rp;
-    long n = jb->verified && *jb->verified ? raw_count(jb->block)
-                                            : raw_block_check(jb->block, jb->block_key);
-    if (n > 0)
-        n = raw_probe(jb->block, (unsigned)n, jb->block_key, rp->lo, rp->hi, rp->qp, rp->k,
-                      found, RAW_BLOCK_MAX_VALUES);
-    if (n < 0)
-        return job_corrupt(jq, jb, n);
-    if (jb->verified)
-        *jb->verified = 1; /* a benign race: another thread may set it too */
-    return take_matches(jq->s, rp, jq->q, found, n, jq->out);
-}
 
 /* Probe the blocks of one checked chunk (key, val) for values in [lo, hi];
  * *done is set once the chunk reaches hi. */
@@ -859,7 +862,7 @@ fail:
 
 /* Candidates of table t of s (whose table tb is) among sorted permuted
  * values a[i..n) up to hi, within k of qp. */
-static int scan_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
+HOT_KERNEL static int scan_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
                            uint64_t qp, const uint64_t *a, size_t n, size_t i, uint64_t hi,
                            int k, query_results *out) {
     for (; i < n && a[i] <= hi; i++)

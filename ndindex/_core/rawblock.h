@@ -247,8 +247,9 @@ raw_probe_form(const raw_view *v, uint64_t block_key, uint64_t lo, uint64_t hi, 
  * verified; n its count) with lo <= x <= hi and popcount(x ^ qp) <= k.
  * The search for lo starts at its guessed position (raw_guess) and gallops
  * from there, so it reads the lines raw_prefetch fetched. */
-static inline long raw_probe(const uint8_t *block, unsigned n, uint64_t block_key, uint64_t lo,
-                             uint64_t hi, uint64_t qp, int k, uint64_t *out, size_t cap) {
+static inline __attribute__((always_inline)) long
+raw_probe(const uint8_t *block, unsigned n, uint64_t block_key, uint64_t lo, uint64_t hi,
+          uint64_t qp, int k, uint64_t *out, size_t cap) {
     raw_view v = raw_view_of(block, n);
     return v.width ? raw_probe_form(&v, block_key, lo, hi, qp, k, out, cap, 1)
                    : raw_probe_form(&v, block_key, lo, hi, qp, k, out, cap, 0);
