@@ -430,17 +430,17 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     jb->block = block;
     jb->block_key = block_key;
     jb->verified = verified;
-    /* Raw blocks are read in part once verified; before, whole, by the
-     * checksum (locate_listed fetched the part only). */
-    int raw = rp->run->kind == RUN_KIND_RAW, whole = !raw || !(verified && *verified);
-    if (fetched && !(raw && whole))
+    /* A block is read in part once verified; before, whole, by the checksum
+     * (locate_listed fetched the part only). */
+    int whole = !(verified && *verified);
+    if (fetched && !whole)
         return 0;
-    if (!raw)
-        coded_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
-    else if (whole)
+    if (whole)
         prefetch_block(block);
-    else
+    else if (rp->run->kind == RUN_KIND_RAW)
         raw_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
+    else
+        coded_prefetch(block, has_lower, lower, block_key, rp->lo, rp->hi);
     return 0;
 }
 
