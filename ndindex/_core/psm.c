@@ -260,8 +260,9 @@ static inline int probe_one(const psm_table *t, uint64_t q, int k, uint64_t h, u
 /* Probe a group of headers: their directory slots are prefetched first, so
  * the group's cache misses overlap instead of queueing one after another
  * (a probe of a large table is a miss on the directory, then on the values). */
-HOT_KERNEL static int probe_group(const psm_table *t, uint64_t q, int k, const uint64_t *headers, size_t n,
-                       uint64_t tag, psm_results *out) {
+HOT_KERNEL static int probe_group(const psm_table *t, uint64_t q, int k,
+                                  const uint64_t *headers, size_t n, uint64_t tag,
+                                  psm_results *out) {
     uint64_t limit = t->p ? ~0ull >> (64 - t->p) : 0;
     for (size_t i = 0; i < n; i++)
         if (headers[i] <= limit)

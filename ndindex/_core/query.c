@@ -862,9 +862,9 @@ fail:
 
 /* Candidates of table t of s (whose table tb is) among sorted permuted
  * values a[i..n) up to hi, within k of qp. */
-HOT_KERNEL static int scan_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
-                           uint64_t qp, const uint64_t *a, size_t n, size_t i, uint64_t hi,
-                           int k, query_results *out) {
+HOT_KERNEL static int scan_candidates(const query_snapshot *s, int t, const query_table *tb,
+                                      uint64_t q, uint64_t qp, const uint64_t *a, size_t n,
+                                      size_t i, uint64_t hi, int k, query_results *out) {
     for (; i < n && a[i] <= hi; i++)
         if (popcount64(a[i] ^ qp) <= k &&
             add_candidate(s, t, q, out, perm_apply(&tb->inv, a[i])) < 0)

@@ -133,67 +133,75 @@ static inline unsigned raw_guess(uint64_t first, uint64_t key, uint64_t lo, unsi
     return (unsigned)((double)(lo - first) / (double)(key - first) * (n - 1));
 }
 
+/* Prefetch the lines holding bytes [from, to] of a block, each once: a
+ * block lies at any offset in its page, so its 1024 bytes span 17 lines. */
+static inline void prefetch_span(const uint8_t *block, unsigned from, unsigned to) {
+    uintptr_t line = (uintptr_t)(block + from) & ~(uintptr_t)63, last = (uintptr_t)(block + to);
+    for (; line <= last; line += 64)
+        __builtin_prefetch((const void *)line);
+}
+
 static inline void prefetch_block(const uint8_t *block) {
-    for (int line = 0; line < BLOCK_BYTES; line += 64)
-        __builtin_prefetch(block + line);
+    prefetch_span(block, 0, BLOCK_BYTES - 1);
+}
+
+/* The 8-byte steps (of steps in all) a probe for [lo, hi] likely reads in
+ * a block whose values run from about lower to key: from slack steps
+ * before lo's guessed place (raw_guess) to slack steps past hi's.  Both
+ * kinds of block fill their bytes about evenly, so a value's place in the
+ * block's span is about its place in the bytes.  (Reckoned in bytes
+ * instead, with raw_guess over 1016 places, GCC 12 at -O3 compiled every
+ * prefetch of raw_prefetch away: busy-moment queries took 1.3-1.5x as
+ * long.) */
+static inline void guess_steps(uint64_t lower, uint64_t key, uint64_t lo, uint64_t hi,
+                               unsigned steps, unsigned slack, unsigned *from, unsigned *to) {
+    unsigned a = raw_guess(lower, key, lo, steps), b = raw_guess(lower, key, hi, steps);
+    *from = a > slack ? a - slack : 0;
+    *to = b + slack < steps ? b + slack : steps - 1;
 }
 
 /* Prefetch the lines of a raw block a probe for [lo, hi] reads, before its
- * header is known: the header and the bytes from a little before lo's
- * guessed place through hi's.  Either form fills its block evenly (all but
- * a run's last block are full), so a value's place in the block's span is
- * about its place in the bytes, reckoned here in 8-byte steps (a plain
- * block's values).  A run below the main level holds a few values a
- * prefix, and a query at a busy moment reads a dozen such blocks: fetching
- * all 16 lines of each kept the core's miss buffers full, and the
- * prefetches themselves stalled.  Without lower (has_lower 0; lower is the
- * previous block's key) the whole block.  (Reckoned in bytes instead, with
- * raw_guess over 1016 places, GCC 12 at -O3 compiled every prefetch of
- * this function away: busy-moment queries took 1.3-1.5x as long.) */
+ * header is known: the header and the values from a little before lo's
+ * guessed place through hi's (16 steps: three standard deviations of lo's
+ * place).  A run below the main level holds a few values a prefix, and a
+ * query at a busy moment reads a dozen such blocks: fetching all of each
+ * kept the core's miss buffers full, and the prefetches themselves
+ * stalled.  Without lower (has_lower 0; lower is the previous block's
+ * key) the whole block. */
 static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lower, uint64_t key,
                                 uint64_t lo, uint64_t hi) {
     if (!has_lower) {
         prefetch_block(block);
         return;
     }
-    enum { STEPS = RAW_PLAIN_MAX_VALUES, SLACK = 16 }; /* three standard deviations of lo's place */
-    unsigned a = raw_guess(lower, key, lo, STEPS), b = raw_guess(lower, key, hi, STEPS);
-    unsigned from = a > SLACK ? a - SLACK : 0, to = b + SLACK;
-    if (to > STEPS - 1)
-        to = STEPS - 1;
-    __builtin_prefetch(block);
-    for (unsigned off = (RAW_BLOCK_HEADER_BYTES + 8 * from) & ~63u;
-         off <= RAW_BLOCK_HEADER_BYTES + 8 * to; off += 64)
-        __builtin_prefetch(block + off);
+    unsigned from, to;
+    guess_steps(lower, key, lo, hi, RAW_PLAIN_MAX_VALUES, 16, &from, &to);
+    prefetch_span(block, 0, RAW_BLOCK_HEADER_BYTES - 1);
+    prefetch_span(block, RAW_BLOCK_HEADER_BYTES + 8 * from, RAW_BLOCK_HEADER_BYTES + 8 * to + 7);
 }
 
 /* Prefetch the lines of a Huffman block (coding 2) a probe for [lo, hi]
- * reads, before its header is known: the header, the restart table (the
- * last line), and the bitstream from the restart at or below lo's guessed
- * place (restarts sit at quarters of the entries, so about at quarters of
- * the stream) through hi's.  Entries fill a block about evenly in bits,
- * as raw values do in bytes.  A query's first block of a run starts at a
- * restart and stops at hi, so this fetches about half of it; fetching all
- * 16 lines of every block filled the core's miss buffers as it did for
- * raw blocks.  Reckoned in 8-byte steps, as raw_prefetch is. */
+ * reads, before its header is known: the header, the restart table at the
+ * block's end, and the bitstream from the restart at or below lo's
+ * guessed place (restarts sit at quarters of the entries, so about at
+ * quarters of the stream) through hi's.  A query's first block of a run
+ * is decoded from a restart to hi, about half of it; fetching every line
+ * of every block filled the core's miss buffers as it did for raw
+ * blocks. */
 static inline void coded_prefetch(const uint8_t *block, int has_lower, uint64_t lower,
                                   uint64_t key, uint64_t lo, uint64_t hi) {
     if (!has_lower) {
         prefetch_block(block);
         return;
     }
-    enum { STEPS = (BLOCK_BYTES - BLOCK_HEADER_BYTES) / 8, QUARTER = STEPS / 4, SLACK = 14 };
-    unsigned a = raw_guess(lower, key, lo, STEPS), b = raw_guess(lower, key, hi, STEPS);
-    unsigned from = a > SLACK ? a - SLACK : 0, to = b + SLACK;
+    enum { STEPS = (BLOCK_BYTES - BLOCK_HEADER_BYTES) / 8, QUARTER = STEPS / 4 };
+    unsigned from, to;
+    guess_steps(lower, key, lo, hi, STEPS, 14, &from, &to);
     from = from / QUARTER * QUARTER;
-    from = from > 1 ? from - 1 : 0;
-    if (to > STEPS - 1)
-        to = STEPS - 1;
-    __builtin_prefetch(block);
-    __builtin_prefetch(block + BLOCK_BYTES - 1);
-    for (unsigned off = (BLOCK_HEADER_BYTES + 8 * from) & ~63u; off <= BLOCK_HEADER_BYTES + 8 * to;
-         off += 64)
-        __builtin_prefetch(block + off);
+    from = from ? from - 1 : 0;
+    prefetch_span(block, 0, BLOCK_HEADER_BYTES - 1);
+    prefetch_span(block, BLOCK_HEADER_BYTES + 8 * from, BLOCK_HEADER_BYTES + 8 * to + 7);
+    prefetch_span(block, BLOCK_BYTES - RESTART_TABLE_MAX_BYTES, BLOCK_BYTES - 1);
 }
 
 /* raw_probe of one form (packed: a constant after inlining). */
