@@ -710,7 +710,7 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     rest = Manifest(man.generation, man.next_run_id,
                     [r for r in man.runs if r.space != space or not r.merge_into])
     side = _choose_merge(rest, space, False, flush_ops, None, coding, main)
-    if side is not None and side[2] < min(r.level for r in busy[0][1]):
+    if side is not None and side[2] <= min(r.level for r in busy[0][1]):
         return busy + [side]
     level0 = [r for r in runs if not r.merge_into and r.level == 0]
     if not level0:
@@ -751,17 +751,12 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
         hiding = len(stamps) - int(np.searchsorted(stamps, oldest, side="right"))
         if hiding > TOMBSTONE_FRACTION * main:
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
-    # Level-0 runs (flushes) merge up at once, with the free level-1 run.
+    # Level-0 runs (flushes) merge up at once, with the free level-1 runs.
     level0 = [r for r in free if r.level == 0]
     if level0:
-        inputs = level0 + [r for r in free if r.level == 1][:1]
-        level = level_for(sum(r.entries for r in inputs), 1, main, flush_ops)
-        if 1 < level < MAIN_LEVEL:
-            # Into the run already at that level (leveled, as LevelDB), not
-            # beside it: each run at a level is one more probe per query.
-            inputs += [r for r in free if r.level == level][:1]
-            level = level_for(sum(r.entries for r in inputs), level, main, flush_ops)
-        return None, inputs, level
+        inputs = level0 + [r for r in free if r.level == 1]
+        return _leveled(inputs, free, level_for(sum(r.entries for r in inputs), 1, main,
+                                                flush_ops), main, flush_ops)
     for level in sorted({r.level for r in free}):
         here = [r for r in free if r.level == level]
         if level >= MAIN_LEVEL:
@@ -770,12 +765,37 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
             continue
         total = sum(r.entries for r in here)
         if total > level_capacity(level, main, flush_ops):
-            inputs = here + [r for r in free if r.level == level + 1][:1]
-            return None, inputs, level_for(sum(r.entries for r in inputs), level + 1, main,
-                                           flush_ops)
+            return _leveled(here, free, level_for(total, level + 1, main, flush_ops), main,
+                            flush_ops)
         if len(here) > 1:  # a level holds one run; two appear while one was busy
             return None, here, level
     return None
+
+
+def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int):
+    """The merge of inputs into level, leveled as LevelDB: with the free run
+    already at the level (each run at a level is one more probe per query),
+    and into the next level if together they outgrow it.  When that run is
+    due into the main level, it goes there alone: the small runs then merge
+    beside the long merge (_choose_merges) instead of waiting as its inputs."""
+    if 1 < level < MAIN_LEVEL:
+        here = [r for r in free if r.level == level and r not in inputs][:1]
+        up = level_for(sum(r.entries for r in inputs + here), level, main, flush_ops)
+        if here and up >= MAIN_LEVEL:
+            return None, _with_main(here, free, up), up
+        inputs, level = inputs + here, up
+    return None, _with_main(inputs, free, level), level
+
+
+def _with_main(inputs: list, free: list, level: int) -> list:
+    """A merge's inputs, with every free main-level run of the table when it
+    goes into the main level: leveled there too, one main run a table.  (A
+    merge of the small levels that outgrew level 2 used to become a main run
+    beside the others; at 30M a table held five of them, each one more probe
+    for every query, and their number grows with N.)"""
+    if level < MAIN_LEVEL:
+        return inputs
+    return inputs + [r for r in free if r.level >= MAIN_LEVEL and r not in inputs]
 
 
 def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:

@@ -184,3 +184,36 @@ def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monk
                 assert_answers(ix, live, queries[:6])
         assert side, "no merge into level 2 ran beside the main merge"
         assert_settles(ix, live)
+
+
+def test_a_growing_table_keeps_one_main_run(tmp_path):
+    # log_limit=50: level 1 holds 400 entries, level 2 3,200 or a quarter of
+    # the main level.  Every merge into the main level takes the main run
+    # with it: a merge of the small levels that outgrew level 2 once became
+    # a main run of its own, and a stream left one more for every few
+    # hundred thousand fingerprints (five a table at 30M), each one more
+    # probe for every query.
+    rng = np.random.default_rng(12)
+    fps = np.unique(rng.integers(0, 2**64, 31000, dtype=np.uint64))[:30000]
+    rng.shuffle(fps)
+    with Index.create(tmp_path / "m.ndx", k=3, expected_n=30000, background_compaction=False,
+                      log_limit=50) as ix:
+        main_ids, live = set(), set()
+        for i, part in enumerate(np.array_split(fps, 300)):
+            ix.add(part)
+            live |= set(part.tolist())
+            for _ in range(2):
+                ix._compactor.step()
+            for t in range(len(ix.plan.tables)):
+                runs = ix._snapshot().manifest.of(t)
+                main = [r for r in runs if r.level >= compaction.MAIN_LEVEL]
+                assert len([r for r in main if not r.merge_into]) <= 1, runs
+                assert len(main) <= 2, runs   # a merge's output and its main input
+                main_ids |= {r.run_id for r in main} if t == 0 else set()
+            if i % 60 == 59:
+                stored = np.array(sorted(live), dtype=np.uint64)
+                for q in [int(x) ^ (3 << int(b)) for x, b in zip(stored[::997].tolist(), range(62))]:
+                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == \
+                        brute(stored, q, 3)
+        assert len(main_ids) > 5, "the stream merged into the main level too seldom"
+        assert_settles(ix, live)
