@@ -29,16 +29,31 @@ static void put_plain(uint8_t *blk, const uint64_t *values, size_t count) {
         put_le64(blk + RAW_BLOCK_HEADER_BYTES + 8 * i, values[i]);
 }
 
+/* The offsets go through a 64-bit accumulator, stored a word at a time: an
+ * or into memory at each value's byte read back the bytes the previous
+ * store had just written, at another offset, which the CPU cannot forward
+ * (two thirds of raw_encode's time, and raw_encode an eighth of a
+ * stream's).  w <= RAW_PACKED_MAX_WIDTH < 64. */
 static void put_packed(uint8_t *blk, const uint64_t *values, size_t count, unsigned w) {
     blk[4] = (uint8_t)count;
     blk[5] = (uint8_t)(count >> 8);
     blk[6] = (uint8_t)w;
     put_le64(blk + RAW_BLOCK_HEADER_BYTES, values[0]);
+    uint8_t *p = blk + RAW_PACKED_OFFSETS_AT;
+    uint64_t acc = 0;
+    unsigned held = 0; /* bits in acc, < 64 */
     for (size_t i = 1; i < count; i++) {
-        size_t bit = (i - 1) * w;
-        uint8_t *p = blk + RAW_PACKED_OFFSETS_AT + (bit >> 3);
-        put_le64(p, load_le64(p) | (values[i] - values[0]) << (bit & 7));
+        uint64_t d = values[i] - values[0];
+        acc |= d << held;
+        held += w;
+        if (held >= 64) {
+            put_le64(p, acc);
+            p += 8;
+            held -= 64;
+            acc = held ? d >> (w - held) : 0;
+        }
     }
+    memcpy(p, &acc, (held + 7) / 8);
 }
 
 long raw_encode(const uint64_t *values, size_t n, int packed, uint8_t *out, size_t cap,
