@@ -319,7 +319,8 @@ class Compactor:
         """
         man = _copy_manifest(snap.manifest)
         jobs = []
-        stamps = np.sort(snap.tombstone_stamps) if len(snap.tombstone_stamps) else None
+        stamps = snap.tombstone_derived("sorted stamps", lambda: np.sort(snap.tombstone_stamps)) \
+            if snap.tombstone_run is not None else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         merges = [(space, m) for space in spaces
                   for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps,
@@ -495,8 +496,14 @@ class Compactor:
         if bound is not None:
             parts = [p[:np.searchsorted(p, np.uint64(bound), side="right")] for p in parts]
         # Tombstones are dropped as they pass; the log's removals need not be.
-        hidden = np.sort(self._ix.plan.tables[space].apply(snap.tombstones)) \
-            if len(snap.tombstones) else EMPTY_U64
+        # Only those in the step's range (cursor, bound] can match.
+        hidden = snap.tombstone_derived(
+            ("table", space), lambda: np.sort(self._ix.plan.tables[space].apply(snap.tombstones)))
+        if len(hidden):
+            hidden = hidden[np.searchsorted(hidden, np.uint64(cursor), side="right")
+                            if cursor is not None else 0:
+                            np.searchsorted(hidden, np.uint64(bound), side="right")
+                            if bound is not None else len(hidden)]
         merged = merge_unique(parts, hidden)
         if output.kind == KIND_HUFFMAN and not output.code:
             # The code is chosen once, from the first values the merge writes:
@@ -748,7 +755,9 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     if not record and stamps is not None and main and len(free) == len(runs):
         # A tombstone stamped s hides fingerprints of runs older than s.
         oldest = min(r.run_id for r in free)
-        hiding = len(stamps) - int(np.searchsorted(stamps, oldest, side="right"))
+        # (A stamp's own dtype: a Python int made numpy cast all the stamps first.)
+        hiding = len(stamps) - int(np.searchsorted(stamps, stamps.dtype.type(oldest),
+                                                   side="right"))
         if hiding > TOMBSTONE_FRACTION * main:
             return None, free, max(MAIN_LEVEL, max(r.level for r in free))
     # Level-0 runs (flushes) merge up at once, with the free level-1 runs.

@@ -32,7 +32,8 @@ from ndindex.index_documents import DocumentMethods
 from ndindex.codec import CODING_RESTARTS
 from ndindex.errors import BusyError, CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.overlay import RecordOps
-from ndindex.reader import REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot
+from ndindex.reader import (REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot,
+                            TombstoneMemo)
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
@@ -92,6 +93,7 @@ class Index(DocumentMethods):
         self._uses = 0   # snapshot requests, for the idle-snapshot reaper
         self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
         self._counts = CountMemo()  # the newest count, for len() to start from
+        self._tombstones = TombstoneMemo()  # the tombstone run's arrays, across snapshots
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
         self._pool = None
         self._psize = store.filemap.psize
@@ -371,7 +373,8 @@ class Index(DocumentMethods):
                 return cur
             try:
                 snap = Snapshot(self._store, self.plan, txn, view, prev=cur,
-                                directories=self._directories, counts=self._counts)
+                                directories=self._directories, counts=self._counts,
+                                tombstones=self._tombstones)
             except BaseException:
                 txn.abort()
                 raise

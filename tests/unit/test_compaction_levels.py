@@ -217,3 +217,32 @@ def test_a_growing_table_keeps_one_main_run(tmp_path):
                         brute(stored, q, 3)
         assert len(main_ids) > 5, "the stream merged into the main level too seldom"
         assert_settles(ix, live)
+
+
+def test_snapshots_share_the_tombstones_until_the_run_changes(tmp_path):
+    # The open index keeps the tombstone run's arrays (and each table's
+    # permuted copy, which merges use) for all its snapshots, and takes the
+    # new run's as soon as a flush writes one.
+    rng = np.random.default_rng(13)
+    fps = np.unique(rng.integers(0, 2**64, 9000, dtype=np.uint64))[:8000]
+    with Index.create(tmp_path / "t.ndx", k=3, expected_n=8000, background_compaction=False,
+                      log_limit=1 << 20) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+        live = set(fps.tolist())
+        for part in (fps[:300], fps[300:700]):
+            ix.remove(part)
+            live -= set(part.tolist())
+            ix._compactor.step(force_flush=True)
+            first = ix._snapshot()
+            gone = set(fps.tolist()) - live
+            assert set(first.tombstones.tolist()) == gone
+            extra = int(rng.integers(0, 2**64, dtype=np.uint64))
+            ix.add(np.array([extra], dtype=np.uint64))  # a commit, a new snapshot
+            live.add(extra)
+            second = ix._snapshot()
+            assert second is not first and second.tombstones is first.tombstones
+        while ix._compactor.step():
+            pass
+        assert set(ix.fingerprints().tolist()) == live
+        assert_answers(ix, live, [int(x) ^ 5 for x in fps[::211].tolist()])
