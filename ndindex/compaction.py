@@ -484,12 +484,17 @@ class Compactor:
         steps on other threads).
         """
         cursor = int.from_bytes(output.cursor, "big") if output.cursor else None
-        parts, ends, read_chunks = [], [], []
-        for run in inputs:
-            sl = rn.read_values(snap.view, run, cursor, STEP_CHUNKS)
-            parts.append(sl.values)
-            ends.append(None if sl.exhausted else sl.end)
-            read_chunks.append(sl.chunk_keys)
+        # The largest input first: its STEP_CHUNKS chunks span the narrowest
+        # range of keys, and the others are read only as far (a step keeps
+        # what every input covers; a third of what steps decoded went back).
+        slices, stop = {}, None
+        for i in sorted(range(len(inputs)), key=lambda i: -inputs[i].entries):
+            slices[i] = sl = rn.read_values(snap.view, inputs[i], cursor, STEP_CHUNKS, stop)
+            if stop is None and not sl.exhausted:
+                stop = sl.end
+        parts = [slices[i].values for i in range(len(inputs))]
+        ends = [None if slices[i].exhausted else slices[i].end for i in range(len(inputs))]
+        read_chunks = [slices[i].chunk_keys for i in range(len(inputs))]
         bounds = [e for e in ends if e is not None]
         final = not bounds
         bound = min(bounds) if bounds else None

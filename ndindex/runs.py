@@ -80,8 +80,9 @@ class Slice(NamedTuple):
 
 
 def read_values(view: PageView, run: Run, above: int | None = None,
-                limit_chunks: int = -1) -> Slice:
-    """Decode the run's live values above `above` (exclusive), up to limit_chunks chunks.
+                limit_chunks: int = -1, stop: int | None = None) -> Slice:
+    """Decode the run's live values above `above` (exclusive), up to limit_chunks chunks,
+    and after the first no chunk whose values all lie past `stop`.
 
     One C call (``_core.run_read``): chunk headers, fences and every block
     are checked.  Merge inputs start above their cursor; merge outputs stop
@@ -95,7 +96,8 @@ def read_values(view: PageView, run: Run, above: int | None = None,
     code = run_code(run).compiled if run.kind == KIND_HUFFMAN else None
     raw, keys, end, exhausted, last_seen = _core.run_read(
         view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]), run.space, run.run_id,
-        run.kind, code, start or 0, limit_chunks if limit_chunks > 0 else 1 << 62)
+        run.kind, code, start or 0, limit_chunks if limit_chunks > 0 else 1 << 62,
+        (1 << 64) - 1 if stop is None else stop)
     values = np.frombuffer(raw, dtype=np.uint64)
     if run.merge_output and run.cursor:
         cursor = int.from_bytes(run.cursor, "big")

@@ -757,8 +757,9 @@ static PyObject *py_run_directory_blocks(PyObject *self, PyObject *arg) {
 /* A tree (root or None, depth, flags) into db; -1 with an exception. */
 PyDoc_STRVAR(run_read_doc,
              "run_read(file, psize, npages, chunks_tree, space, run_id, kind, code, start,\n"
-             "         max_chunks) -> (values, keys, end, exhausted, last_seen)\n\n"
-             "Read up to max_chunks chunks of a run from the one holding start, checking\n"
+             "         max_chunks, stop) -> (values, keys, end, exhausted, last_seen)\n\n"
+             "Read up to max_chunks chunks of a run from the one holding start (after the\n"
+             "first, none whose values all lie past stop), checking\n"
              "headers, fences and every block; return the values >= start (uint64 bytes),\n"
              "the chunks' keys, the last value of the last chunk read, whether no chunk of\n"
              "the run follows, and whether the run's last chunk was read.  code: the run's\n"
@@ -766,11 +767,11 @@ PyDoc_STRVAR(run_read_doc,
 static PyObject *py_run_read(PyObject *self, PyObject *args) {
     PyObject *file, *chunks, *code;
     unsigned long psize, run_id;
-    unsigned long long npages, start;
+    unsigned long long npages, start, stop;
     int space, kind;
     Py_ssize_t max_chunks;
-    if (!PyArg_ParseTuple(args, "OkKOikiOKn", &file, &psize, &npages, &chunks, &space, &run_id,
-                          &kind, &code, &start, &max_chunks))
+    if (!PyArg_ParseTuple(args, "OkKOikiOKnK", &file, &psize, &npages, &chunks, &space, &run_id,
+                          &kind, &code, &start, &max_chunks, &stop))
         return NULL;
     if (space < 0 || space > 255 || run_id > 0xFFFFFFFFul || max_chunks < 1 ||
         (kind != RUN_KIND_HUFFMAN && kind != RUN_KIND_RAW)) {
@@ -793,8 +794,8 @@ static PyObject *py_run_read(PyObject *self, PyObject *args) {
     if (ndx_get_map(&fb, psize, npages, &map) == 0) {
         int rc;
         Py_BEGIN_ALLOW_THREADS rc = run_read(&map, &tree, (uint8_t)space, (uint32_t)run_id,
-                                             (uint8_t)kind, c, start, (size_t)max_chunks, &sl,
-                                             &err);
+                                             (uint8_t)kind, c, start, (size_t)max_chunks,
+                                             stop, &sl, &err);
         Py_END_ALLOW_THREADS if (rc < 0) {
             err.table = space;
             raise_query_error(rc, &err);

@@ -733,7 +733,7 @@ void run_slice_free(run_slice *s) {
 
 int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
              uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
-             run_slice *out, query_error *err) {
+             uint64_t stop, run_slice *out, query_error *err) {
     memset(out, 0, sizeof *out);
     uint8_t key[CHUNK_KEY_BYTES];
     chunk_key(key, space, run_id, start);
@@ -770,6 +770,8 @@ int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t
             err->what = "chunk fences do not match its neighbours";
             goto fail;
         }
+        if (out->nchunks && low >= stop)
+            break; /* every value of this chunk lies past stop */
         uint64_t entries = load_le64(val + 24);
         if (entries > (uint64_t)nblocks * (1 + BLOCK_PAYLOAD_BITS)) {
             err->what = "chunk claims more entries than its blocks can hold";

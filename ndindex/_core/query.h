@@ -229,12 +229,14 @@ typedef struct {
 } run_slice;
 
 /* Read up to max_chunks chunks of run (space, run_id) from the one holding
- * start: check each header, the fences and every block (checksums, order),
- * keep the values >= start.  code: the run's code (Huffman runs).  Returns
- * 0, QUERY_CORRUPT with err set, or QUERY_NOMEM.  Free with run_slice_free. */
+ * start, and after the first none whose values all lie past stop (its low
+ * fence >= stop): check each header, the fences and every block
+ * (checksums, order), keep the values >= start.  code: the run's code
+ * (Huffman runs).  Returns 0, QUERY_CORRUPT with err set, or QUERY_NOMEM.
+ * Free with run_slice_free. */
 int run_read(const mdbp_map *map, const mdbp_db *chunks, uint8_t space, uint32_t run_id,
              uint8_t kind, const codec_code *code, uint64_t start, size_t max_chunks,
-             run_slice *out, query_error *err);
+             uint64_t stop, run_slice *out, query_error *err);
 void run_slice_free(run_slice *s);
 
 #endif

@@ -246,3 +246,32 @@ def test_snapshots_share_the_tombstones_until_the_run_changes(tmp_path):
             pass
         assert set(ix.fingerprints().tolist()) == live
         assert_answers(ix, live, [int(x) ^ 5 for x in fps[::211].tolist()])
+
+
+def test_a_read_stops_at_the_first_chunk_past_stop(tmp_path, monkeypatch):
+    # read_values(stop=...) reads no chunk whose values all lie past stop
+    # (a merge step reads its sparser inputs only as far as its largest one
+    # reaches), always at least one, and what it reads is the run's values.
+    from ndindex import runs as rn
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
+    rng = np.random.default_rng(14)
+    fps = np.unique(rng.integers(0, 2**64, 5000, dtype=np.uint64))
+    with Index.create(tmp_path / "r.ndx", k=3, expected_n=5000, background_compaction=False) as ix:
+        ix.add(fps)
+        ix.compact(full=True)
+        snap = ix._snapshot()
+        run = snap.table_runs[0][0]
+        whole = rn.read_values(snap.view, run)
+        assert len(whole.chunk_keys) > 10 and whole.exhausted
+        values = whole.values
+        for stop in (0, int(values[0]), int(values[len(values) // 3]), int(values[-1]), 2**64 - 1):
+            sl = rn.read_values(snap.view, run, None, 1 << 30, stop)
+            assert sl.values.tolist() == values[:len(sl.values)].tolist()
+            ends = [int.from_bytes(k[5:], "big") for k in sl.chunk_keys]   # each chunk's last
+            assert ends and all(e < stop for e in ends[:-1])
+            assert sl.exhausted or ends[-1] >= stop
+            assert sl.exhausted == (ends[-1] == int(values[-1]))
+        above = int(values[100])
+        sl = rn.read_values(snap.view, run, above, 1 << 30, int(values[200]))
+        assert sl.values.tolist() == values[101:101 + len(sl.values)].tolist()
+        assert sl.end >= int(values[200]) and len(sl.values) < len(values) - 101
