@@ -8,7 +8,9 @@ flush merges with its small level-1 run in the same commit when it can
 into one run of the next level, LevelDB-style leveling with size ratio
 ``LEVEL_RATIO``: level-0 runs merge into level 1 at once; level i merges
 into level i+1 when it holds more than ``FLUSH_OPS * LEVEL_RATIO**i``
-entries.  Each fingerprint is so rewritten
+entries, and the last raw level into the main level, with the table's
+main run, once it holds ``MAIN_FRACTION`` of it (one run a level, so a
+query probes a few runs whatever N).  Each fingerprint is so rewritten
 about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
 added fingerprint grows with log N, not N.
 
