@@ -406,12 +406,17 @@ class Compactor:
         first_new = man.next_run_id
         main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
                     for t in range(len(ix.plan.tables))), default=0)
-        # Tombstones: the log's removals join them, its additions leave them.
+        # Tombstones: the log's removals join them, its additions leave them
+        # (searched among the additions, fewer than the tombstones).
         t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
-        keep = ~isin_sorted(t_fps, adds) if len(adds) and len(t_fps) else np.ones(len(t_fps), bool)
-        fps = np.concatenate([t_fps[keep], log.removes])
-        stamps = np.concatenate([t_stamps[keep], np.full(len(log.removes), first_new, np.uint32)])
-        fps, stamps = _newest_tombstones(fps, stamps)
+        back = adds[isin_sorted(adds, t_fps)]
+        fps, stamps = t_fps, t_stamps
+        if len(back) or len(log.removes):
+            keep = ~isin_sorted(t_fps, back)
+            fps = np.concatenate([t_fps[keep], log.removes])
+            stamps = np.concatenate([t_stamps[keep],
+                                     np.full(len(log.removes), first_new, np.uint32)])
+            fps, stamps = _newest_tombstones(fps, stamps)
         # A flush goes to level 1 or level 0 (_flush_target), unless it is
         # larger than any raw level may hold: then it is a main run of its own.
         level = 0 if len(adds) <= level_capacity(MAIN_LEVEL - 1, main, ix.log_limit) \
@@ -424,7 +429,10 @@ class Compactor:
             run_level, into = _flush_target(man, t, level, ix.log_limit)
             at = 0
             if into is not None:
-                hidden = np.sort(design.apply(fps)) if len(fps) else EMPTY_U64
+                # A tombstone stamped s hides runs older than s: of the
+                # level-1 run's values, only those stamped after it can.
+                newer = fps[stamps > into.run_id]
+                hidden = np.sort(design.apply(newer)) if len(newer) else EMPTY_U64
                 values = merge_unique([values, rn.read_values(snap.view, into).values], hidden)
                 deletes += rn.chunk_keys(snap.view, into)
                 at = man.runs.index(into)
@@ -446,8 +454,9 @@ class Compactor:
                                    sum(len(v) for _, v in pairs)))
         # A tombstone no run can hold any more goes (see _droppable).
         alive = stamps > _min_fp_run_id(man)
-        fps, stamps = fps[alive], stamps[alive]
-        if not np.array_equal(fps, t_fps):
+        if not alive.all():
+            fps, stamps = fps[alive], stamps[alive]
+        if fps is not t_fps and not np.array_equal(fps, t_fps):
             puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps)
             puts += puts_t
             deletes += deletes_t
