@@ -498,14 +498,14 @@ class Compactor:
         # The largest input first: its STEP_CHUNKS chunks span the narrowest
         # range of keys, and the others are read only as far (a step keeps
         # what every input covers; a third of what steps decoded went back).
-        slices, stop = {}, None
+        slices, stop = [None] * len(inputs), None
         for i in sorted(range(len(inputs)), key=lambda i: -inputs[i].entries):
-            slices[i] = sl = rn.read_values(snap.view, inputs[i], cursor, STEP_CHUNKS, stop)
-            if stop is None and not sl.exhausted:
-                stop = sl.end
-        parts = [slices[i].values for i in range(len(inputs))]
-        ends = [None if slices[i].exhausted else slices[i].end for i in range(len(inputs))]
-        read_chunks = [slices[i].chunk_keys for i in range(len(inputs))]
+            slices[i] = rn.read_values(snap.view, inputs[i], cursor, STEP_CHUNKS, stop)
+            if stop is None and not slices[i].exhausted:
+                stop = slices[i].end
+        parts = [sl.values for sl in slices]
+        ends = [None if sl.exhausted else sl.end for sl in slices]
+        read_chunks = [sl.chunk_keys for sl in slices]
         bounds = [e for e in ends if e is not None]
         final = not bounds
         bound = min(bounds) if bounds else None
