@@ -444,7 +444,6 @@ static int queue_block(job_queue *jq, const run_probe *rp, const uint8_t *block,
     return 0;
 }
 
-
 /* Probe the blocks of one checked chunk (key, val) for values in [lo, hi];
  * *done is set once the chunk reaches hi. */
 static int probe_chunk(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
