@@ -212,6 +212,7 @@ def progress(msg: str) -> None:
 
 
 def run_stream(n, workdir, n_single, n_batch, cycles, churn_fraction, items):
+    from ndindex.arrays import merge_unique
     from ndindex.index import Index
     path = os.path.join(workdir, f"stream-{n}.ndx")
     remove_index(path)
@@ -311,7 +312,8 @@ def run_stream(n, workdir, n_single, n_batch, cycles, churn_fraction, items):
         for a in range(0, m, BATCH):
             ix.add(new[a:a + BATCH])
         t_add = time.perf_counter() - t
-        live = np.union1d(np.delete(live, gone_at), new)
+        # One merge in C: np.union1d sorts all 30M again (40 s a cycle).
+        live = merge_unique([np.delete(live, gone_at), np.unique(new)])
         churn_ops += 2 * m
         runs, log_ops = run_shape(ix)
         churn.append(dict(cycle=c + 1, remove_fps=m / t_remove, add_fps=m / t_add,
