@@ -144,6 +144,12 @@ class PageView:
             out.append((key, mv[off:off + length]))
         return out
 
+    def check(self, tree: str) -> int:
+        """Check a whole tree as scan(tree, check_all=True) does, without
+        building its rows; return its number of entries."""
+        return _core.lmdb_check_tree(self.buf, self.psize, self.npages, self.trees[tree],
+                                0x04 if tree == "main" else 0x06)
+
 
 def named_trees(buf, psize: int, npages: int, main: Tree, names) -> dict:
     """The trees of the named databases, read from the main tree's records."""

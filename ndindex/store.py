@@ -726,8 +726,8 @@ class WriteTxn:
         self.view = view
         # LMDB walks the main tree (named database records) and the free
         # list (page reuse) in every write: check them whole.
-        view.scan("main", check_all=True)
-        view.scan("free", check_all=True)
+        view.check("main")
+        view.check("free")
         self._checked = set()
 
     def _check_path(self, db: str, key: bytes) -> None:

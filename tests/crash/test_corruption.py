@@ -456,3 +456,19 @@ def test_a_damaged_packed_block_is_reported_never_answered_wrongly(tmp_path, cap
     assert errors or name == "padding", "no query met the damaged block"
     line = cli_verify_line(path, capsys)
     assert "database=chunks" in line
+
+
+def test_a_write_on_a_damaged_free_list_raises_and_changes_nothing(damaged):
+    """Every write transaction checks the free list whole (LMDB reads its
+    records to reuse pages) with PageView.check, which builds no rows."""
+    path, info = damaged
+    with Index.open(path, background_compaction=False) as ix:
+        view = ix._store._view_of(ix._snapshot().txnid)
+        assert view.check("free") == len(view.scan("free", check_all=True)) > 0
+        assert view.check("main") == len(view.scan("main", check_all=True))
+    _free_list(path, info)
+    before = open(path, "rb").read()
+    with Index.open(path, background_compaction=False) as ix:
+        with pytest.raises(CorruptionError, match="free"):
+            ix.add([12345])
+    assert open(path, "rb").read() == before
