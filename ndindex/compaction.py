@@ -5,13 +5,17 @@ Each table is a log-structured set of sorted runs (FORMAT.md 7.4).  A
 space), updates the tombstones and deletes the log records; a table's
 flush merges with its small level-1 run in the same commit when it can
 (``_flush_target``), else it is a level-0 run.  A *merge* combines runs
-into one run of the next level, LevelDB-style leveling with size ratio
-``LEVEL_RATIO``: level-0 runs merge into level 1 at once; level i merges
-into level i+1 when it holds more than ``FLUSH_OPS * LEVEL_RATIO**i``
-entries, and the last raw level into the main level, with the table's
-main run, once it holds ``MAIN_FRACTION`` of it (one run a level, so a
-query probes a few runs whatever N).  Each fingerprint is so rewritten
-about (LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
+into one run of the next level, LevelDB-style leveling: level-0 runs
+merge into level 1 at once; a level merges into the next when it
+outgrows its share (``level_capacity``), and the top raw level into the
+main level, with the table's main run, once it holds ``MAIN_FRACTION`` of
+it (one run a level, so a query probes a few runs).  Level 1 holds
+``LEVEL_RATIO`` flushes; the shares of the levels above grow
+geometrically to the top's, at most ``MAX_LEVEL_RATIO`` apart, and a raw
+level is added each time the main level grows that much (RocksDB's
+dynamic level sizes): two raw levels up to 33.5M entries a table, three
+up to 537M.  Each fingerprint is so rewritten at most about
+(MAX_LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
 added fingerprint grows with log N, not N.
 
 Why steps: LMDB has one writer at a time, and a file never shrinks, so a
@@ -57,19 +61,30 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE
 FLUSH_OPS = 1 << 16
 #: A smaller log is flushed once no write came for this long.
 FLUSH_IDLE_SECONDS = 1.0
-#: Size ratio between the small levels.
+#: Size ratio between the small levels: level 1 holds FLUSH_OPS *
+#: LEVEL_RATIO entries, level 2 LEVEL_RATIO times more.
 LEVEL_RATIO = 8
-#: Levels 0..RAW_LEVELS-1 hold raw blocks (cheap to merge and to probe;
-#: packed, about 6.4 bytes a value at level 2 of a 10M index, FORMAT.md
-#: 5.3; plain, 8.06); the bottom level holds Huffman-delta blocks (about
-#: 5.5 bytes a value at 10M, but several times dearer to encode).  Keeping
-#: the levels that are rewritten often raw is what lets one core keep up
-#: with a million additions a second.
-RAW_LEVELS = 3
-MAIN_LEVEL = RAW_LEVELS
-#: The last raw level merges into the main level once it holds this
+#: The levels below the main level hold raw blocks (cheap to merge and to
+#: probe; packed, about 6.4 bytes a value at level 2 of a 10M index,
+#: FORMAT.md 5.3; plain, 8.06); the main level holds Huffman-delta blocks
+#: (about 5.5 bytes a value at 10M, but several times dearer to encode).
+#: Keeping the levels that are rewritten often raw is what lets one core
+#: keep up with a million additions a second.  Every Huffman run of a table
+#: is a main-level run whatever level it carries (files written before
+#: 2026-11-27 numbered the main level 3; see level_of).
+MAIN_LEVEL = 15
+#: The top raw level merges into the main level once it holds this
 #: fraction of the main level (or FLUSH_OPS * LEVEL_RATIO**2, if more).
 MAIN_FRACTION = 0.25
+#: Raw levels are added as the main level grows (RocksDB's dynamic level
+#: sizes): the sizes of levels 1 .. top grow geometrically from level 1's
+#: to the top's, at most this ratio apart.  With two raw levels whatever N,
+#: level 2 held a quarter of the main level, and each level-1 run merged
+#: into it rewrote it: at 1B, 250M entries rewritten for every 0.5M added.
+MAX_LEVEL_RATIO = 16
+#: Where the main level of record spaces was numbered before (their runs
+#: are never Huffman-coded): their runs at this level or above are main.
+RECORD_MAIN_LEVEL = 3
 #: Deletion-triggered merge (as RocksDB's compaction on deletions): once the
 #: tombstones that may hide fingerprints of a table's oldest run outnumber
 #: this fraction of its main level, every run of the table merges into the
@@ -288,7 +303,7 @@ class Compactor:
         # runs would pile up.  Merge first once they do, unless the log
         # itself has grown long.
         tables = range(len(self._ix.plan.tables))
-        level0 = max((sum(1 for r in snap.manifest.of(t) if r.level == 0) for t in tables),
+        level0 = max((sum(1 for r in snap.manifest.of(t) if level_of(r) == 0) for t in tables),
                      default=0)
         # A level-1 run past its share, with nothing else merging in its
         # table, starts its merge up first: the flush would otherwise be a
@@ -381,7 +396,7 @@ class Compactor:
             state.txnid = wt.txnid
             wt.put_framed(KEY_MANIFEST, manifest.pack())
             wt.put_framed(KEY_STATE, state.pack())
-            self.level0_runs = max((sum(1 for r in manifest.of(t) if r.level < MAIN_LEVEL)
+            self.level0_runs = max((sum(1 for r in manifest.of(t) if level_of(r) < MAIN_LEVEL)
                                     for t in range(len(self._ix.plan.tables))), default=0)
             self.log_ops = state.log_ops
 
@@ -405,8 +420,7 @@ class Compactor:
         puts, deletes = [], []
         adds = log.adds
         first_new = man.next_run_id
-        main = max((sum(r.entries for r in man.of(t) if r.level >= MAIN_LEVEL)
-                    for t in range(len(ix.plan.tables))), default=0)
+        main = max((_main_entries(man.of(t)) for t in range(len(ix.plan.tables))), default=0)
         # Tombstones: the log's removals join them, its additions leave them
         # (searched among the additions, fewer than the tombstones).
         t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
@@ -420,8 +434,8 @@ class Compactor:
             fps, stamps = _newest_tombstones(fps, stamps)
         # A flush goes to level 1 or level 0 (_flush_target), unless it is
         # larger than any raw level may hold: then it is a main run of its own.
-        level = 0 if len(adds) <= level_capacity(MAIN_LEVEL - 1, main, ix.log_limit) \
-            else MAIN_LEVEL
+        level = 0 if len(adds) <= level_capacity(top_raw_level(main, ix.log_limit), main,
+                                                 ix.log_limit) else MAIN_LEVEL
         kind = kind_of(level)
         tables = list(enumerate(ix.plan.tables)) if len(adds) else []
         targets = [_flush_target(man, t, level, ix.log_limit) for t, _ in tables]
@@ -673,7 +687,7 @@ def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
     runs in the table: the next merge round starts its merge up."""
     runs = man.of(space)
     return not any(r.merge_into for r in runs) and any(
-        r.level == 1 and r.entries > level_capacity(1, 0, flush_ops) for r in runs)
+        level_of(r) == 1 and r.entries > level_capacity(1, 0, flush_ops) for r in runs)
 
 
 def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_OPS):
@@ -694,21 +708,62 @@ def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_
     and the file's growth come more from flushes than they did.)"""
     if level != 0:
         return level, None
-    free = [r for r in man.of(space) if r.level <= 1 and not r.merge_into]
+    free = [r for r in man.of(space) if level_of(r) <= 1 and not r.merge_into]
     room = [r for r in free if r.entries <= level_capacity(1, 0, flush_ops)]
     if room:
         return 1, min(room, key=lambda r: r.entries)
     return (1, None) if len(free) < 2 else (level, None)
 
 
+def level_of(run: Run) -> int:
+    """A run's level as the policy sees it: MAIN_LEVEL for every run of the
+    main level (a table's Huffman runs; a record space's runs at
+    RECORD_MAIN_LEVEL or above, as files before 2026-11-27 numbered them)."""
+    if run.kind == KIND_HUFFMAN or (run.space in RECORD_SPACES and
+                                    run.level >= RECORD_MAIN_LEVEL):
+        return MAIN_LEVEL
+    return run.level
+
+
+def _main_entries(runs) -> int:
+    return sum(r.entries for r in runs if level_of(r) >= MAIN_LEVEL)
+
+
+def _top_share(main_entries: int, flush_ops: int) -> int:
+    """Entries the top raw level may hold: MAIN_FRACTION of the main level."""
+    return max(flush_ops * LEVEL_RATIO ** 2, int(main_entries * MAIN_FRACTION))
+
+
+def top_raw_level(main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
+    """The top raw level of a space whose main level holds main_entries: 2
+    until the top's share is MAX_LEVEL_RATIO times level 1's, then one more
+    level for every MAX_LEVEL_RATIO times (at FLUSH_OPS: 2 up to a main
+    level of 33.5M entries, 3 up to 537M, 4 up to 8.6G)."""
+    ratio = _top_share(main_entries, flush_ops) / (flush_ops * LEVEL_RATIO)
+    top = 2
+    while ratio > MAX_LEVEL_RATIO ** (top - 1) and top < MAIN_LEVEL - 1:
+        top += 1
+    return top
+
+
 def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
-    """Entries a run of this level may hold before it merges into the next."""
+    """Entries a run of this level may hold before it merges into the next.
+
+    Level 0 holds a flush, level 1 LEVEL_RATIO flushes, the top raw level
+    MAIN_FRACTION of the main level (at least LEVEL_RATIO times level 1),
+    the levels between them sizes in geometric progression.  A raw level
+    above the top (the main level shrank) holds nothing: it is due."""
     if level >= MAIN_LEVEL:
         return 1 << 63
-    cap = flush_ops * LEVEL_RATIO ** level
-    if level == MAIN_LEVEL - 1:
-        cap = max(cap, int(main_entries * MAIN_FRACTION))
-    return cap
+    if level == 0:
+        return flush_ops
+    top = top_raw_level(main_entries, flush_ops)
+    if level > top:
+        return 0
+    base, share = flush_ops * LEVEL_RATIO, _top_share(main_entries, flush_ops)
+    if level == top:
+        return share
+    return int(base * (share / base) ** ((level - 1) / (top - 1)))
 
 
 def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
@@ -738,26 +793,27 @@ def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH
     (newest wins), keep one merge at a time.
     """
     runs = man.of(space)
-    busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level)
+    busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], level_of(r))
             for r in runs if r.merge_output]
     if not busy:
         first = _choose_merge(man, space, full, flush_ops, stamps, coding)
         return [] if first is None else [first]
     if space in RECORD_SPACES or full or len(busy) > 1 or \
-            any(r.level < 2 for r in busy[0][1]):
+            any(level_of(r) < 2 for r in busy[0][1]):
         return busy
-    main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+    main = _main_entries(runs)
     rest = Manifest(man.generation, man.next_run_id,
                     [r for r in man.runs if r.space != space or not r.merge_into])
     side = _choose_merge(rest, space, False, flush_ops, None, coding, main)
-    if side is not None and side[2] <= min(r.level for r in busy[0][1]):
+    if side is not None and side[2] <= min(level_of(r) for r in busy[0][1]):
         return busy + [side]
-    level0 = [r for r in runs if not r.merge_into and r.level == 0]
+    level0 = [r for r in runs if not r.merge_into and level_of(r) == 0]
     if not level0:
         return busy
     # Into level 1 even past its capacity: a second run at a busy level
     # would be one more run for every query to probe.
-    return busy + [(None, level0 + [r for r in runs if not r.merge_into and r.level == 1][:1], 1)]
+    return busy + [(None, level0 + [r for r in runs if not r.merge_into and level_of(r) == 1][:1],
+                    1)]
 
 
 def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
@@ -773,7 +829,7 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     runs = man.of(space)
     for r in runs:  # a merge in progress goes first
         if r.merge_output:
-            return r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], r.level
+            return r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], level_of(r)
     free = [r for r in runs if not r.merge_into]
     if not free:
         return None
@@ -781,10 +837,10 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     if full:
         if len(free) > 1 or (not record and (free[0].kind != KIND_HUFFMAN or (
                 coding is not None and free[0].coding != coding))):
-            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
+            return None, free, MAIN_LEVEL
         return None
     if main is None:
-        main = sum(r.entries for r in runs if r.level >= MAIN_LEVEL)
+        main = _main_entries(runs)
     if not record and stamps is not None and main and len(free) == len(runs):
         # A tombstone stamped s hides fingerprints of runs older than s.
         oldest = min(r.run_id for r in free)
@@ -792,15 +848,15 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
         hiding = len(stamps) - int(np.searchsorted(stamps, stamps.dtype.type(oldest),
                                                    side="right"))
         if hiding > TOMBSTONE_FRACTION * main:
-            return None, free, max(MAIN_LEVEL, max(r.level for r in free))
+            return None, free, MAIN_LEVEL
     # Level-0 runs (flushes) merge up at once, with the free level-1 runs.
-    level0 = [r for r in free if r.level == 0]
+    level0 = [r for r in free if level_of(r) == 0]
     if level0:
-        inputs = level0 + [r for r in free if r.level == 1]
+        inputs = level0 + [r for r in free if level_of(r) == 1]
         return _leveled(inputs, free, level_for(sum(r.entries for r in inputs), 1, main,
                                                 flush_ops), main, flush_ops)
-    for level in sorted({r.level for r in free}):
-        here = [r for r in free if r.level == level]
+    for level in sorted({level_of(r) for r in free}):
+        here = [r for r in free if level_of(r) == level]
         if level >= MAIN_LEVEL:
             if len(here) > 1:
                 return None, here, level
@@ -821,7 +877,7 @@ def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int):
     due into the main level, it goes there alone: the small runs then merge
     beside the long merge (_choose_merges) instead of waiting as its inputs."""
     if 1 < level < MAIN_LEVEL:
-        here = [r for r in free if r.level == level and r not in inputs][:1]
+        here = [r for r in free if level_of(r) == level and r not in inputs][:1]
         up = level_for(sum(r.entries for r in inputs + here), level, main, flush_ops)
         if here and up >= MAIN_LEVEL:
             return None, _with_main(here, free, up), up
@@ -837,7 +893,7 @@ def _with_main(inputs: list, free: list, level: int) -> list:
     for every query, and their number grows with N.)"""
     if level < MAIN_LEVEL:
         return inputs
-    return inputs + [r for r in free if r.level >= MAIN_LEVEL and r not in inputs]
+    return inputs + [r for r in free if level_of(r) >= MAIN_LEVEL and r not in inputs]
 
 
 def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:

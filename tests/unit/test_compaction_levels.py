@@ -275,3 +275,62 @@ def test_a_read_stops_at_the_first_chunk_past_stop(tmp_path, monkeypatch):
         sl = rn.read_values(snap.view, run, above, 1 << 30, int(values[200]))
         assert sl.values.tolist() == values[101:101 + len(sl.values)].tolist()
         assert sl.end >= int(values[200]) and len(sl.values) < len(values) - 101
+
+
+def test_levels_grow_geometrically_and_are_added_as_the_main_level_grows():
+    f = compaction.FLUSH_OPS
+    for main in (0, 10**7, 3 * 10**7, 10**8, 10**9, 10**10):
+        top = compaction.top_raw_level(main)
+        caps = [compaction.level_capacity(level, main) for level in range(top + 1)]
+        assert caps[0] == f and caps[1] == f * compaction.LEVEL_RATIO
+        assert caps[top] == max(f * compaction.LEVEL_RATIO ** 2, main // 4)
+        ratios = [b / a for a, b in zip(caps[1:], caps[2:])]
+        assert all(1 < r <= compaction.MAX_LEVEL_RATIO for r in ratios), (main, caps)
+        assert compaction.level_capacity(top + 1, main) == 0  # above the top: due
+    assert [compaction.top_raw_level(m) for m in (10**7, 3 * 10**7, 10**8, 10**9, 10**10)] == \
+        [2, 2, 3, 4, 5]
+
+
+def test_a_huffman_run_is_main_whatever_level_it_carries():
+    # Files before 2026-11-27 numbered the main level 3: such a run stays
+    # the main level (a raw run at level 3 is a raw level now).
+    from ndindex.records import KIND_HUFFMAN, KIND_RAW, Manifest, Run
+    old_main = Run(0, KIND_HUFFMAN, 3, 1, 10**8, 100)
+    level2 = Run(0, KIND_RAW, 2, 2, 4 * 10**6, 10)
+    assert compaction.level_of(old_main) == compaction.MAIN_LEVEL
+    assert compaction.level_of(Run(0, KIND_RAW, 3, 3, 10, 1)) == 3
+    # Level 2 past its share of a 100M main level (3.6M) goes to raw level 3, not main.
+    output, inputs, level = compaction._choose_merge(Manifest(1, 4, [level2, old_main]), 0, False)
+    assert (output, inputs, level) == (None, [level2], 3)
+    # Once level 3 outgrows a quarter of the main level, it merges with the main run.
+    level3 = Run(0, KIND_RAW, 3, 3, 26 * 10**6, 10)
+    output, inputs, level = compaction._choose_merge(Manifest(1, 4, [level3, old_main]), 0, False)
+    assert level == compaction.MAIN_LEVEL and inputs == [level3, old_main]
+
+
+def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
+    # log_limit=20: level 1 holds 160 entries; a third raw level comes once
+    # a quarter of the main level is more than 16 x 160 (main > 10,240).
+    rng = np.random.default_rng(21)
+    fps = np.unique(rng.integers(0, 2**64, 41000, dtype=np.uint64))[:40000]
+    rng.shuffle(fps)
+    levels_seen, live = set(), set()
+    with Index.create(tmp_path / "d.ndx", k=3, expected_n=40000, background_compaction=False,
+                      log_limit=20) as ix:
+        for i, part in enumerate(np.array_split(fps, 400)):
+            ix.add(part)
+            live |= set(part.tolist())
+            for _ in range(3):
+                ix._compactor.step()
+            for t in range(len(ix.plan.tables)):
+                runs = ix._snapshot().manifest.of(t)
+                main = [r for r in runs if compaction.level_of(r) == compaction.MAIN_LEVEL]
+                assert len([r for r in main if not r.merge_into]) <= 1, runs
+                levels_seen |= {r.level for r in runs if r not in main}
+            if i % 100 == 99:
+                stored = np.array(sorted(live), dtype=np.uint64)
+                for q in [int(x) ^ (5 << int(b)) for x, b in zip(stored[::1999].tolist(), range(61))]:
+                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == \
+                        brute(stored, q, 3)
+        assert 3 in levels_seen, levels_seen
+        assert_settles(ix, live)
