@@ -437,12 +437,11 @@ class Compactor:
         level = 0 if len(adds) <= level_capacity(top_raw_level(main, ix.log_limit), main,
                                                  ix.log_limit) else MAIN_LEVEL
         kind = kind_of(level)
-        tables = list(enumerate(ix.plan.tables)) if len(adds) else []
-        targets = [_flush_target(man, t, level, ix.log_limit) for t, _ in tables]
 
-        def table_run(t, design, into, rid):
+        def table_run(job):
             """A table's new run: (chunk pairs, entries, first value, last value, code).
             Its heavy parts (permute, sort, decode, merge, encode) release the GIL."""
+            t, design, _, into, rid = job
             values = np.sort(design.apply(adds))
             if into is not None:
                 # A tombstone stamped s hides runs older than s: of the
@@ -460,14 +459,12 @@ class Compactor:
         # third of the compaction thread's time in a 30M stream went to
         # building them one after another), then put into the manifest in
         # table order.
-        rids = [man.new_run_id() for _ in tables]
-        jobs = [(t, design, into, rid) for (t, design), (_, into), rid in zip(tables, targets, rids)]
-        if len(jobs) > 1 and self._pool is not None:
-            built = list(self._pool.map(lambda j: table_run(*j), jobs))
-        else:
-            built = [table_run(*j) for j in jobs]
-        for (t, _, into, rid), (run_level, _), (pairs, n, first, last, code) in \
-                zip(jobs, targets, built):
+        jobs = [(t, design, *_flush_target(man, t, level, ix.log_limit), man.new_run_id())
+                for t, design in enumerate(ix.plan.tables)] if len(adds) else []
+        pool = self._pool if len(jobs) > 1 else None
+        built = list(pool.map(table_run, jobs)) if pool is not None else \
+            [table_run(job) for job in jobs]
+        for (t, _, run_level, into, rid), (pairs, n, first, last, code) in zip(jobs, built):
             at = 0
             if into is not None:
                 deletes += rn.chunk_keys(snap.view, into)
@@ -746,18 +743,21 @@ def top_raw_level(main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
     return top
 
 
-def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
+def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS,
+                   records: bool = False) -> int:
     """Entries a run of this level may hold before it merges into the next.
 
     Level 0 holds a flush, level 1 LEVEL_RATIO flushes, the top raw level
     MAIN_FRACTION of the main level (at least LEVEL_RATIO times level 1),
     the levels between them sizes in geometric progression.  A raw level
-    above the top (the main level shrank) holds nothing: it is due."""
+    above the top (the main level shrank) holds nothing: it is due.
+    Record spaces keep two raw levels (records: their level 3 is main in
+    files before 2026-11-27, see level_of)."""
     if level >= MAIN_LEVEL:
         return 1 << 63
     if level == 0:
         return flush_ops
-    top = top_raw_level(main_entries, flush_ops)
+    top = 2 if records else top_raw_level(main_entries, flush_ops)
     if level > top:
         return 0
     base, share = flush_ops * LEVEL_RATIO, _top_share(main_entries, flush_ops)
@@ -767,10 +767,11 @@ def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS
 
 
 def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
-              flush_ops: int = FLUSH_OPS) -> int:
+              flush_ops: int = FLUSH_OPS, records: bool = False) -> int:
     """The lowest level, at least at_least, whose runs may hold this many entries."""
     level = at_least
-    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries, flush_ops):
+    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries, flush_ops,
+                                                          records):
         level += 1
     return level
 
@@ -854,7 +855,7 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
     if level0:
         inputs = level0 + [r for r in free if level_of(r) == 1]
         return _leveled(inputs, free, level_for(sum(r.entries for r in inputs), 1, main,
-                                                flush_ops), main, flush_ops)
+                                                flush_ops, record), main, flush_ops, record)
     for level in sorted({level_of(r) for r in free}):
         here = [r for r in free if level_of(r) == level]
         if level >= MAIN_LEVEL:
@@ -862,15 +863,16 @@ def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_
                 return None, here, level
             continue
         total = sum(r.entries for r in here)
-        if total > level_capacity(level, main, flush_ops):
-            return _leveled(here, free, level_for(total, level + 1, main, flush_ops), main,
-                            flush_ops)
+        if total > level_capacity(level, main, flush_ops, record):
+            return _leveled(here, free, level_for(total, level + 1, main, flush_ops, record),
+                            main, flush_ops, record)
         if len(here) > 1:  # a level holds one run; two appear while one was busy
             return None, here, level
     return None
 
 
-def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int):
+def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int,
+             records: bool = False):
     """The merge of inputs into level, leveled as LevelDB: with the free run
     already at the level (each run at a level is one more probe per query),
     and into the next level if together they outgrow it.  When that run is
@@ -878,7 +880,7 @@ def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int):
     beside the long merge (_choose_merges) instead of waiting as its inputs."""
     if 1 < level < MAIN_LEVEL:
         here = [r for r in free if level_of(r) == level and r not in inputs][:1]
-        up = level_for(sum(r.entries for r in inputs + here), level, main, flush_ops)
+        up = level_for(sum(r.entries for r in inputs + here), level, main, flush_ops, records)
         if here and up >= MAIN_LEVEL:
             return None, _with_main(here, free, up), up
         inputs, level = inputs + here, up

@@ -334,3 +334,13 @@ def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
                         brute(stored, q, 3)
         assert 3 in levels_seen, levels_seen
         assert_settles(ix, live)
+
+
+def test_record_spaces_keep_two_raw_levels():
+    # A record space's runs at level 3 are its main level (level_of): a third
+    # raw level there would be taken for main runs.
+    big = 10**9
+    assert compaction.level_capacity(3, big, records=True) == 0
+    assert compaction.level_capacity(2, big, records=True) == big // 4
+    assert compaction.level_for(big // 8, 1, big, records=True) == 2
+    assert compaction.level_for(big // 8, 1, big) == 4  # tables: 4.1M, 32M, 250M above level 1
