@@ -208,7 +208,7 @@ PyDoc_STRVAR(lmdb_check_tree_doc,
              "lmdb_scan(..., check_all=True) over the whole tree does, and that no\n"
              "node's flags have a bit of bad_flags; return the number of entries.\n"
              "No rows are built: a write transaction checks the free list whole\n"
-             "(1,570 records took 2.6 ms as rows, most of it building them).\n"
+             "(1,570 records: 0.4-1.1 ms as rows, 0.04 ms without, pages cached).\n"
              "Raises CorruptionError for a damaged page.");
 static PyObject *py_lmdb_check_tree(PyObject *self, PyObject *args) {
     Py_buffer buf;

@@ -35,6 +35,25 @@ def assert_settles(ix, live: set) -> None:
     assert set(ix.fingerprints().tolist()) == live
 
 
+def grown(ix, fps, parts: int, steps: int, every: int, flip: int, stride: int):
+    """Add fps in `parts` calls with `steps` compaction steps after each, and
+    yield (table, its runs) for every table after every call; after every
+    `every` calls, queries near what was added (every stride-th stored
+    fingerprint XOR flip << b) find what brute force finds."""
+    live = set()
+    for i, part in enumerate(np.array_split(fps, parts)):
+        ix.add(part)
+        live |= set(part.tolist())
+        for _ in range(steps):
+            ix._compactor.step()
+        for t in range(len(ix.plan.tables)):
+            yield t, ix._snapshot().manifest.of(t)
+        if i % every == every - 1:
+            stored = sorted(live)
+            assert_answers(ix, live, [x ^ (flip << b) for x, b in
+                                      zip(stored[::stride], range(64 - flip.bit_length()))])
+
+
 @contextlib.contextmanager
 def main_merge_started(path, monkeypatch, seed: int, n: int, log_limit: int):
     """An index of merges in many small steps, with three quarters of n
@@ -198,25 +217,14 @@ def test_a_growing_table_keeps_one_main_run(tmp_path):
     rng.shuffle(fps)
     with Index.create(tmp_path / "m.ndx", k=3, expected_n=30000, background_compaction=False,
                       log_limit=50) as ix:
-        main_ids, live = set(), set()
-        for i, part in enumerate(np.array_split(fps, 300)):
-            ix.add(part)
-            live |= set(part.tolist())
-            for _ in range(2):
-                ix._compactor.step()
-            for t in range(len(ix.plan.tables)):
-                runs = ix._snapshot().manifest.of(t)
-                main = [r for r in runs if r.level >= compaction.MAIN_LEVEL]
-                assert len([r for r in main if not r.merge_into]) <= 1, runs
-                assert len(main) <= 2, runs   # a merge's output and its main input
-                main_ids |= {r.run_id for r in main} if t == 0 else set()
-            if i % 60 == 59:
-                stored = np.array(sorted(live), dtype=np.uint64)
-                for q in [int(x) ^ (3 << int(b)) for x, b in zip(stored[::997].tolist(), range(62))]:
-                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == \
-                        brute(stored, q, 3)
+        main_ids = set()
+        for t, runs in grown(ix, fps, parts=300, steps=2, every=60, flip=3, stride=997):
+            main = [r for r in runs if r.level >= compaction.MAIN_LEVEL]
+            assert len([r for r in main if not r.merge_into]) <= 1, runs
+            assert len(main) <= 2, runs   # a merge's output and its main input
+            main_ids |= {r.run_id for r in main} if t == 0 else set()
         assert len(main_ids) > 5, "the stream merged into the main level too seldom"
-        assert_settles(ix, live)
+        assert_settles(ix, set(fps.tolist()))
 
 
 def test_snapshots_share_the_tombstones_until_the_run_changes(tmp_path):
@@ -314,26 +322,15 @@ def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
     rng = np.random.default_rng(21)
     fps = np.unique(rng.integers(0, 2**64, 41000, dtype=np.uint64))[:40000]
     rng.shuffle(fps)
-    levels_seen, live = set(), set()
+    levels_seen = set()
     with Index.create(tmp_path / "d.ndx", k=3, expected_n=40000, background_compaction=False,
                       log_limit=20) as ix:
-        for i, part in enumerate(np.array_split(fps, 400)):
-            ix.add(part)
-            live |= set(part.tolist())
-            for _ in range(3):
-                ix._compactor.step()
-            for t in range(len(ix.plan.tables)):
-                runs = ix._snapshot().manifest.of(t)
-                main = [r for r in runs if compaction.level_of(r) == compaction.MAIN_LEVEL]
-                assert len([r for r in main if not r.merge_into]) <= 1, runs
-                levels_seen |= {r.level for r in runs if r not in main}
-            if i % 100 == 99:
-                stored = np.array(sorted(live), dtype=np.uint64)
-                for q in [int(x) ^ (5 << int(b)) for x, b in zip(stored[::1999].tolist(), range(61))]:
-                    assert {m.fingerprint for m in ix.query(q, 3, keys=False)} == \
-                        brute(stored, q, 3)
+        for _, runs in grown(ix, fps, parts=400, steps=3, every=100, flip=5, stride=1999):
+            main = [r for r in runs if compaction.level_of(r) == compaction.MAIN_LEVEL]
+            assert len([r for r in main if not r.merge_into]) <= 1, runs
+            levels_seen |= {r.level for r in runs if r not in main}
         assert 3 in levels_seen, levels_seen
-        assert_settles(ix, live)
+        assert_settles(ix, set(fps.tolist()))
 
 
 def test_record_spaces_keep_two_raw_levels():
