@@ -10,7 +10,8 @@ merge into level 1 at once; a level merges into the next when it
 outgrows its share (``level_capacity``), and the top raw level into the
 main level, with the table's main run, once it holds ``MAIN_FRACTION`` of
 it (one run a level, so a query probes a few runs).  Level 1 holds
-``LEVEL_RATIO`` flushes; the shares of the levels above grow
+``SMALL_LEVEL_RATIO`` flushes while two raw levels do with that, then
+``LEVEL_RATIO`` (``level1_share``); the shares of the levels above grow
 geometrically to the top's, at most ``MAX_LEVEL_RATIO`` apart, and a raw
 level is added each time the main level grows that much (RocksDB's
 dynamic level sizes): two raw levels up to 33.5M entries a table, three
@@ -61,9 +62,17 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE
 FLUSH_OPS = 1 << 16
 #: A smaller log is flushed once no write came for this long.
 FLUSH_IDLE_SECONDS = 1.0
-#: Size ratio between the small levels: level 1 holds FLUSH_OPS *
-#: LEVEL_RATIO entries, level 2 LEVEL_RATIO times more.
+#: Level 1 holds FLUSH_OPS * LEVEL_RATIO entries (level1_share) ...
 LEVEL_RATIO = 8
+#: ... or this many flushes, while the top raw level's share is at most
+#: MAX_LEVEL_RATIO times that (a main level of up to 16.8M entries a
+#: table).  Every flush rewrites the level-1 run in its commit: the
+#: largest commits of a small index, and the pages a file must hold free
+#: beside its data until the snapshots before them end.  At 10M, four
+#: flushes instead of eight took the file after churn from 1.33-1.42x a
+#: fresh build to 1.23x, the stream from 2.0M to 2.4M fp/s; at 30M, four
+#: would take a third raw level (a slower stream), hence the switch.
+SMALL_LEVEL_RATIO = 4
 #: The levels below the main level hold raw blocks (cheap to merge and to
 #: probe; packed, about 6.4 bytes a value at level 2 of a 10M index,
 #: FORMAT.md 5.3; plain, 8.06); the main level holds Huffman-delta blocks
@@ -682,8 +691,9 @@ def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
     """Whether a table's free level-1 run is past its share while no merge
     runs in the table: the next merge round starts its merge up."""
     runs = man.of(space)
+    share = level_capacity(1, _main_entries(runs), flush_ops)
     return not any(r.merge_into for r in runs) and any(
-        level_of(r) == 1 and r.entries > level_capacity(1, 0, flush_ops) for r in runs)
+        level_of(r) == 1 and r.entries > share for r in runs)
 
 
 def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_OPS):
@@ -704,8 +714,10 @@ def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_
     and the file's growth come more from flushes than they did.)"""
     if level != 0:
         return level, None
-    free = [r for r in man.of(space) if level_of(r) <= 1 and not r.merge_into]
-    room = [r for r in free if r.entries <= level_capacity(1, 0, flush_ops)]
+    runs = man.of(space)
+    share = level_capacity(1, _main_entries(runs), flush_ops)
+    free = [r for r in runs if level_of(r) <= 1 and not r.merge_into]
+    room = [r for r in free if r.entries <= share]
     if room:
         return 1, min(room, key=lambda r: r.entries)
     return (1, None) if len(free) < 2 else (level, None)
@@ -725,6 +737,16 @@ def _main_entries(runs) -> int:
     return sum(r.entries for r in runs if level_of(r) >= MAIN_LEVEL)
 
 
+def level1_share(main_entries: int, flush_ops: int) -> int:
+    """Entries level 1 may hold: SMALL_LEVEL_RATIO flushes while the top
+    raw level's share is within MAX_LEVEL_RATIO of that, else LEVEL_RATIO
+    flushes (the top's share then sets how many raw levels there are)."""
+    small = flush_ops * SMALL_LEVEL_RATIO
+    if _top_share(main_entries, flush_ops) <= small * MAX_LEVEL_RATIO:
+        return small
+    return flush_ops * LEVEL_RATIO
+
+
 def _top_share(main_entries: int, flush_ops: int) -> int:
     """Entries the top raw level may hold: MAIN_FRACTION of the main level."""
     return max(flush_ops * LEVEL_RATIO ** 2, int(main_entries * MAIN_FRACTION))
@@ -735,7 +757,7 @@ def top_raw_level(main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
     until the top's share is MAX_LEVEL_RATIO times level 1's, then one more
     level for every MAX_LEVEL_RATIO times (at FLUSH_OPS: 2 up to a main
     level of 33.5M entries, 3 up to 537M, 4 up to 8.6G)."""
-    ratio = _top_share(main_entries, flush_ops) / (flush_ops * LEVEL_RATIO)
+    ratio = _top_share(main_entries, flush_ops) / level1_share(main_entries, flush_ops)
     top = 2
     while ratio > MAX_LEVEL_RATIO ** (top - 1) and top < MAIN_LEVEL - 1:
         top += 1
@@ -746,8 +768,8 @@ def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS
                    records: bool = False) -> int:
     """Entries a run of this level may hold before it merges into the next.
 
-    Level 0 holds a flush, level 1 LEVEL_RATIO flushes, the top raw level
-    MAIN_FRACTION of the main level (at least LEVEL_RATIO times level 1),
+    Level 0 holds a flush, level 1 level1_share, the top raw level
+    MAIN_FRACTION of the main level (at least FLUSH_OPS * LEVEL_RATIO**2),
     the levels between them sizes in geometric progression.  A raw level
     above the top (the main level shrank) holds nothing: it is due.
     Record spaces keep two raw levels (records: their level 3 is main in
@@ -759,7 +781,7 @@ def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS
     top = 2 if records else top_raw_level(main_entries, flush_ops)
     if level > top:
         return 0
-    base, share = flush_ops * LEVEL_RATIO, _top_share(main_entries, flush_ops)
+    base, share = level1_share(main_entries, flush_ops), _top_share(main_entries, flush_ops)
     if level == top:
         return share
     return int(base * (share / base) ** ((level - 1) / (top - 1)))

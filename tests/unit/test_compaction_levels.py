@@ -99,10 +99,12 @@ def test_small_merges_run_beside_a_merge_into_the_main_level(tmp_path, monkeypat
         assert set(ix.fingerprints().tolist()) == live
 
 
-def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path):
+def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path, monkeypatch):
     # Adds, removes (of values in the main run and in level 1) and re-adds:
     # after each flush a table holds its level-1 run and its main run, no
-    # merge is left to do, and answers equal brute force.
+    # merge is left to do, and answers equal brute force.  Level 1 holds
+    # eight flushes, as it does past a main level of 16.8M entries.
+    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", compaction.LEVEL_RATIO)
     rng = np.random.default_rng(8)
     fps = np.unique(rng.integers(0, 2**64, 13000, dtype=np.uint64))[:12000]
     with Index.create(tmp_path / "f.ndx", k=3, expected_n=12000, background_compaction=False,
@@ -290,7 +292,9 @@ def test_levels_grow_geometrically_and_are_added_as_the_main_level_grows():
     for main in (0, 10**7, 3 * 10**7, 10**8, 10**9, 10**10):
         top = compaction.top_raw_level(main)
         caps = [compaction.level_capacity(level, main) for level in range(top + 1)]
-        assert caps[0] == f and caps[1] == f * compaction.LEVEL_RATIO
+        # Level 1: four flushes while two raw levels do with that (a main
+        # level of up to 16.8M entries), then eight.
+        assert caps[0] == f and caps[1] == f * (4 if main <= 16 * 4 * f * 4 else 8)
         assert caps[top] == max(f * compaction.LEVEL_RATIO ** 2, main // 4)
         ratios = [b / a for a, b in zip(caps[1:], caps[2:])]
         assert all(1 < r <= compaction.MAX_LEVEL_RATIO for r in ratios), (main, caps)
@@ -317,8 +321,9 @@ def test_a_huffman_run_is_main_whatever_level_it_carries():
 
 
 def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
-    # log_limit=20: level 1 holds 160 entries; a third raw level comes once
-    # a quarter of the main level is more than 16 x 160 (main > 10,240).
+    # log_limit=20: level 1 holds 80 entries, 160 once the main level passes
+    # 5,120; a third raw level comes once a quarter of the main level is
+    # more than 16 x 160 (main > 10,240).
     rng = np.random.default_rng(21)
     fps = np.unique(rng.integers(0, 2**64, 41000, dtype=np.uint64))[:40000]
     rng.shuffle(fps)

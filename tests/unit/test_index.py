@@ -143,6 +143,7 @@ def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch, lis
     # of two blocks: one block would fit inside a leaf page, and a directory
     # of such chunks serves one snapshot only).
     monkeypatch.setattr(compaction, "LEVEL_RATIO", 2)
+    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", 2)
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
     from ndindex import _core
     extended = []
