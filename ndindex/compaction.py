@@ -83,7 +83,8 @@ SMALL_LEVEL_RATIO = 4
 #: 2026-11-27 numbered the main level 3; see level_of).
 MAIN_LEVEL = 15
 #: The top raw level merges into the main level once it holds this
-#: fraction of the main level (or FLUSH_OPS * LEVEL_RATIO**2, if more).
+#: fraction of the main level (or LEVEL_RATIO times a small level 1, if
+#: more: _top_share).
 MAIN_FRACTION = 0.25
 #: Raw levels are added as the main level grows (RocksDB's dynamic level
 #: sizes): the sizes of levels 1 .. top grow geometrically from level 1's
@@ -748,8 +749,9 @@ def level1_share(main_entries: int, flush_ops: int) -> int:
 
 
 def _top_share(main_entries: int, flush_ops: int) -> int:
-    """Entries the top raw level may hold: MAIN_FRACTION of the main level."""
-    return max(flush_ops * LEVEL_RATIO ** 2, int(main_entries * MAIN_FRACTION))
+    """Entries the top raw level may hold: MAIN_FRACTION of the main level,
+    at least LEVEL_RATIO times a level 1 of SMALL_LEVEL_RATIO flushes."""
+    return max(flush_ops * SMALL_LEVEL_RATIO * LEVEL_RATIO, int(main_entries * MAIN_FRACTION))
 
 
 def top_raw_level(main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
@@ -769,7 +771,7 @@ def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS
     """Entries a run of this level may hold before it merges into the next.
 
     Level 0 holds a flush, level 1 level1_share, the top raw level
-    MAIN_FRACTION of the main level (at least FLUSH_OPS * LEVEL_RATIO**2),
+    _top_share (MAIN_FRACTION of the main level),
     the levels between them sizes in geometric progression.  A raw level
     above the top (the main level shrank) holds nothing: it is due.
     Record spaces keep two raw levels (records: their level 3 is main in

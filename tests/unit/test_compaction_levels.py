@@ -295,7 +295,7 @@ def test_levels_grow_geometrically_and_are_added_as_the_main_level_grows():
         # Level 1: four flushes while two raw levels do with that (a main
         # level of up to 16.8M entries), then eight.
         assert caps[0] == f and caps[1] == f * (4 if main <= 16 * 4 * f * 4 else 8)
-        assert caps[top] == max(f * compaction.LEVEL_RATIO ** 2, main // 4)
+        assert caps[top] == max(f * 4 * compaction.LEVEL_RATIO, main // 4)
         ratios = [b / a for a, b in zip(caps[1:], caps[2:])]
         assert all(1 < r <= compaction.MAX_LEVEL_RATIO for r in ratios), (main, caps)
         assert compaction.level_capacity(top + 1, main) == 0  # above the top: due
