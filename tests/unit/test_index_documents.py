@@ -77,12 +77,15 @@ def sorted_pairs(d):
 
 
 @pytest.mark.parametrize("state", ["log", "runs", "mid-merge", "main"])
-def test_pairs_and_similar_equal_the_in_memory_pipeline(tmp_path, texts, small_steps, state):
+def test_pairs_and_similar_equal_the_in_memory_pipeline(tmp_path, texts, small_steps, state,
+                                                        monkeypatch):
     keys = [f"t{i:04d}" for i in range(len(texts))]
     want = sorted_pairs(oracle_pairs(texts, keys))
     assert len(want) > 50
-    # log_limit=4: level 1 holds 32 entries, so each flush of 50 is a level-0
-    # run merged up in steps (a smaller one merges into level 1 in its commit).
+    # log_limit=4 and level 1 of eight flushes: it holds 32 entries, so each
+    # flush of 50 is a level-0 run merged up in steps (a smaller one merges
+    # into level 1 in its commit).
+    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", compaction.LEVEL_RATIO)
     ix = Index.create(tmp_path / "d.ndx", k=3, fingerprinter=Fingerprinter(),
                       background_compaction=False, log_limit=4)
     with ix:
