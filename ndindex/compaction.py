@@ -68,9 +68,10 @@ LEVEL_RATIO = 8
 #: MAX_LEVEL_RATIO times that (a main level of up to 16.8M entries a
 #: table).  Every flush rewrites the level-1 run in its commit: the
 #: largest commits of a small index, and the pages a file must hold free
-#: beside its data until the snapshots before them end.  At 10M, four
-#: flushes instead of eight took the file after churn from 1.33-1.42x a
-#: fresh build to 1.23x, the stream from 2.0M to 2.4M fp/s; at 30M, four
+#: beside its data until the snapshots before them end.  At 10M (with the
+#: top raw level's floor of _top_share), bench_stream's file after the
+#: stream went from 1.20-1.21x a fresh build to 1.15-1.16x, after churn
+#: from 1.33-1.42x to 1.31-1.33x (two runs each); at 30M, four flushes
 #: would take a third raw level (a slower stream), hence the switch.
 SMALL_LEVEL_RATIO = 4
 #: The levels below the main level hold raw blocks (cheap to merge and to
