@@ -1,0 +1,155 @@
+"""Why a file grows under churn: the compaction commits that grew it, one by one.
+
+Run:  python tools/bench/bench_churn_commits.py [--n 10000000] [--cycles 10] [--dir DIR] [--out FILE]
+
+The churn of bench_stream.py without its queries and copies: N random
+fingerprints streamed in by 10,000-fingerprint ``add()`` calls (background
+compaction on), ``compact()``, 1,000 queries (so the index is warm, as
+bench_stream's is), then CYCLES cycles of removing 5% of the fingerprints
+and adding as many new ones, in calls of 10,000.  Before every compaction
+commit of the churn it reads the free list of the newest commit and,
+after the commit, prints those that grew the file: what the commit put
+(values large enough for overflow pages, the pages they take; tombstone
+chunks apart from the tables'), the free pages LMDB could reuse (records
+of commits before the newest), how many 16-page slots (a 64 KB chunk's
+overflow pages, contiguous) those hold, and the open readers.  The file
+size after each cycle is held against the file right after the stream's
+compaction (the peer: the same content before any churn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_stream as bs  # noqa: E402
+
+from ndindex import compaction as cm  # noqa: E402
+from ndindex.arrays import merge_unique  # noqa: E402
+from ndindex.index import Index  # noqa: E402
+from ndindex.records import SPACE_TOMBSTONES  # noqa: E402
+
+CHUNK_PAGES = 16
+OVERFLOW_MIN = 2048  # an LMDB value larger than this goes to overflow pages (4 KB pages)
+
+
+def free_slots(ix) -> tuple[int, int]:
+    """(reusable free pages, 16-page slots among them): the free list's records of
+    commits before the newest, which LMDB may hand to the next commit."""
+    newest = ix._latest_txnid()
+    view = ix._store._view_of(newest)
+    pages = []
+    for key, val in view.scan("free", check_all=True):
+        if struct.unpack("<Q", bytes(key))[0] < newest:
+            raw = bytes(val)
+            count = struct.unpack_from("<Q", raw, 0)[0]
+            pages.extend(struct.unpack_from(f"<{count}Q", raw, 8))
+    if not pages:
+        return 0, 0
+    pg = np.sort(np.array(pages, dtype=np.int64))
+    breaks = np.flatnonzero(np.diff(pg) != 1)
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks + 1, [len(pg)]])
+    return len(pg), int(((ends - starts) // CHUNK_PAGES).sum())
+
+
+def watch_commits(events: list, on: dict) -> None:
+    """Wrap Compactor._commit: record the commits that grow the file while on['churn']."""
+    real = cm.Compactor._commit
+
+    def commit(self, snap, puts, deletes, manifest, log_done=None, log_ops_done=0):
+        if not on["churn"]:
+            return real(self, snap, puts, deletes, manifest, log_done, log_ops_done)
+        ix = self._ix
+        free, slots = free_slots(ix)
+        big = [(k, v) for k, v in puts if len(v) > OVERFLOW_MIN]
+        tomb = sum(1 for k, _ in big if k[0] == SPACE_TOMBSTONES)
+        pages = sum((len(v) + 16 + 4095) // 4096 for _, v in big)
+        readers = sorted(t for _, t in ix._store.readers())
+        newest = ix._latest_txnid()
+        size = os.path.getsize(ix._store.path)
+        out = real(self, snap, puts, deletes, manifest, log_done, log_ops_done)
+        grew = os.path.getsize(ix._store.path) - size
+        if grew > 0:
+            events.append(dict(grew=grew, chunks=len(big), tomb=tomb, pages=pages, free=free,
+                               slots=slots, readers=readers, newest=newest,
+                               flush=log_done is not None))
+        return out
+
+    cm.Compactor._commit = commit
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--dir", default="/work/benchdata")
+    ap.add_argument("--out", help="also write the report here")
+    args = ap.parse_args(argv)
+    os.makedirs(args.dir, exist_ok=True)
+    path = os.path.join(args.dir, f"churn-commits-{args.n}.ndx")
+    bs.remove_index(path)
+    events, on = [], {"churn": False}
+    watch_commits(events, on)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    lines = [f"# python tools/bench/bench_churn_commits.py --n {args.n} --cycles {args.cycles}",
+             f"# bench_churn_commits  {time.strftime('%Y-%m-%d %H:%M')}  commit {commit}  "
+             f"{platform.machine()}  python {platform.python_version()}  {os.cpu_count()} cores",
+             ""]
+
+    fps = bs.stream_fingerprints(args.n)
+    rng = np.random.default_rng(bs.SEED + 5)
+    ix = Index.create(path, k=bs.K, expected_n=args.n)
+    for i in range(0, args.n, bs.BATCH):
+        ix.add(fps[i:i + bs.BATCH])
+    ix.compact()
+    for q in rng.integers(0, 2**64, size=1000, dtype=np.uint64).tolist():
+        ix.query(q, keys=False)
+    base = os.path.getsize(path)
+    live = np.unique(fps)
+    del fps
+    lines.append(f"N = {args.n:,}: file after the stream and compact(): {base / 1e6:.0f} MB")
+    on["churn"] = True
+    sizes = []
+    for c in range(args.cycles):
+        m = int(len(live) * 0.05)
+        gone_at = rng.choice(len(live), size=m, replace=False)
+        gone, new = live[gone_at], rng.integers(0, 2**64, size=m, dtype=np.uint64)
+        for a in range(0, m, bs.BATCH):
+            ix.remove(fingerprints=gone[a:a + bs.BATCH])
+        for a in range(0, m, bs.BATCH):
+            ix.add(new[a:a + bs.BATCH])
+        live = merge_unique([np.delete(live, gone_at), np.unique(new)])
+        sizes.append(os.path.getsize(path))
+        bs.progress(f"cycle {c + 1}: file {sizes[-1] / 1e6:.0f} MB")
+    ix.close()
+    lines.append("file MB after each churn cycle: " + " ".join(f"{s / 1e6:.0f}" for s in sizes)
+                 + f"  (x {sizes[-1] / base:.2f} of the file before churn)")
+    lines.append(f"compaction commits that grew the file: {len(events)}, "
+                 f"{sum(e['grew'] for e in events) / 1e6:.1f} MB in all")
+    lines.append("    grew MB  kind   chunks put (tombstone)  pages  reusable free pages  "
+                 "16-page slots  readers (newest commit)")
+    for e in events:
+        lines.append(f"    {e['grew'] / 1e6:7.1f}  {'flush' if e['flush'] else 'merge':5}  "
+                     f"{e['chunks']:10,} ({e['tomb']:5,})  {e['pages']:6,}  {e['free']:19,}  "
+                     f"{e['slots']:13,}  {e['readers']} ({e['newest']})")
+    report = "\n".join(lines) + "\n"
+    print(report, end="")
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(report)
+    bs.remove_index(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
