@@ -66,9 +66,9 @@ FLUSH_IDLE_SECONDS = 1.0
 LEVEL_RATIO = 8
 #: ... or this many flushes, while the top raw level's share is at most
 #: MAX_LEVEL_RATIO times that (a main level of up to 16.8M entries a
-#: table).  Every flush rewrites the level-1 run in its commit: the
-#: largest commits of a small index, and the pages a file must hold free
-#: beside its data until the snapshots before them end.  At 10M (with the
+#: table).  Every flush rewrites the level-1 run in its commit: among the
+#: largest commits of a small index, which the file must hold free pages
+#: for beside its data (bench_churn_commits.py).  At 10M (with the
 #: top raw level's floor of _top_share), bench_stream's file after the
 #: stream went from 1.20-1.21x a fresh build to 1.15-1.16x, after churn
 #: from 1.33-1.42x to 1.31-1.33x (two runs each); at 30M, four flushes
@@ -693,7 +693,7 @@ def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
     """Whether a table's free level-1 run is past its share while no merge
     runs in the table: the next merge round starts its merge up."""
     runs = man.of(space)
-    share = level_capacity(1, _main_entries(runs), flush_ops)
+    share = level1_share(_main_entries(runs), flush_ops)
     return not any(r.merge_into for r in runs) and any(
         level_of(r) == 1 and r.entries > share for r in runs)
 
@@ -717,7 +717,7 @@ def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_
     if level != 0:
         return level, None
     runs = man.of(space)
-    share = level_capacity(1, _main_entries(runs), flush_ops)
+    share = level1_share(_main_entries(runs), flush_ops)
     free = [r for r in runs if level_of(r) <= 1 and not r.merge_into]
     room = [r for r in free if r.entries <= share]
     if room:

@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_stream as bs  # noqa: E402
 
 from ndindex import compaction as cm  # noqa: E402
-from ndindex.arrays import merge_unique  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 from ndindex.records import SPACE_TOMBSTONES  # noqa: E402
 
@@ -121,14 +120,7 @@ def main(argv=None) -> int:
     on["churn"] = True
     sizes = []
     for c in range(args.cycles):
-        m = int(len(live) * 0.05)
-        gone_at = rng.choice(len(live), size=m, replace=False)
-        gone, new = live[gone_at], rng.integers(0, 2**64, size=m, dtype=np.uint64)
-        for a in range(0, m, bs.BATCH):
-            ix.remove(fingerprints=gone[a:a + bs.BATCH])
-        for a in range(0, m, bs.BATCH):
-            ix.add(new[a:a + bs.BATCH])
-        live = merge_unique([np.delete(live, gone_at), np.unique(new)])
+        live = bs.churn_cycle(ix, live, rng, 0.05)[0]
         sizes.append(os.path.getsize(path))
         bs.progress(f"cycle {c + 1}: file {sizes[-1] / 1e6:.0f} MB")
     ix.close()

@@ -212,7 +212,6 @@ def progress(msg: str) -> None:
 
 
 def run_stream(n, workdir, n_single, n_batch, cycles, churn_fraction, items):
-    from ndindex.arrays import merge_unique
     from ndindex.index import Index
     path = os.path.join(workdir, f"stream-{n}.ndx")
     remove_index(path)
@@ -301,19 +300,7 @@ def run_stream(n, workdir, n_single, n_batch, cycles, churn_fraction, items):
     churn, churn_ops = [], 0
     io3 = proc_io()
     for c in range(cycles):
-        m = int(len(live) * churn_fraction)
-        gone_at = rng.choice(len(live), size=m, replace=False)
-        gone, new = live[gone_at], rng.integers(0, 2**64, size=m, dtype=np.uint64)
-        t = time.perf_counter()
-        for a in range(0, m, BATCH):
-            ix.remove(fingerprints=gone[a:a + BATCH])
-        t_remove = time.perf_counter() - t
-        t = time.perf_counter()
-        for a in range(0, m, BATCH):
-            ix.add(new[a:a + BATCH])
-        t_add = time.perf_counter() - t
-        # One merge in C: np.union1d sorts all 30M again (40 s a cycle).
-        live = merge_unique([np.delete(live, gone_at), np.unique(new)])
+        live, m, t_remove, t_add = churn_cycle(ix, live, rng, churn_fraction)
         churn_ops += 2 * m
         runs, log_ops = run_shape(ix)
         churn.append(dict(cycle=c + 1, remove_fps=m / t_remove, add_fps=m / t_add,
@@ -333,6 +320,26 @@ def run_stream(n, workdir, n_single, n_batch, cycles, churn_fraction, items):
     ix.close()
     np.save(os.path.join(workdir, f"churned-{n}.npy"), live)
     return out
+
+
+def churn_cycle(ix, live: np.ndarray, rng, fraction: float) -> tuple:
+    """Remove a fraction of the live fingerprints and add as many new ones, in
+    calls of BATCH; return (the live set after, how many, remove s, add s)."""
+    from ndindex.arrays import merge_unique
+    m = int(len(live) * fraction)
+    gone_at = rng.choice(len(live), size=m, replace=False)
+    gone, new = live[gone_at], rng.integers(0, 2**64, size=m, dtype=np.uint64)
+    t = time.perf_counter()
+    for a in range(0, m, BATCH):
+        ix.remove(fingerprints=gone[a:a + BATCH])
+    t_remove = time.perf_counter() - t
+    t = time.perf_counter()
+    for a in range(0, m, BATCH):
+        ix.add(new[a:a + BATCH])
+    t_add = time.perf_counter() - t
+    # One merge in C: np.union1d sorts all 30M again (40 s a cycle).
+    live = merge_unique([np.delete(live, gone_at), np.unique(new)])
+    return live, m, t_remove, t_add
 
 
 # -- writes item by item ---------------------------------------------------------------
