@@ -64,9 +64,9 @@ def watch_commits(events: list, on: dict) -> None:
     """Wrap Compactor._commit: record the commits that grow the file while on['churn']."""
     real = cm.Compactor._commit
 
-    def commit(self, snap, puts, deletes, manifest, log_done=None, log_ops_done=0):
+    def commit(self, snap, puts, deletes, manifest, **kw):
         if not on["churn"]:
-            return real(self, snap, puts, deletes, manifest, log_done, log_ops_done)
+            return real(self, snap, puts, deletes, manifest, **kw)
         ix = self._ix
         free, slots = free_slots(ix)
         big = [(k, v) for k, v in puts if len(v) > OVERFLOW_MIN]
@@ -75,12 +75,12 @@ def watch_commits(events: list, on: dict) -> None:
         readers = sorted(t for _, t in ix._store.readers())
         newest = ix._latest_txnid()
         size = os.path.getsize(ix._store.path)
-        out = real(self, snap, puts, deletes, manifest, log_done, log_ops_done)
+        out = real(self, snap, puts, deletes, manifest, **kw)
         grew = os.path.getsize(ix._store.path) - size
         if grew > 0:
             events.append(dict(grew=grew, chunks=len(big), tomb=tomb, pages=pages, free=free,
                                slots=slots, readers=readers, newest=newest,
-                               flush=log_done is not None))
+                               flush=kw.get("log_done") is not None))
         return out
 
     cm.Compactor._commit = commit
