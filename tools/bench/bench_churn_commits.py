@@ -14,7 +14,10 @@ chunks apart from the tables'), the free pages LMDB could reuse (records
 of commits before the newest), how many 16-page slots (a 64 KB chunk's
 overflow pages, contiguous) those hold, and the open readers.  The file
 size after each cycle is held against the file right after the stream's
-compaction (the peer: the same content before any churn).
+compaction (the peer: the same content before any churn).  Per cycle it
+also sums the pages every compaction commit put, flushes (their tombstone
+chunks apart) and merges, the fewest 16-page slots any commit found, and
+the tombstones left at the cycle's end.
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ def free_slots(ix) -> tuple[int, int]:
     return len(pg), int(((ends - starts) // CHUNK_PAGES).sum())
 
 
-def watch_commits(events: list, on: dict) -> None:
-    """Wrap Compactor._commit: record the commits that grow the file while on['churn']."""
+def watch_commits(events: list, cycles: list, on: dict) -> None:
+    """Wrap Compactor._commit: while on['churn'], add each commit to the last of
+    cycles and record those that grow the file in events."""
     real = cm.Compactor._commit
 
     def commit(self, snap, puts, deletes, manifest, **kw):
@@ -77,10 +81,15 @@ def watch_commits(events: list, on: dict) -> None:
         size = os.path.getsize(ix._store.path)
         out = real(self, snap, puts, deletes, manifest, **kw)
         grew = os.path.getsize(ix._store.path) - size
+        flush = kw.get("log_done") is not None
+        cycle = cycles[-1]
+        tomb_pages = sum((len(v) + 16 + 4095) // 4096 for k, v in big if k[0] == SPACE_TOMBSTONES)
+        cycle["flush" if flush else "merge"] += pages - tomb_pages
+        cycle["tomb"] += tomb_pages
+        cycle["slots"] = min(cycle["slots"], slots)
         if grew > 0:
             events.append(dict(grew=grew, chunks=len(big), tomb=tomb, pages=pages, free=free,
-                               slots=slots, readers=readers, newest=newest,
-                               flush=kw.get("log_done") is not None))
+                               slots=slots, readers=readers, newest=newest, flush=flush))
         return out
 
     cm.Compactor._commit = commit
@@ -96,8 +105,8 @@ def main(argv=None) -> int:
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, f"churn-commits-{args.n}.ndx")
     bs.remove_index(path)
-    events, on = [], {"churn": False}
-    watch_commits(events, on)
+    events, cycles, on = [], [], {"churn": False}
+    watch_commits(events, cycles, on)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
     lines = [f"# python tools/bench/bench_churn_commits.py --n {args.n} --cycles {args.cycles}",
@@ -120,12 +129,21 @@ def main(argv=None) -> int:
     on["churn"] = True
     sizes = []
     for c in range(args.cycles):
+        cycles.append(dict(flush=0, tomb=0, merge=0, slots=1 << 62))
         live = bs.churn_cycle(ix, live, rng, 0.05)[0]
         sizes.append(os.path.getsize(path))
+        run = ix._snapshot().tombstone_run
+        cycles[-1]["tombstones"] = run.entries if run is not None else 0
         bs.progress(f"cycle {c + 1}: file {sizes[-1] / 1e6:.0f} MB")
     ix.close()
     lines.append("file MB after each churn cycle: " + " ".join(f"{s / 1e6:.0f}" for s in sizes)
                  + f"  (x {sizes[-1] / base:.2f} of the file before churn)")
+    lines.append("by cycle: MB file, pages put by flushes (their tombstone chunks apart) and by "
+                 "merges, fewest 16-page slots a commit found, tombstones at the end")
+    for c, (size, cy) in enumerate(zip(sizes, cycles), 1):
+        lines.append(f"    {c:2}  {size / 1e6:5.0f}  flushes {cy['flush']:7,} (+{cy['tomb']:7,} "
+                     f"tombstone)  merges {cy['merge']:7,}  slots {cy['slots']:5,}  "
+                     f"tombstones {cy['tombstones']:9,}")
     lines.append(f"compaction commits that grew the file: {len(events)}, "
                  f"{sum(e['grew'] for e in events) / 1e6:.1f} MB in all")
     lines.append("    grew MB  kind   chunks put (tombstone)  pages  reusable free pages  "
