@@ -43,6 +43,11 @@ CHUNK_PAGES = 16
 OVERFLOW_MIN = 2048  # an LMDB value larger than this goes to overflow pages (4 KB pages)
 
 
+def overflow_pages(value) -> int:
+    """The pages an LMDB value larger than OVERFLOW_MIN takes (16-byte page header)."""
+    return (len(value) + 16 + 4095) // 4096
+
+
 def free_slots(ix) -> tuple[int, int]:
     """(reusable free pages, 16-page slots among them): the free list's records of
     commits before the newest, which LMDB may hand to the next commit."""
@@ -75,7 +80,7 @@ def watch_commits(events: list, cycles: list, on: dict) -> None:
         free, slots = free_slots(ix)
         big = [(k, v) for k, v in puts if len(v) > OVERFLOW_MIN]
         tomb = sum(1 for k, _ in big if k[0] == SPACE_TOMBSTONES)
-        pages = sum((len(v) + 16 + 4095) // 4096 for _, v in big)
+        pages = sum(overflow_pages(v) for _, v in big)
         readers = sorted(t for _, t in ix._store.readers())
         newest = ix._latest_txnid()
         size = os.path.getsize(ix._store.path)
@@ -83,10 +88,10 @@ def watch_commits(events: list, cycles: list, on: dict) -> None:
         grew = os.path.getsize(ix._store.path) - size
         flush = kw.get("log_done") is not None
         cycle = cycles[-1]
-        tomb_pages = sum((len(v) + 16 + 4095) // 4096 for k, v in big if k[0] == SPACE_TOMBSTONES)
+        tomb_pages = sum(overflow_pages(v) for k, v in big if k[0] == SPACE_TOMBSTONES)
         cycle["flush" if flush else "merge"] += pages - tomb_pages
         cycle["tomb"] += tomb_pages
-        cycle["slots"] = min(cycle["slots"], slots)
+        cycle["slots"] = slots if cycle["slots"] is None else min(cycle["slots"], slots)
         if grew > 0:
             events.append(dict(grew=grew, chunks=len(big), tomb=tomb, pages=pages, free=free,
                                slots=slots, readers=readers, newest=newest, flush=flush))
@@ -126,10 +131,10 @@ def main(argv=None) -> int:
     live = np.unique(fps)
     del fps
     lines.append(f"N = {args.n:,}: file after the stream and compact(): {base / 1e6:.0f} MB")
-    on["churn"] = True
     sizes = []
     for c in range(args.cycles):
-        cycles.append(dict(flush=0, tomb=0, merge=0, slots=1 << 62))
+        cycles.append(dict(flush=0, tomb=0, merge=0, slots=None))
+        on["churn"] = True  # (after the append: the compaction thread adds to cycles[-1])
         live = bs.churn_cycle(ix, live, rng, 0.05)[0]
         sizes.append(os.path.getsize(path))
         run = ix._snapshot().tombstone_run
@@ -142,7 +147,8 @@ def main(argv=None) -> int:
                  "merges, fewest 16-page slots a commit found, tombstones at the end")
     for c, (size, cy) in enumerate(zip(sizes, cycles), 1):
         lines.append(f"    {c:2}  {size / 1e6:5.0f}  flushes {cy['flush']:7,} (+{cy['tomb']:7,} "
-                     f"tombstone)  merges {cy['merge']:7,}  slots {cy['slots']:5,}  "
+                     f"tombstone)  merges {cy['merge']:7,}  slots "
+                     f"{'-' if cy['slots'] is None else format(cy['slots'], ','):>5}  "
                      f"tombstones {cy['tombstones']:9,}")
     lines.append(f"compaction commits that grew the file: {len(events)}, "
                  f"{sum(e['grew'] for e in events) / 1e6:.1f} MB in all")
