@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import struct
-import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -38,6 +35,7 @@ import bench_stream as bs  # noqa: E402
 from ndindex import compaction as cm  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 from ndindex.records import SPACE_TOMBSTONES  # noqa: E402
+from ndindex.store import _core_idl as free_list_pages  # noqa: E402
 
 CHUNK_PAGES = 16
 OVERFLOW_MIN = 2048  # an LMDB value larger than this goes to overflow pages (4 KB pages)
@@ -56,9 +54,7 @@ def free_slots(ix) -> tuple[int, int]:
     pages = []
     for key, val in view.scan("free", check_all=True):
         if struct.unpack("<Q", bytes(key))[0] < newest:
-            raw = bytes(val)
-            count = struct.unpack_from("<Q", raw, 0)[0]
-            pages.extend(struct.unpack_from(f"<{count}Q", raw, 8))
+            pages.extend(free_list_pages(val))
     if not pages:
         return 0, 0
     pg = np.sort(np.array(pages, dtype=np.int64))
@@ -112,12 +108,7 @@ def main(argv=None) -> int:
     bs.remove_index(path)
     events, cycles, on = [], [], {"churn": False}
     watch_commits(events, cycles, on)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    lines = [f"# python tools/bench/bench_churn_commits.py --n {args.n} --cycles {args.cycles}",
-             f"# bench_churn_commits  {time.strftime('%Y-%m-%d %H:%M')}  commit {commit}  "
-             f"{platform.machine()}  python {platform.python_version()}  {os.cpu_count()} cores",
-             ""]
+    lines = bs.header("bench_churn_commits", argv) + [""]
 
     fps = bs.stream_fingerprints(args.n)
     rng = np.random.default_rng(bs.SEED + 5)
@@ -158,11 +149,9 @@ def main(argv=None) -> int:
         lines.append(f"    {e['grew'] / 1e6:7.1f}  {'flush' if e['flush'] else 'merge':5}  "
                      f"{e['chunks']:10,} ({e['tomb']:5,})  {e['pages']:6,}  {e['free']:19,}  "
                      f"{e['slots']:13,}  {e['readers']} ({e['newest']})")
-    report = "\n".join(lines) + "\n"
-    print(report, end="")
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(report)
+    lines.append(f"# load after {bs.load_line()}")
+    print("\n".join(lines))
+    bs.write_report(lines, args.out)
     bs.remove_index(path)
     return 0
 

@@ -74,14 +74,11 @@ def main(argv=None) -> int:
     if args.n % (BATCH * PARTS) or args.n < 10 * BATCH * PARTS:
         ap.error(f"--n must be a multiple of {BATCH * PARTS:,}, at least {10 * BATCH * PARTS:,}")
     os.makedirs(args.dir, exist_ok=True)
-    lines = [f"# python tools/bench/bench_growth.py {' '.join(argv or sys.argv[1:])}".rstrip(),
-             f"# bench_growth  {time.strftime('%Y-%m-%d %H:%M')}  load before {bs.load_line()}"]
+    lines = bs.header("bench_growth", argv)
     lines += run(args.n, args.dir)
     lines.append(f"# load after {bs.load_line()}")
     print("\n".join(lines))
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    bs.write_report(lines, args.out)
     return 0
 
 

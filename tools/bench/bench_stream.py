@@ -67,7 +67,6 @@ import multiprocessing as mp
 import os
 import platform
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -583,6 +582,24 @@ def load_line() -> str:
         return " ".join(fh.read().split()[:3])
 
 
+def header(script: str, argv, extra: str = "") -> list[str]:
+    """A report's first two lines: the command that made it, then when, at
+    which commit, on what machine, and the load before (a shared machine)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    return [f"# python tools/bench/{script}.py {' '.join(argv or sys.argv[1:])}".rstrip(),
+            f"# {script}  {time.strftime('%Y-%m-%d %H:%M')}  commit {commit}  "
+            f"{platform.machine()}  python {platform.python_version()}  {os.cpu_count()} cores  "
+            f"{extra + '  ' if extra else ''}load before {load_line()}"]
+
+
+def write_report(lines: list, out: str | None) -> None:
+    """Write the report's lines to out, if given."""
+    if out:
+        with open(out, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000_000, 30_000_000])
@@ -603,13 +620,7 @@ def main(argv=None):
         if n % BATCH or n < 10 * BATCH:
             ap.error(f"sizes must be multiples of {BATCH:,}, at least {10 * BATCH:,}")
     os.makedirs(args.dir, exist_ok=True)
-    here = os.path.dirname(os.path.abspath(__file__))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=here).stdout.strip()
-    lines = [f"# python tools/bench/bench_stream.py {' '.join(argv or sys.argv[1:])}".rstrip(),
-             f"# bench_stream  {time.strftime('%Y-%m-%d %H:%M')}  commit {commit}  "
-             f"{platform.machine()}  python {platform.python_version()}  {os.cpu_count()} cores  "
-             f"k={K}  load before {load_line()}"]
+    lines = header("bench_stream", argv, f"k={K}")
     print("\n".join(lines), flush=True)
     for n in args.sizes:
         s = run("stream", n, args.dir, args.queries, args.batch, args.cycles, args.churn,
@@ -626,9 +637,7 @@ def main(argv=None):
     tail = f"# load after {load_line()}"
     print(tail)
     lines.append(tail)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
+    write_report(lines, args.out)
 
 
 if __name__ == "__main__":
