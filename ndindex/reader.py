@@ -30,7 +30,7 @@ from ndindex.arrays import (EMPTY_U64, add_recent, insert_sorted, isin_sorted, m
                             sorted_unique)
 from ndindex.errors import CorruptionError
 from ndindex.overlay import LogOverlay, PendingOps
-from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
+from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN, KIND_RAW,
                              SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, unframe)
 from ndindex.records import DB_CHUNKS, decode_doc_key
@@ -71,6 +71,15 @@ WARM_QUERIES = 256
 #: us where the tree costs 9.6; listing its four main runs on the query
 #: path stalled one query 42 ms with the file cached, 0.4 s cold.
 DIRECTORY_MAX_CHUNKS_BACKGROUND = 1 << 14
+#: Raw runs of at most this many entries (a table's level-0 and level-1
+#: runs, and merge inputs among them; not merge outputs, which grow) are
+#: held in memory once the index is warm: their values read once, checked,
+#: by the background lister (DirectoryCache.hold_later), and probed as the
+#: log is -- the search aid and one or two lines of values -- where a
+#: listed run's probe reads a dozen lines (directory, the block's header
+#: and its lines around the range).  At most 4 MB a run; a table holds two
+#: or three such runs.
+MEMORY_RUN_MAX_ENTRIES = 1 << 19
 #: The background lister's thread ends after this long without work.
 LISTER_IDLE_SECONDS = 1.0
 #: A flush first counts from the newest count when at most this many log
@@ -143,23 +152,26 @@ if hasattr(os, "register_at_fork"):
 
 class DirectoryCache(dict):
     """Run directories by run id, kept across snapshots; warm once the index
-    has answered WARM_QUERIES queries (then larger runs are listed too).
-    outputs: merge outputs' directories by run id, with the cursor each was
-    listed at (see Snapshot._output_directory).
+    has answered WARM_QUERIES queries (then larger runs are listed too, and
+    small ones held in memory).  outputs: merge outputs' directories by run
+    id, with the cursor each was listed at (see Snapshot._output_directory).
+    held: runs held in memory by run id, as (the first value read, log_aid
+    capsule over the values).
 
-    Large runs are listed by a background thread (list_later); version
-    counts the directories it added, so that the index can rebuild a
-    kernel built without them.  close() stops the thread: before the file
-    it reads is closed."""
+    Large runs are listed, small ones read into memory, by a background
+    thread (list_later, hold_later); version counts what it added, so that
+    the index can rebuild a kernel built without them.  close() stops the
+    thread: before the file it reads is closed."""
 
     warm = False
 
     def __init__(self):
         super().__init__()
         self.outputs = {}
+        self.held = {}
         self.lock = threading.Lock()
         self.version = 0
-        self._asked: set = set()   # run ids queued, being listed, or failed
+        self._asked: set = set()   # (run id, job) queued, being done, or failed
         self._jobs: list = []
         self._wake = threading.Condition(self.lock)
         self._thread = None
@@ -170,18 +182,27 @@ class DirectoryCache(dict):
         with self.lock:
             for stale in [rid for rid in self if rid not in live]:
                 del self[stale]
+            for stale in [rid for rid in self.held if rid not in live]:
+                del self.held[stale]
             # And that they were asked for: an index open for months sees
             # run ids come and go without end.
-            queued = {run.run_id for _, run in self._jobs}
-            self._asked &= live | queued
+            keep = live | {run.run_id for _, run, _ in self._jobs}
+            self._asked = {a for a in self._asked if a[0] in keep}
 
     def list_later(self, snap: "Snapshot", run) -> None:
         """List run in the background (once; it holds snap's pages meanwhile)."""
+        self._later(snap, run, "list")
+
+    def hold_later(self, snap: "Snapshot", run) -> None:
+        """Read run's live values into memory in the background (once)."""
+        self._later(snap, run, "hold")
+
+    def _later(self, snap: "Snapshot", run, job: str) -> None:
         with self.lock:
-            if self._closed or run.run_id in self._asked:
+            if self._closed or (run.run_id, job) in self._asked:
                 return
-            self._asked.add(run.run_id)
-            self._jobs.append((snap, run))
+            self._asked.add((run.run_id, job))
+            self._jobs.append((snap, run, job))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._list_loop, name="ndindex-lister",
                                                 daemon=True)
@@ -200,17 +221,27 @@ class DirectoryCache(dict):
                     if self._thread is threading.current_thread():
                         self._thread = None
                     return
-                snap, run = self._jobs.pop(0)
-            try:
-                # The kernel releases the GIL while it reads the chunk headers.
-                cap, _, inline, _ = snap._list_chunks(run, rn.live_start(run) or 0)
-            except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
-                cap = None
-            with self.lock:
-                if cap is not None and not inline and not self._closed:
-                    self[run.run_id] = cap
-                    self.version += 1
+                snap, run, job = self._jobs.pop(0)
+            self._do(snap, run, job)
             del snap
+
+    def _do(self, snap: "Snapshot", run, job: str) -> None:
+        """List run (job "list") or read its values into memory ("hold")."""
+        start = rn.live_start(run) or 0
+        try:
+            # The kernel releases the GIL while it reads the chunks.
+            if job == "list":
+                cap, _, inline, _ = snap._list_chunks(run, start)
+                done = None if inline else cap
+            else:
+                values = rn.read_values(snap.view, run).values
+                done = (start, _core.log_aid(values)) if len(values) else None
+        except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
+            done = None
+        with self.lock:
+            if done is not None and not self._closed:
+                (self if job == "list" else self.held)[run.run_id] = done
+                self.version += 1
 
     def close(self) -> None:
         """Stop the background lister and wait for it; it may start again after reopen()."""
@@ -224,6 +255,7 @@ class DirectoryCache(dict):
             # The directories point into the file's mapping and keep it.
             self.clear()
             self.outputs.clear()
+            self.held.clear()
 
     def reopen(self) -> None:
         """Forget everything (the file was replaced) and accept work again."""
@@ -342,11 +374,15 @@ class Snapshot:
         for i, (log, recent, aid) in enumerate(log_tables):
             if aid is None and len(log):
                 log_tables[i] = (log, recent, _core.log_aid(log))
+        if isinstance(self._directories, DirectoryCache) and self._directories.held:
+            # Values held for runs merged away go (each up to 4 MB).
+            self._directories.drop_stale({r.run_id for r in self.manifest.runs})
         view, plan = self.view, self.plan
         return _core.make_snapshot(
             view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
             [(d.prefix_bits, d.runs(), _inverse(d),
-              [_kernel_run(r, self._directory(r)) for r in runs if r.chunks], *log_tables[i])
+              [_kernel_run(r, self._held(r) or self._directory(r)) for r in runs if r.chunks],
+              *log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
             log_removes,
             (self.tombstone_run_id, self.tombstone_run.last, self.tombstone_run.chunks)
@@ -364,6 +400,21 @@ class Snapshot:
                 if cap is not None:
                     n += _core.run_directory_verify(cap, run.kind, rn.live_start(run) or 0)
         return n
+
+    def _held(self, run):
+        """The run's values held in memory (a log_aid capsule) or None; asks
+        the background lister for them if the index is warm and the run small
+        (MEMORY_RUN_MAX_ENTRIES).  Values read for a later snapshot, from
+        further into a merge input, do not serve this one."""
+        cache = self._directories
+        if not isinstance(cache, DirectoryCache) or not cache.warm or run.kind != KIND_RAW \
+                or run.merge_output or run.entries > MEMORY_RUN_MAX_ENTRIES:
+            return None
+        hit = cache.held.get(run.run_id)
+        if hit is None:
+            cache.hold_later(self, run)
+            return None
+        return hit[1] if hit[0] <= (rn.live_start(run) or 0) else None
 
     def _directory(self, run):
         """The run's directory, or None (runs too large are found through the tree).

@@ -170,7 +170,20 @@ static int parse_run(snapshot_box *box, PyObject *item, query_run *r) {
     if (!PyArg_ParseTuple(item, "iikOKOOO", &space, &kind, &run_id, &code, &last, &lo, &hi, &dir))
         return -1;
     r->dir = NULL;
-    if (dir != Py_None) {
+    r->mem = NULL;
+    if (PyCapsule_IsValid(dir, LOG_AID_CAPSULE)) {
+        /* A run in memory: its values, with their search aid (log_aid). */
+        log_aid_box *ab = PyCapsule_GetPointer(dir, LOG_AID_CAPSULE);
+        if (!ab->view.len) {
+            PyErr_SetString(PyExc_ValueError, "a run in memory holds no values");
+            return -1;
+        }
+        if (PyList_Append(box->keep, dir) < 0)
+            return -1;
+        r->mem = ab->view.buf;
+        r->nmem = (size_t)ab->view.len / 8;
+        r->mem_aid = &ab->aid;
+    } else if (dir != Py_None) {
         directory_box *db = PyCapsule_GetPointer(dir, DIRECTORY_CAPSULE);
         if (!db || PyList_Append(box->keep, dir) < 0)
             return -1;
@@ -202,7 +215,9 @@ PyDoc_STRVAR(make_snapshot_doc,
              "tables: sequence of (p, runs, inverse_runs, table_runs, log, log_recent[, log_aid])\n"
              "where table_runs is a sequence of (space, kind, run_id, code or None, last, lo or None,\n"
              "hi or None, directory or None) -- live range (lo, hi], directory from\n"
-             "run_directory() -- and log, log_recent the sorted permuted log additions\n"
+             "run_directory(), or for a run held in memory log_aid(values) over its values\n"
+             "from the start of its live range on -- and log, log_recent the sorted\n"
+             "permuted log additions\n"
              "(uint64; disjoint; log_recent the newest, small), log_aid from log_aid(log) or\n"
              "None (then built here);\n"
              "hide_runs: sorted uint64 values never reported from a run;\n"

@@ -518,6 +518,18 @@ static int probe_directory(job_queue *jq, int t, const query_run *run, uint64_t 
     return 0;
 }
 
+/* Candidates of table t of s (whose table tb is) among sorted permuted
+ * values a[i..n) up to hi, within k of qp. */
+HOT_KERNEL static int scan_candidates(const query_snapshot *s, int t, const query_table *tb,
+                                      uint64_t q, uint64_t qp, const uint64_t *a, size_t n,
+                                      size_t i, uint64_t hi, int k, query_results *out) {
+    for (; i < n && a[i] <= hi; i++)
+        if (popcount64(a[i] ^ qp) <= k &&
+            add_candidate(s, t, q, out, perm_apply(&tb->inv, a[i])) < 0)
+            return QUERY_NOMEM;
+    return 0;
+}
+
 /* Clip [*lo, *hi] to what run holds live; 0 if nothing of it is left. */
 static inline int clip_to_run(const query_run *run, uint64_t *lo, uint64_t *hi) {
     if (run->has_lo) {
@@ -537,8 +549,8 @@ static inline int clip_to_run(const query_run *run, uint64_t *lo, uint64_t *hi) 
 
 /* Probe one run of table t for permuted values in [lo, hi] within k of qp
  * (Huffman blocks go to jq).  at: for a listed run, the directory's first
- * block for the clipped lo (located ahead, see locate_listed), or
- * NOT_LOCATED. */
+ * block for the clipped lo, for a run in memory the first value at or
+ * above it (located ahead, see locate_listed), or NOT_LOCATED. */
 static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, uint64_t lo,
                      uint64_t hi, int k, size_t at) {
     const query_snapshot *s = jq->s;
@@ -549,6 +561,10 @@ static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, ui
     err->run_id = run->run_id;
     err->has_key = 0;
     int done = 0;
+    if (run->mem)
+        return scan_candidates(s, t, &s->tables[t], jq->q, qp, run->mem, run->nmem,
+                               at != NOT_LOCATED ? at : lower_bound(run->mem, run->nmem, lo), hi,
+                               k, jq->out);
     if (run->dir)
         return probe_directory(jq, t, run, qp, lo, hi, k, at);
     uint8_t key[CHUNK_KEY_BYTES];
@@ -861,18 +877,6 @@ fail:
     return QUERY_CORRUPT;
 }
 
-/* Candidates of table t of s (whose table tb is) among sorted permuted
- * values a[i..n) up to hi, within k of qp. */
-HOT_KERNEL static int scan_candidates(const query_snapshot *s, int t, const query_table *tb,
-                                      uint64_t q, uint64_t qp, const uint64_t *a, size_t n,
-                                      size_t i, uint64_t hi, int k, query_results *out) {
-    for (; i < n && a[i] <= hi; i++)
-        if (popcount64(a[i] ^ qp) <= k &&
-            add_candidate(s, t, q, out, perm_apply(&tb->inv, a[i])) < 0)
-            return QUERY_NOMEM;
-    return 0;
-}
-
 /* The log's additions in [lo, hi] within k of qp: both of its arrays.
  * at: the first position of log[] at or above lo (NOT_LOCATED: search). */
 static int log_candidates(const query_snapshot *s, int t, const query_table *tb, uint64_t q,
@@ -1048,8 +1052,14 @@ static inline table_probe table_probe_of(const query_table *tb, uint64_t q, int 
     return (table_probe){qp, qp & mask, (qp & mask) | ~mask};
 }
 
+/* The search aid of a listed run or a run in memory; NULL for the others. */
+static inline const search_aid *run_aid(const query_run *run) {
+    return run->mem ? run->mem_aid : run->dir ? &run->dir->aid : NULL;
+}
+
 /* For tables [t0, t1) probed at tp[]: at[t - t0][r], the first block of
- * each listed run r for its clipped range, NOT_LOCATED for the others, and
+ * each listed run r for its clipped range (of a run in memory, its first
+ * value there), NOT_LOCATED for the others, and
  * log_at[t - t0], the first position of the table's log at or above its
  * range.  In four passes over every run and log -- the guide, the top
  * array, the group of last[] values, the block -- each prefetching what
@@ -1067,9 +1077,9 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
                 continue;
             const query_run *run = &tb->runs[r];
             uint64_t lo = tp[t - t0].lo, hi = tp[t - t0].hi;
-            if (!run->dir || !clip_to_run(run, &lo, &hi))
+            if (!run_aid(run) || !clip_to_run(run, &lo, &hi))
                 continue;
-            aid_search_start(&run->dir->aid, lo, &search[t - t0][r]);
+            aid_search_start(run_aid(run), lo, &search[t - t0][r]);
             at[t - t0][r] = 0;
         }
         aid_search_start(&tb->log_aid, tp[t - t0].lo, &search[t - t0][LOCATE_RUNS]);
@@ -1078,7 +1088,7 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
         const query_table *tb = &s->tables[t];
         for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++)
             if (at[t - t0][r] != NOT_LOCATED)
-                aid_search_guide(&tb->runs[r].dir->aid, &search[t - t0][r]);
+                aid_search_guide(run_aid(&tb->runs[r]), &search[t - t0][r]);
         aid_search_guide(&tb->log_aid, &search[t - t0][LOCATE_RUNS]);
     }
     for (int t = t0; t < t1; t++) {
@@ -1086,15 +1096,23 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
         for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++) {
             if (at[t - t0][r] == NOT_LOCATED)
                 continue;
-            const run_directory *d = tb->runs[r].dir;
-            size_t g = aid_search_group(&d->aid, &search[t - t0][r]);
+            const query_run *run = &tb->runs[r];
+            size_t g = aid_search_group(run_aid(run), &search[t - t0][r]);
+            at[t - t0][r] = g;
+            if (run->mem) {
+                if (g < run->mem_aid->ntop) {
+                    __builtin_prefetch(run->mem + g * DIRECTORY_GROUP);
+                    __builtin_prefetch(run->mem + g * DIRECTORY_GROUP + 8);
+                }
+                continue;
+            }
+            const run_directory *d = run->dir;
             if (g < d->aid.ntop) {
                 __builtin_prefetch(d->last + g * DIRECTORY_GROUP);
                 __builtin_prefetch(d->last + g * DIRECTORY_GROUP + 8);
                 __builtin_prefetch(d->block + g * DIRECTORY_GROUP);
                 __builtin_prefetch(d->block + g * DIRECTORY_GROUP + 8);
             }
-            at[t - t0][r] = g;
         }
         size_t g = aid_search_group(&tb->log_aid, &search[t - t0][LOCATE_RUNS]);
         if (g < tb->log_aid.ntop) {
@@ -1108,7 +1126,13 @@ static void locate_listed(const query_snapshot *s, int t0, int t1, const table_p
         for (int r = 0; r < LOCATE_RUNS && r < tb->nruns; r++) {
             if (at[t - t0][r] == NOT_LOCATED)
                 continue;
-            const run_directory *d = tb->runs[r].dir;
+            const query_run *run = &tb->runs[r];
+            if (run->mem) {
+                at[t - t0][r] = group_lower_bound(run->mem, run->nmem, run->mem_aid->ntop,
+                                                  at[t - t0][r], search[t - t0][r].v);
+                continue;
+            }
+            const run_directory *d = run->dir;
             size_t b = group_block(d, at[t - t0][r], search[t - t0][r].v);
             at[t - t0][r] = b;
             if (b < d->nblocks) {
@@ -1212,7 +1236,7 @@ void query_prefetch(const query_snapshot *s, uint64_t q, int k) {
         for (int r = 0; r < tb->nruns && n < MAX_SEEKS; r++) {
             const query_run *run = &tb->runs[r];
             uint64_t lo = tp.lo, hi = tp.hi;
-            if (run->dir || !clip_to_run(run, &lo, &hi))
+            if (run->dir || run->mem || !clip_to_run(run, &lo, &hi))
                 continue;
             chunk_key(keys[n], run->space, run->run_id, lo);
             los[n++] = lo;

@@ -71,6 +71,12 @@ typedef struct {
     uint8_t space;
     uint8_t kind; /* RUN_KIND_HUFFMAN or RUN_KIND_RAW */
     const run_directory *dir; /* NULL: find chunks through the chunks tree */
+    /* A run held in memory (mem not NULL; dir NULL): its nmem values, sorted
+     * and checked when read, with a search aid over them, probed as the log
+     * is instead of block by block (reader.py, MEMORY_RUN_MAX_ENTRIES). */
+    const uint64_t *mem;
+    size_t nmem;
+    const search_aid *mem_aid;
     uint32_t run_id;
     const codec_code *code; /* Huffman runs */
     uint64_t last;          /* the run's last value: a probe at or below it must find a chunk */

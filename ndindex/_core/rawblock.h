@@ -175,7 +175,7 @@ static inline void raw_prefetch(const uint8_t *block, int has_lower, uint64_t lo
         return;
     }
     unsigned from, to;
-    guess_steps(lower, key, lo, hi, RAW_PLAIN_MAX_VALUES, 16, &from, &to);
+    guess_steps(lower, key, lo, hi, RAW_PLAIN_MAX_VALUES, 8, &from, &to);
     prefetch_span(block, 0, RAW_BLOCK_HEADER_BYTES - 1);
     prefetch_span(block, RAW_BLOCK_HEADER_BYTES + 8 * from, RAW_BLOCK_HEADER_BYTES + 8 * to + 7);
 }

@@ -1,0 +1,164 @@
+"""Small raw runs held in memory (reader.MEMORY_RUN_MAX_ENTRIES): exact
+answers, only from values read for the snapshot asking, never hiding damage.
+
+Once an index is warm, the kernel asks the background lister to read a
+small raw run's live values (checked as a merge reads them) and then probes
+them as it probes the log.  The oracle tests of test_index.py take this
+path in every file state (their `listing` fixture, "memory"); these tests
+take the real background thread and the edges of its cache.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ndindex import _core, chunks as ch, compaction, reader
+from ndindex.errors import CorruptionError
+from ndindex.index import Index
+from ndindex.records import KIND_RAW
+from tests.oracle import brute_force, near
+
+
+def wait_for(condition, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def exact(ix, stored, queries, k=3):
+    stored = np.unique(stored)
+    many = ix.query_many(queries, k)
+    for i, q in enumerate(queries.tolist()):
+        want = brute_force(stored, q, k)
+        assert [(m.fingerprint, m.distance) for m in ix.query(q, k, keys=False)] == want
+        rows = many[many["query"] == i]
+        assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want
+
+
+def small_raw_runs(snap) -> set:
+    return {r.run_id for runs in snap.table_runs for r in runs
+            if r.kind == KIND_RAW and not r.merge_output and r.chunks
+            and r.entries <= reader.MEMORY_RUN_MAX_ENTRIES}
+
+
+@pytest.fixture
+def many_chunks(monkeypatch, level0_flushes):
+    """Runs of several chunks and merges of several steps on a few thousand values."""
+    monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
+    monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
+
+
+def test_small_runs_are_held_in_the_background_and_answers_stay_exact(tmp_path, many_chunks):
+    rng = np.random.default_rng(41)
+    fps = np.unique(rng.integers(0, 2**64, 24000, dtype=np.uint64))
+    gone = fps[:1500]
+    with Index.create(tmp_path / "m.ndx", k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(fps[:12000])
+        ix.compact(full=True)                       # a Huffman main run: never held
+        for part in np.array_split(fps[12000:22000], 3):
+            ix.add(part)
+            ix._compactor.step(force_flush=True)    # level-0 raw runs
+        ix.remove(gone)                             # tombstones hide values held
+        ix._compactor.step(force_flush=True)
+        for _ in range(2):
+            ix._compactor.step()                    # a merge part way: inputs with a cursor
+        ix.add(fps[22000:])                         # and a log
+        live = np.setdiff1d(fps, gone)
+        snap = ix._snapshot()
+        small = small_raw_runs(snap)
+        assert len(small) >= 3 and any(r.cursor for runs in snap.table_runs for r in runs
+                                       if r.run_id in small)
+        queries = np.concatenate([near(rng, live, 80, 3), near(rng, gone, 20, 3)])
+        for i in range(reader.WARM_QUERIES):
+            ix.query(int(queries[i % len(queries)]), 3)   # warm: the lister is asked
+        assert ix._directories.warm
+        ix.query(1, 3)
+        wait_for(lambda: small <= set(ix._directories.held))
+        exact(ix, live, queries)
+        assert ix._snapshot().kernel_version == ix._directories.version
+        while ix._compactor.step():                 # cursors move past what was read
+            exact(ix, live, queries[:20])
+        assert not ix._directories.held.keys() - {r.run_id for r in
+                                                   ix._snapshot().manifest.runs}
+        ix.verify()
+
+
+def test_values_read_further_into_a_merge_input_do_not_serve_an_earlier_snapshot(
+        tmp_path, many_chunks):
+    rng = np.random.default_rng(42)
+    fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))
+    with Index.create(tmp_path / "e.ndx", k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        for part in np.array_split(fps, 3):
+            ix.add(part)
+            ix._compactor.step(force_flush=True)
+        ix._directories.warm = True
+        ix._compactor.step()
+        earlier = ix._snapshot()
+        ix._compactor.step()
+        later = ix._snapshot()
+        moved = [(a, b) for a, b in zip(earlier.table_runs[0], later.table_runs[0])
+                 if a.run_id == b.run_id and a.merge_input and a.cursor != b.cursor]
+        assert moved, "no merge input moved on"
+        run_early, run_late = moved[0]
+        ix._directories._do(later, run_late, "hold")
+        assert later._held(run_late) is not None
+        assert earlier._held(run_early) is None     # it would lack values the earlier one has
+        for q in near(rng, fps, 60, 3).tolist():
+            assert earlier.query(q, 3) == brute_force(fps, q, 3)
+
+
+def test_a_damaged_small_run_is_not_held_and_queries_report_it(tmp_path, monkeypatch):
+    path = tmp_path / "d.ndx"
+    rng = np.random.default_rng(43)
+    fps = rng.integers(0, 2**64, 4000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(fps)
+        ix._compactor.step(force_flush=True)        # one raw run a table
+        ix._directories.warm = True
+        snap = ix._snapshot()
+        run = snap.table_runs[0][0]
+        assert run.kind == KIND_RAW
+        blocks = _core.run_directory_blocks(snap._directory(run))
+        last, offset = blocks[len(blocks) // 2]
+        victim = int(ix.plan.tables[0].invert(last))
+    with open(path, "r+b") as fh:
+        fh.seek(offset + 600)
+        byte = fh.read(1)
+        fh.seek(offset + 600)
+        fh.write(bytes([byte[0] ^ 0x10]))
+    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+                        lambda cache, snap, run: cache._do(snap, run, "hold"))
+    with Index.open(path, readonly=True) as ix:
+        ix._directories.warm = True
+        for _ in range(2):
+            with pytest.raises(CorruptionError, match="table 0"):
+                ix.query(victim, 3)
+        assert run.run_id not in ix._directories.held
+
+
+def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes):
+    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+                        lambda cache, snap, run: cache._do(snap, run, "hold"))
+    rng = np.random.default_rng(44)
+    fps = np.unique(rng.integers(0, 2**64, 6000, dtype=np.uint64))
+    with Index.create(tmp_path / "l.ndx", k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        for part in np.split(rng.permutation(fps), [500, 4000]):
+            ix.add(part)
+            ix._compactor._flush(ix._snapshot())    # runs of 500, 3500 and 2000, unmerged
+        monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 2000)
+        ix._directories.warm = True
+        stored = np.unique(ix.fingerprints())
+        exact(ix, stored, near(rng, stored, 30, 3))
+        runs = ix._snapshot().table_runs[0]
+        held = {r.run_id for r in runs if r.entries <= 2000}
+        assert len(runs) == 3 and len(held) == 2 and held <= set(ix._directories.held)
+        assert not {r.run_id for r in runs if r.entries > 2000} & set(ix._directories.held)
+
