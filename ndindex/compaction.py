@@ -52,7 +52,6 @@ import numpy as np
 from ndindex import _core, chunks as ch, codec, docstore, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
-from ndindex.overlay import LogOverlay
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
@@ -103,14 +102,6 @@ RECORD_MAIN_LEVEL = 3
 #: main level, so removed fingerprints leave the file and their tombstones
 #: can go (the next flush drops them) instead of piling up with churn.
 TOMBSTONE_FRACTION = 0.05
-#: A flush whose tombstone run (rewritten whole: 12-18 MB once churn has
-#: piled up a million tombstones at 10M) is at least this large puts it in
-#: a commit of its own, the log kept (its removals hide what the new
-#: tombstones hide), and its tables' runs in the next step's commit, which
-#: can reuse the old run's pages.  In one commit the file had to hold free
-#: pages for both at once, and grew under churn at such flushes
-#: (bench_churn_commits.py).  Smaller runs cost little: one commit.
-SPLIT_TOMBSTONE_BYTES = 1 << 20
 #: Input chunks read per input run per merge step (about 2 MB each).
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
@@ -194,9 +185,6 @@ class Compactor:
         #: operations, as of the last commit (for throttle).
         self.level0_runs = 0
         self.log_ops = 0
-        #: (log_first_seq, log_next_seq, log ops) of a flush whose tombstones
-        #: are committed and whose runs are not (_flush), or None.
-        self._flush_prefix = None
         self._thread = None
         workers = min(os.cpu_count() or 1, 4)
         import concurrent.futures  # here: read-only opens do not pay for it
@@ -312,9 +300,7 @@ class Compactor:
             if snap.state.log_first_seq == snap.state.log_next_seq:
                 return False
             try:
-                if not self._flush(snap):
-                    del snap  # its pages: the old tombstone run, free for the next commit
-                    self._flush(self._ix._snapshot())
+                self._flush(snap)
                 return True
             except _Conflict:
                 return False
@@ -437,21 +423,10 @@ class Compactor:
 
     # -- flush ------------------------------------------------------------------
 
-    def _flush(self, snap) -> bool:
-        """Flush the log into runs; return False when this commit only put the
-        tombstones, the first of a flush's two commits (see below)."""
+    def _flush(self, snap) -> None:
         snap.count_before_flush()  # len() after the flush then starts from it
         ix = self._ix
-        st = snap.state
-        prefix, self._flush_prefix = self._flush_prefix, None
-        if prefix is not None and prefix[0] == st.log_first_seq and prefix[1] <= st.log_next_seq:
-            # The second commit of a flush: the records the first one saw.
-            log = LogOverlay()
-            log.apply_all(snap._read_log(prefix[0], prefix[1]))
-            log_done, log_ops_done = prefix[1], prefix[2]
-        else:
-            log, log_done, log_ops_done = snap.log, st.log_next_seq, st.log_ops
-            prefix = None
+        log = snap.log
         man = _copy_manifest(snap.manifest)
         puts, deletes = [], []
         adds = log.adds
@@ -468,14 +443,6 @@ class Compactor:
             stamps = np.concatenate([t_stamps[keep],
                                      np.full(len(log.removes), first_new, np.uint32)])
             fps, stamps = _newest_tombstones(fps, stamps)
-            alive = stamps > _min_fp_run_id(man)
-            if prefix is None and len(adds) and \
-                    int(alive.sum()) * ch.TOMBSTONE.size >= SPLIT_TOMBSTONE_BYTES and \
-                    not np.array_equal(fps[alive], t_fps):
-                puts, deletes = self._tombstone_chunks(snap, man, fps[alive], stamps[alive])
-                self._commit(snap, puts, deletes, man)
-                self._flush_prefix = (st.log_first_seq, log_done, log_ops_done)
-                return False
         # A flush goes to level 1 or level 0 (_flush_target), unless it is
         # larger than any raw level may hold: then it is a main run of its own.
         level = 0 if len(adds) <= _top_share(main, ix.log_limit) else MAIN_LEVEL
@@ -531,8 +498,8 @@ class Compactor:
             puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps)
             puts += puts_t
             deletes += deletes_t
-        self._commit(snap, puts, deletes, man, log_done=log_done, log_ops_done=log_ops_done)
-        return True
+        self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
+                     log_ops_done=snap.state.log_ops)
 
     def _tombstone_chunks(self, snap, man: Manifest, fps, stamps):
         old = man.of(SPACE_TOMBSTONES)

@@ -35,11 +35,9 @@ CHILD = textwrap.dedent("""
     import sys, time
     from ndindex import chunks, compaction
     from ndindex.index import Index
-    # Small chunks and one input chunk per merge step: many steps; a flush
-    # that changes the tombstones puts them in a commit of their own first.
+    # Small chunks and one input chunk per merge step: many steps.
     chunks.CHUNK_MAX_BLOCKS = 1
     compaction.STEP_CHUNKS = 1
-    compaction.SPLIT_TOMBSTONE_BYTES = 0
     path = sys.argv[1]
     with Index.open(path, background_compaction=True, log_limit=100) as ix:
         # Wait until the compaction thread has flushed the log and finished
