@@ -386,7 +386,10 @@ class Compactor:
     # -- committing ---------------------------------------------------------------
 
     def _commit(self, snap, puts, deletes, manifest: Manifest, log_done: int | None = None,
-                log_ops_done: int = 0) -> None:
+                log_ops_done: int = 0, held=()) -> None:
+        """Write a compaction step.  held: (run id, values) of raw runs it wrote,
+        which a warm index holds in memory at once (reader.MEMORY_RUN_MAX_ENTRIES)
+        instead of reading them back."""
         def body(wt):
             raw = wt.view.get(DB_META, KEY_STATE)
             state = State.unpack(unframe(raw, DB_META, KEY_STATE))
@@ -418,6 +421,8 @@ class Compactor:
         self._ix._store.write(body, sync=False)
         _kill_if(f"after:{n}")
         self.steps += 1
+        for rid, values in held:
+            self._ix._directories.hold_values(rid, values)
         self._progress.set()
         self._ix._compacted()
 
@@ -463,7 +468,7 @@ class Compactor:
                 else None
             pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True,
                                                 packed=ix.packs_raw)
-            return pairs, n, int(values[0]), last, code
+            return pairs, n, int(values[0]), last, code, values
 
         # The tables' runs are built side by side on the merge threads (550
         # of the compaction thread's 3,432 samples in a 30M stream went to
@@ -474,7 +479,9 @@ class Compactor:
         pool = self._pool if len(jobs) > 1 else None
         built = list(pool.map(table_run, jobs)) if pool is not None else \
             [table_run(job) for job in jobs]
-        for (t, _, run_level, into, rid), (pairs, n, first, last, code) in zip(jobs, built):
+        held = [(rid, values) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
+                if kind == KIND_RAW]
+        for (t, _, run_level, into, rid), (pairs, n, first, last, code, _) in zip(jobs, built):
             at = 0
             if into is not None:
                 deletes += rn.chunk_keys(snap.view, into)
@@ -499,7 +506,7 @@ class Compactor:
             puts += puts_t
             deletes += deletes_t
         self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
-                     log_ops_done=snap.state.log_ops)
+                     log_ops_done=snap.state.log_ops, held=held)
 
     def _tombstone_chunks(self, snap, man: Manifest, fps, stamps):
         old = man.of(SPACE_TOMBSTONES)

@@ -197,6 +197,18 @@ class DirectoryCache(dict):
         """Read run's live values into memory in the background (once)."""
         self._later(snap, run, "hold")
 
+    def hold_values(self, run_id: int, values: np.ndarray) -> None:
+        """Hold a run just written, from its values (sorted, as written), if
+        the index is warm and the run small."""
+        if not self.warm or not 0 < len(values) <= MEMORY_RUN_MAX_ENTRIES:
+            return
+        aid = _core.log_aid(values)
+        with self.lock:
+            if not self._closed:
+                self._asked.add((run_id, "hold"))
+                self.held[run_id] = (0, aid)
+                self.version += 1
+
     def _later(self, snap: "Snapshot", run, job: str) -> None:
         with self.lock:
             if self._closed or (run.run_id, job) in self._asked:
@@ -392,10 +404,14 @@ class Snapshot:
         """Check the blocks of the runs this snapshot lists that no query has
         checked yet (run_directory_verify), so that queries find them verified;
         return how many.  Lists the runs as the kernel would (the kernel built
-        next reuses the directories)."""
+        next reuses the directories), and asks for the small ones to be held
+        in memory (_held): after a compaction step (Index._compacted), so
+        that they are ready before queries come."""
         n = 0
         for runs in self.table_runs:
             for run in runs:
+                if run.chunks and self._held(run) is not None:
+                    continue  # its values were checked as they were read
                 cap = self._directory(run) if run.chunks else None
                 if cap is not None:
                     n += _core.run_directory_verify(cap, run.kind, rn.live_start(run) or 0)

@@ -162,3 +162,24 @@ def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes)
         assert len(runs) == 3 and len(held) == 2 and held <= set(ix._directories.held)
         assert not {r.run_id for r in runs if r.entries > 2000} & set(ix._directories.held)
 
+
+
+def test_a_warm_index_holds_the_runs_its_flushes_write_without_reading_them(tmp_path,
+                                                                          monkeypatch):
+    asked = []
+    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+                        lambda cache, snap, run: asked.append(run.run_id))
+    rng = np.random.default_rng(45)
+    fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))
+    with Index.create(tmp_path / "w.ndx", k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix.add(fps[:6000])
+        ix._compactor.step(force_flush=True)
+        assert not ix._directories.held                 # cold: nothing held
+        ix._directories.warm = True
+        for part in np.array_split(fps[6000:], 3):
+            ix.add(part)
+            ix._compactor.step(force_flush=True)
+            new = {r.run_id for runs in ix._snapshot().table_runs for r in runs}
+            assert new <= set(ix._directories.held) and not new & set(asked)
+        exact(ix, fps, near(rng, fps, 60, 3))
