@@ -421,8 +421,13 @@ class Compactor:
         self._ix._store.write(body, sync=False)
         _kill_if(f"after:{n}")
         self.steps += 1
+        cache = self._ix._directories
+        if cache.held:
+            # Values held for runs this step merged away go now: an index
+            # only written to builds no kernel (which drops them too).
+            cache.drop_stale({r.run_id for r in manifest.runs})
         for rid, values in held:
-            self._ix._directories.hold_values(rid, values)
+            cache.hold_values(rid, values)
         self._progress.set()
         self._ix._compacted()
 

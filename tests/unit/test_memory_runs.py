@@ -183,3 +183,18 @@ def test_a_warm_index_holds_the_runs_its_flushes_write_without_reading_them(tmp_
             new = {r.run_id for runs in ix._snapshot().table_runs for r in runs}
             assert new <= set(ix._directories.held) and not new & set(asked)
         exact(ix, fps, near(rng, fps, 60, 3))
+
+
+def test_an_index_only_written_to_lets_go_of_the_runs_it_merged_away(tmp_path):
+    # No query builds a kernel (which drops stale values too): each
+    # compaction step drops the values of the runs it merged away.
+    rng = np.random.default_rng(46)
+    with Index.create(tmp_path / "g.ndx", k=3, expected_n=40000, background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix._directories.warm = True
+        for _ in range(12):
+            ix.add(rng.integers(0, 2**64, 3000, dtype=np.uint64))
+            while ix._compactor.step(force_flush=True):
+                live = {r.run_id for r in ix._snapshot().manifest.runs}
+                assert set(ix._directories.held) <= live
+        assert ix._directories.held
