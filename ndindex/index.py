@@ -921,7 +921,9 @@ class Index(DocumentMethods):
         Also the open reads on the file, from every process (``readers``:
         pid and the transaction each reads), and ``oldest_reader_lag``, how
         many commits the oldest of them is behind the newest: pages freed
-        since it began are not reused until it ends.
+        since it began are not reused until it ends; and ``held_runs``,
+        ``held_bytes``: the small runs this index holds in memory (a warm
+        index's newest, at most reader.MEMORY_RUN_MAX_ENTRIES values each).
         """
         snap = self._snapshot()
         n = snap.count()
@@ -939,6 +941,7 @@ class Index(DocumentMethods):
         # read (a parked reader, a long items() loop) lets the file grow.
         readers = self._store.readers()
         newest = self._latest_txnid()
+        held = self._directories.held_sizes()
         return dict(
             path=self.path, k=self.k, format=self._header.read_version,
             coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
@@ -951,6 +954,7 @@ class Index(DocumentMethods):
             entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
             compaction_steps=self._compactor.steps if self._compactor else 0,
             readers=[dict(pid=pid, txnid=txnid) for pid, txnid in readers],
+            held_runs=len(held), held_bytes=sum(nbytes for _, nbytes in held),
             oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),
             plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
 

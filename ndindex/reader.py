@@ -156,7 +156,7 @@ class DirectoryCache(dict):
     small ones held in memory).  outputs: merge outputs' directories by run
     id, with the cursor each was listed at (see Snapshot._output_directory).
     held: runs held in memory by run id, as (the first value read, log_aid
-    capsule over the values).
+    capsule over the values, their bytes).
 
     Large runs are listed, small ones read into memory, by a background
     thread (list_later, hold_later); version counts what it added, so that
@@ -197,6 +197,11 @@ class DirectoryCache(dict):
         """Read run's live values into memory in the background (once)."""
         self._later(snap, run, "hold")
 
+    def held_sizes(self) -> list:
+        """(run id, bytes) of the runs held in memory."""
+        with self.lock:
+            return [(rid, nbytes) for rid, (_, _, nbytes) in self.held.items()]
+
     def hold_values(self, run_id: int, values: np.ndarray) -> None:
         """Hold a run just written, from its values (sorted, as written), if
         the index is warm and the run small."""
@@ -206,7 +211,7 @@ class DirectoryCache(dict):
         with self.lock:
             if not self._closed:
                 self._asked.add((run_id, "hold"))
-                self.held[run_id] = (0, aid)
+                self.held[run_id] = (0, aid, values.nbytes)
                 self.version += 1
 
     def _later(self, snap: "Snapshot", run, job: str) -> None:
@@ -247,7 +252,7 @@ class DirectoryCache(dict):
                 done = None if inline else cap
             else:
                 values = rn.read_values(snap.view, run).values
-                done = (start, _core.log_aid(values)) if len(values) else None
+                done = (start, _core.log_aid(values), values.nbytes) if len(values) else None
         except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
             done = None
         with self.lock:

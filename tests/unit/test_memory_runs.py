@@ -180,8 +180,12 @@ def test_a_warm_index_holds_the_runs_its_flushes_write_without_reading_them(tmp_
         for part in np.array_split(fps[6000:], 3):
             ix.add(part)
             ix._compactor.step(force_flush=True)
-            new = {r.run_id for runs in ix._snapshot().table_runs for r in runs}
+            runs = [r for runs in ix._snapshot().table_runs for r in runs]
+            new = {r.run_id for r in runs}
             assert new <= set(ix._directories.held) and not new & set(asked)
+            info = ix.stats()
+            assert info["held_runs"] == len(runs)
+            assert info["held_bytes"] == 8 * sum(r.entries for r in runs)
         exact(ix, fps, near(rng, fps, 60, 3))
 
 
