@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from ndindex import _core, chunks as ch, codec, docstore, runs as rn
+from ndindex import _core, chunks as ch, codec, docstore, reader, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
@@ -185,6 +185,9 @@ class Compactor:
         #: operations, as of the last commit (for throttle).
         self.level0_runs = 0
         self.log_ops = 0
+        #: Raw merge outputs held in memory as they grow: run id -> (buffer,
+        #: values in it) (see _hold).
+        self._growing: dict = {}
         self._thread = None
         workers = min(os.cpu_count() or 1, 4)
         import concurrent.futures  # here: read-only opens do not pay for it
@@ -373,13 +376,14 @@ class Compactor:
             results = list(self._pool.map(lambda j: j[0](snap, man, *j[1:]), jobs))
         else:
             results = [j[0](snap, man, *j[1:]) for j in jobs]
-        puts, deletes = [], []
-        for (p, d, gone) in results:
+        puts, deletes, held = [], [], []
+        for (p, d, gone, *wrote) in results:
             puts += p
             deletes += d
+            held += wrote
             for run in gone:
                 man.runs.remove(run)
-        self._commit(snap, puts, deletes, man)
+        self._commit(snap, puts, deletes, man, held=held)
         self.chunks_merged += len(deletes)
         return True
 
@@ -387,9 +391,9 @@ class Compactor:
 
     def _commit(self, snap, puts, deletes, manifest: Manifest, log_done: int | None = None,
                 log_ops_done: int = 0, held=()) -> None:
-        """Write a compaction step.  held: (run id, values) of raw runs it wrote,
-        which a warm index holds in memory at once (reader.MEMORY_RUN_MAX_ENTRIES)
-        instead of reading them back."""
+        """Write a compaction step.  held: what it wrote of raw runs, for a warm
+        index to hold in memory at once instead of reading them back (see
+        _hold)."""
         def body(wt):
             raw = wt.view.get(DB_META, KEY_STATE)
             state = State.unpack(unframe(raw, DB_META, KEY_STATE))
@@ -426,10 +430,38 @@ class Compactor:
             # Values held for runs this step merged away go now: an index
             # only written to builds no kernel (which drops them too).
             cache.drop_stale({r.run_id for r in manifest.runs})
-        for rid, values in held:
-            cache.hold_values(rid, values)
+        self._hold(held)
         self._progress.set()
         self._ix._compacted()
+
+    def _hold(self, held) -> None:
+        """Hold in memory the raw runs a committed step wrote, if the index is
+        warm and they are small (reader.MEMORY_RUN_MAX_ENTRIES).  held: (run
+        id, the values the step wrote, whether they begin the run, the cursor
+        the run then has: None once complete).  A merge output grows step by
+        step: its values gather in a buffer grown by doubling (self._growing),
+        and each step holds the part written so far (the kernel clips it to
+        a snapshot's cursor); one begun before the index was warm, or grown
+        past the limit, is not held."""
+        cache = self._ix._directories
+        for rid, values, begins, cursor in held:
+            grow = self._growing.pop(rid, None)
+            if begins and cache.warm:
+                grow = (np.empty(max(len(values), 1 << 16), np.uint64), 0)
+            if grow is None:
+                continue
+            buf, n = grow
+            if n + len(values) > reader.MEMORY_RUN_MAX_ENTRIES:
+                cache.drop_held(rid)
+                continue
+            if n + len(values) > len(buf):
+                buf = np.concatenate([buf[:n], np.empty(max(len(buf), len(values)), np.uint64)])
+            buf[n:n + len(values)] = values
+            n += len(values)
+            if n:
+                cache.hold_values(rid, buf[:n], cursor)
+            if cursor is not None:
+                self._growing[rid] = (buf, n)
 
     # -- flush ------------------------------------------------------------------
 
@@ -484,7 +516,7 @@ class Compactor:
         pool = self._pool if len(jobs) > 1 else None
         built = list(pool.map(table_run, jobs)) if pool is not None else \
             [table_run(job) for job in jobs]
-        held = [(rid, values) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
+        held = [(rid, values, True, None) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
                 if kind == KIND_RAW]
         for (t, _, run_level, into, rid), (pairs, n, first, last, code, _) in zip(jobs, built):
             at = 0
@@ -545,6 +577,7 @@ class Compactor:
         steps on other threads).
         """
         cursor = int.from_bytes(output.cursor, "big") if output.cursor else None
+        begins = not output.chunks
         # The largest input first: its STEP_CHUNKS chunks span the narrowest
         # range of keys, and the others are read only as far (a step keeps
         # what every input covers; a third of what steps decoded went back).
@@ -625,7 +658,12 @@ class Compactor:
             output.cursor = done.to_bytes(8, "big")
             for r in inputs:
                 r.cursor = output.cursor
-        return pairs, deletes, removed
+        if output.kind != KIND_RAW:
+            return pairs, deletes, removed
+        # What the step wrote of a raw output, for Compactor._hold.
+        wrote = merged[:written] if written else EMPTY_U64
+        return pairs, deletes, removed, (output.run_id, wrote, begins,
+                                         None if final else output.cursor)
 
     # -- record merges ---------------------------------------------------------
 

@@ -156,7 +156,8 @@ class DirectoryCache(dict):
     small ones held in memory).  outputs: merge outputs' directories by run
     id, with the cursor each was listed at (see Snapshot._output_directory).
     held: runs held in memory by run id, as (the first value read, log_aid
-    capsule over the values, their bytes).
+    capsule over the values, their bytes, and for a merge output the cursor
+    they reach, else None).
 
     Large runs are listed, small ones read into memory, by a background
     thread (list_later, hold_later); version counts what it added, so that
@@ -200,19 +201,24 @@ class DirectoryCache(dict):
     def held_sizes(self) -> list:
         """(run id, bytes) of the runs held in memory."""
         with self.lock:
-            return [(rid, nbytes) for rid, (_, _, nbytes) in self.held.items()]
+            return [(rid, nbytes) for rid, (_, _, nbytes, _) in self.held.items()]
 
-    def hold_values(self, run_id: int, values: np.ndarray) -> None:
+    def hold_values(self, run_id: int, values: np.ndarray, upto: bytes | None = None) -> None:
         """Hold a run just written, from its values (sorted, as written), if
-        the index is warm and the run small."""
+        the index is warm and the run small; upto: for a merge output, the
+        cursor up to which values holds it (None: the whole run)."""
         if not self.warm or not 0 < len(values) <= MEMORY_RUN_MAX_ENTRIES:
             return
         aid = _core.log_aid(values)
         with self.lock:
             if not self._closed:
                 self._asked.add((run_id, "hold"))
-                self.held[run_id] = (0, aid, values.nbytes)
+                self.held[run_id] = (0, aid, values.nbytes, upto)
                 self.version += 1
+
+    def drop_held(self, run_id: int) -> None:
+        with self.lock:
+            self.held.pop(run_id, None)
 
     def _later(self, snap: "Snapshot", run, job: str) -> None:
         with self.lock:
@@ -252,7 +258,8 @@ class DirectoryCache(dict):
                 done = None if inline else cap
             else:
                 values = rn.read_values(snap.view, run).values
-                done = (start, _core.log_aid(values), values.nbytes) if len(values) else None
+                done = (start, _core.log_aid(values), values.nbytes, None) if len(values) \
+                    else None
         except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
             done = None
         with self.lock:
@@ -426,16 +433,21 @@ class Snapshot:
         """The run's values held in memory (a log_aid capsule) or None; asks
         the background lister for them if the index is warm and the run small
         (MEMORY_RUN_MAX_ENTRIES).  Values read for a later snapshot, from
-        further into a merge input, do not serve this one."""
+        further into a merge input, do not serve this one; a merge output's
+        serve snapshots whose cursor they reach (the compactor holds them as
+        they grow: Compactor._hold)."""
         cache = self._directories
         if not isinstance(cache, DirectoryCache) or not cache.warm or run.kind != KIND_RAW \
-                or run.merge_output or run.entries > MEMORY_RUN_MAX_ENTRIES:
+                or run.entries > MEMORY_RUN_MAX_ENTRIES:
             return None
         hit = cache.held.get(run.run_id)
+        if run.merge_output:
+            return hit[1] if hit is not None and hit[3] is not None and run.cursor and \
+                run.cursor <= hit[3] else None
         if hit is None:
             cache.hold_later(self, run)
             return None
-        return hit[1] if hit[0] <= (rn.live_start(run) or 0) else None
+        return hit[1] if hit[0] <= (rn.live_start(run) or 0) and hit[3] is None else None
 
     def _directory(self, run):
         """The run's directory, or None (runs too large are found through the tree).

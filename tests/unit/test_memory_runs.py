@@ -202,3 +202,39 @@ def test_an_index_only_written_to_lets_go_of_the_runs_it_merged_away(tmp_path):
                 live = {r.run_id for r in ix._snapshot().manifest.runs}
                 assert set(ix._directories.held) <= live
         assert ix._directories.held
+
+
+def test_a_raw_merge_output_is_held_as_it_grows_and_answers_stay_exact(tmp_path, many_chunks):
+    # Level-0 runs merge into a raw level-1 output step by step: a warm
+    # index holds what each step wrote, and a snapshot uses it only as far
+    # as its own cursor; one begun while the index was cold is never held.
+    rng = np.random.default_rng(47)
+    fps = np.unique(rng.integers(0, 2**64, 16000, dtype=np.uint64))
+    with Index.create(tmp_path / "o.ndx", k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        stored = fps[:0]
+        for begun_cold in (True, False):
+            ix._directories.warm = not begun_cold
+            for part in np.array_split(fps[:8000] if begun_cold else fps[8000:], 3):
+                ix.add(part)
+                ix._compactor._flush(ix._snapshot())       # level-0 runs, unmerged
+                stored = np.concatenate([stored, part])
+            assert ix._compactor.step()                    # the merge's first step
+            ix._directories.warm = True
+            steps = 0
+            while True:
+                snap = ix._snapshot()
+                outputs = [r for runs in snap.table_runs for r in runs if r.merge_output]
+                if not outputs:
+                    break
+                steps += 1
+                for run in outputs:
+                    assert (snap._held(run) is None) == begun_cold
+                exact(ix, stored, near(rng, stored, 15, 3))
+                assert ix._compactor.step()
+            assert steps >= 2
+        held = ix._directories.held
+        finished = [r for runs in ix._snapshot().table_runs for r in runs]
+        assert all(held[r.run_id][3] is None for r in finished if r.run_id in held)
+        exact(ix, stored, near(rng, stored, 60, 3))
+        ix.verify()

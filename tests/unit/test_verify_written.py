@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndindex import _core, chunks as ch, compaction, runs as rn
+from ndindex import _core, chunks as ch, compaction, reader, runs as rn
 from ndindex.errors import CorruptionError
 from ndindex.index import Index
 from ndindex.reader import WARM_QUERIES, Snapshot
@@ -57,6 +57,9 @@ def small_steps(monkeypatch, level0_flushes):
 
 def test_compaction_checks_what_it_wrote_once_the_index_is_warm(tmp_path, small_steps,
                                                                  monkeypatch):
+    # Raw runs on disk too: small ones would be held in memory instead
+    # (test_memory_runs.py), their values checked as they are read.
+    monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)
     finished, checks = [], []
     extend, verify = Snapshot._finished_output, Snapshot.verify_listed
 
@@ -129,6 +132,7 @@ def same_blocks(snap) -> int:
 
 def test_a_finished_merge_lists_the_blocks_a_fresh_listing_finds(tmp_path, small_steps,
                                                                    monkeypatch):
+    monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)  # raw outputs listed, not held
     ways = []
     extend = Snapshot._finished_output
 
