@@ -445,6 +445,9 @@ class Compactor:
         past the limit, is not held."""
         cache = self._ix._directories
         for rid, values, begins, cursor in held:
+            if begins and cursor is None:
+                cache.hold_values(rid, values)  # a whole run at once (a flush's)
+                continue
             grow = self._growing.pop(rid, None)
             if begins and cache.warm:
                 grow = (np.empty(max(len(values), 1 << 16), np.uint64), 0)

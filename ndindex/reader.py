@@ -72,13 +72,14 @@ WARM_QUERIES = 256
 #: path stalled one query 42 ms with the file cached, 0.4 s cold.
 DIRECTORY_MAX_CHUNKS_BACKGROUND = 1 << 14
 #: Raw runs of at most this many entries (a table's level-0 and level-1
-#: runs, and merge inputs among them; not merge outputs, which grow) are
-#: held in memory once the index is warm: their values read once, checked,
-#: by the background lister (DirectoryCache.hold_later), and probed as the
-#: log is -- the search aid and one or two lines of values -- where a
-#: listed run's probe reads a dozen lines (directory, the block's header
-#: and its lines around the range).  At most 4 MB a run; a table holds two
-#: or three such runs.
+#: runs, merge inputs and outputs among them) are held in memory once the
+#: index is warm: the values a flush or a merge step wrote, kept by the
+#: compactor (Compactor._hold; a merge output as it grows), or read once,
+#: checked, by the background lister (DirectoryCache.hold_later); and
+#: probed as the log is -- the search aid and one or two lines of values --
+#: where a listed run's probe reads a dozen lines (directory, the block's
+#: header and its lines around the range).  At most 4 MB a run; a table
+#: holds two to four such runs at a busy moment.
 MEMORY_RUN_MAX_ENTRIES = 1 << 19
 #: The background lister's thread ends after this long without work.
 LISTER_IDLE_SECONDS = 1.0
