@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -151,14 +152,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=REAPER._forked)
 
 
+class HeldRun(NamedTuple):
+    """A run's values held in memory (DirectoryCache.held)."""
+    start: int               # the first value they may hold (a merge input's live start)
+    aid: object              # _core.log_aid capsule over the values: what the kernel takes
+    nbytes: int
+    upto: bytes | None       # a merge output's cursor they reach; None: the whole run
+
+
 class DirectoryCache(dict):
     """Run directories by run id, kept across snapshots; warm once the index
     has answered WARM_QUERIES queries (then larger runs are listed too, and
     small ones held in memory).  outputs: merge outputs' directories by run
     id, with the cursor each was listed at (see Snapshot._output_directory).
-    held: runs held in memory by run id, as (the first value read, log_aid
-    capsule over the values, their bytes, and for a merge output the cursor
-    they reach, else None).
+    held: runs held in memory by run id (HeldRun).
 
     Large runs are listed, small ones read into memory, by a background
     thread (list_later, hold_later); version counts what it added, so that
@@ -202,7 +209,7 @@ class DirectoryCache(dict):
     def held_sizes(self) -> list:
         """(run id, bytes) of the runs held in memory."""
         with self.lock:
-            return [(rid, nbytes) for rid, (_, _, nbytes, _) in self.held.items()]
+            return [(rid, h.nbytes) for rid, h in self.held.items()]
 
     def hold_values(self, run_id: int, values: np.ndarray, upto: bytes | None = None) -> None:
         """Hold a run just written, from its values (sorted, as written), if
@@ -214,7 +221,7 @@ class DirectoryCache(dict):
         with self.lock:
             if not self._closed:
                 self._asked.add((run_id, "hold"))
-                self.held[run_id] = (0, aid, values.nbytes, upto)
+                self.held[run_id] = HeldRun(0, aid, values.nbytes, upto)
                 self.version += 1
 
     def drop_held(self, run_id: int) -> None:
@@ -259,8 +266,8 @@ class DirectoryCache(dict):
                 done = None if inline else cap
             else:
                 values = rn.read_values(snap.view, run).values
-                done = (start, _core.log_aid(values), values.nbytes, None) if len(values) \
-                    else None
+                done = HeldRun(start, _core.log_aid(values), values.nbytes, None) \
+                    if len(values) else None
         except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
             done = None
         with self.lock:
@@ -443,12 +450,12 @@ class Snapshot:
             return None
         hit = cache.held.get(run.run_id)
         if run.merge_output:
-            return hit[1] if hit is not None and hit[3] is not None and run.cursor and \
-                run.cursor <= hit[3] else None
+            return hit.aid if hit is not None and hit.upto is not None and run.cursor and \
+                run.cursor <= hit.upto else None
         if hit is None:
             cache.hold_later(self, run)
             return None
-        return hit[1] if hit[0] <= (rn.live_start(run) or 0) and hit[3] is None else None
+        return hit.aid if hit.start <= (rn.live_start(run) or 0) and hit.upto is None else None
 
     def _directory(self, run):
         """The run's directory, or None (runs too large are found through the tree).

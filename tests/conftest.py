@@ -1,6 +1,7 @@
 """Shared fixtures and hypothesis profiles."""
 
 import os
+import time
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,3 +26,11 @@ def level0_flushes(monkeypatch):
     """Every flush a level-0 run (level0_flush_target)."""
     from ndindex import compaction
     monkeypatch.setattr(compaction, "_flush_target", level0_flush_target)
+
+
+def wait_for(condition, seconds=30.0):
+    """Wait until condition() holds (a background thread's work), at most seconds."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

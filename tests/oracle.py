@@ -45,3 +45,15 @@ def near(rng, fps: np.ndarray, n: int, max_flips: int) -> np.ndarray:
         flip = rng.random(n) < 0.6
         q[flip] ^= np.uint64(1) << rng.integers(0, 64, size=int(flip.sum()), dtype=np.uint64)
     return q
+
+
+def check_queries(ix, stored, queries, k):
+    """Every query equals brute force, via query() and query_many()."""
+    many = ix.query_many(queries, k)
+    stored = np.unique(stored)
+    for i, q in enumerate(queries.tolist()):
+        want = brute_force(stored, q, k)
+        got = [(m.fingerprint, m.distance) for m in ix.query(q, k, keys=False)]
+        assert got == want, f"query {q:#x}"
+        rows = many[many["query"] == i]
+        assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want

@@ -16,9 +16,9 @@ import pytest
 from ndindex import chunks as ch, codec, compaction, plan as plans, runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
-from tests.conftest import level0_flush_target
+from tests.conftest import level0_flush_target, wait_for
 from tests.killing import killed_at, reader_parked
-from tests.oracle import brute_force, clustered, near
+from tests.oracle import brute_force, check_queries, clustered, near
 
 
 @pytest.fixture
@@ -31,18 +31,6 @@ def small_steps(monkeypatch):
     """Small chunks, merged one at a time: small tests see half-done merges."""
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 1)
-
-
-def check_queries(ix, stored, queries, k):
-    """Every query equals brute force, via query() and query_many()."""
-    many = ix.query_many(queries, k)
-    stored = np.unique(stored)
-    for i, q in enumerate(queries.tolist()):
-        want = brute_force(stored, q, k)
-        got = [(m.fingerprint, m.distance) for m in ix.query(q, k, keys=False)]
-        assert got == want, f"query {q:#x}"
-        rows = many[many["query"] == i]
-        assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want
 
 
 def flush(ix):
@@ -710,13 +698,6 @@ def background_listing(monkeypatch):
     monkeypatch.setattr(reader, "DIRECTORY_MAX_CHUNKS_BACKGROUND", 1 << 30)
     monkeypatch.setattr(index_module, "WARM_QUERIES", 20)
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
-
-
-def wait_for(condition, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def compacted(path, rng, n: int) -> np.ndarray:

@@ -10,8 +10,6 @@ take the real background thread and the edges of its cache.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -19,24 +17,8 @@ from ndindex import _core, chunks as ch, compaction, reader
 from ndindex.errors import CorruptionError
 from ndindex.index import Index
 from ndindex.records import KIND_RAW
-from tests.oracle import brute_force, near
-
-
-def wait_for(condition, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
-
-
-def exact(ix, stored, queries, k=3):
-    stored = np.unique(stored)
-    many = ix.query_many(queries, k)
-    for i, q in enumerate(queries.tolist()):
-        want = brute_force(stored, q, k)
-        assert [(m.fingerprint, m.distance) for m in ix.query(q, k, keys=False)] == want
-        rows = many[many["query"] == i]
-        assert list(zip(rows["fingerprint"].tolist(), rows["distance"].tolist())) == want
+from tests.conftest import wait_for
+from tests.oracle import brute_force, check_queries, near
 
 
 def small_raw_runs(snap) -> set:
@@ -79,10 +61,10 @@ def test_small_runs_are_held_in_the_background_and_answers_stay_exact(tmp_path, 
         assert ix._directories.warm
         ix.query(1, 3)
         wait_for(lambda: small <= set(ix._directories.held))
-        exact(ix, live, queries)
+        check_queries(ix, live, queries, 3)
         assert ix._snapshot().kernel_version == ix._directories.version
         while ix._compactor.step():                 # cursors move past what was read
-            exact(ix, live, queries[:20])
+            check_queries(ix, live, queries[:20], 3)
         assert not ix._directories.held.keys() - {r.run_id for r in
                                                    ix._snapshot().manifest.runs}
         ix.verify()
@@ -156,7 +138,7 @@ def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes)
         monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 2000)
         ix._directories.warm = True
         stored = np.unique(ix.fingerprints())
-        exact(ix, stored, near(rng, stored, 30, 3))
+        check_queries(ix, stored, near(rng, stored, 30, 3), 3)
         runs = ix._snapshot().table_runs[0]
         held = {r.run_id for r in runs if r.entries <= 2000}
         assert len(runs) == 3 and len(held) == 2 and held <= set(ix._directories.held)
@@ -186,7 +168,7 @@ def test_a_warm_index_holds_the_runs_its_flushes_write_without_reading_them(tmp_
             info = ix.stats()
             assert info["held_runs"] == len(runs)
             assert info["held_bytes"] == 8 * sum(r.entries for r in runs)
-        exact(ix, fps, near(rng, fps, 60, 3))
+        check_queries(ix, fps, near(rng, fps, 60, 3), 3)
 
 
 def test_an_index_only_written_to_lets_go_of_the_runs_it_merged_away(tmp_path):
@@ -230,11 +212,11 @@ def test_a_raw_merge_output_is_held_as_it_grows_and_answers_stay_exact(tmp_path,
                 steps += 1
                 for run in outputs:
                     assert (snap._held(run) is None) == begun_cold
-                exact(ix, stored, near(rng, stored, 15, 3))
+                check_queries(ix, stored, near(rng, stored, 15, 3), 3)
                 assert ix._compactor.step()
             assert steps >= 2
         held = ix._directories.held
         finished = [r for runs in ix._snapshot().table_runs for r in runs]
-        assert all(held[r.run_id][3] is None for r in finished if r.run_id in held)
-        exact(ix, stored, near(rng, stored, 60, 3))
+        assert all(held[r.run_id].upto is None for r in finished if r.run_id in held)
+        check_queries(ix, stored, near(rng, stored, 60, 3), 3)
         ix.verify()
