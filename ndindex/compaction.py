@@ -49,7 +49,7 @@ import time
 
 import numpy as np
 
-from ndindex import _core, chunks as ch, codec, docstore, reader, runs as rn
+from ndindex import _core, chunks as ch, codec, docstore, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
@@ -436,7 +436,7 @@ class Compactor:
 
     def _hold(self, held) -> None:
         """Hold in memory the raw runs a committed step wrote, if the index is
-        warm and they are small (reader.MEMORY_RUN_MAX_ENTRIES).  held: (run
+        warm and they are small (DirectoryCache.hold_values).  held: (run
         id, the values the step wrote, whether they begin the run, the cursor
         the run then has: None once complete).  A merge output grows step by
         step: its values gather in a buffer grown by doubling (self._growing),
@@ -454,16 +454,12 @@ class Compactor:
             if grow is None:
                 continue
             buf, n = grow
-            if n + len(values) > reader.MEMORY_RUN_MAX_ENTRIES:
-                cache.drop_held(rid)
-                continue
             if n + len(values) > len(buf):
                 buf = np.concatenate([buf[:n], np.empty(max(len(buf), len(values)), np.uint64)])
             buf[n:n + len(values)] = values
             n += len(values)
-            if n:
-                cache.hold_values(rid, buf[:n], cursor)
-            if cursor is not None:
+            # Past the limit the output is held no more, and grows no more here.
+            if (not n or cache.hold_values(rid, buf[:n], cursor)) and cursor is not None:
                 self._growing[rid] = (buf, n)
 
     # -- flush ------------------------------------------------------------------

@@ -211,22 +211,23 @@ class DirectoryCache(dict):
         with self.lock:
             return [(rid, h.nbytes) for rid, h in self.held.items()]
 
-    def hold_values(self, run_id: int, values: np.ndarray, upto: bytes | None = None) -> None:
+    def hold_values(self, run_id: int, values: np.ndarray, upto: bytes | None = None) -> bool:
         """Hold a run just written, from its values (sorted, as written), if
         the index is warm and the run small; upto: for a merge output, the
-        cursor up to which values holds it (None: the whole run)."""
-        if not self.warm or not 0 < len(values) <= MEMORY_RUN_MAX_ENTRIES:
-            return
-        aid = _core.log_aid(values)
+        cursor up to which values holds it (None: the whole run).  Returns
+        whether it is held; a run past the limit loses what was held of it
+        (a merge output that grew past it)."""
+        if not self.warm:
+            return False
+        aid = _core.log_aid(values) if 0 < len(values) <= MEMORY_RUN_MAX_ENTRIES else None
         with self.lock:
-            if not self._closed:
-                self._asked.add((run_id, "hold"))
-                self.held[run_id] = HeldRun(0, aid, values.nbytes, upto)
-                self.version += 1
-
-    def drop_held(self, run_id: int) -> None:
-        with self.lock:
-            self.held.pop(run_id, None)
+            if aid is None or self._closed:
+                self.held.pop(run_id, None)
+                return False
+            self._asked.add((run_id, "hold"))
+            self.held[run_id] = HeldRun(0, aid, values.nbytes, upto)
+            self.version += 1
+            return True
 
     def _later(self, snap: "Snapshot", run, job: str) -> None:
         with self.lock:
