@@ -611,11 +611,6 @@ class Snapshot:
 
     # -- queries ---------------------------------------------------------------
 
-    def query(self, q: int, k: int, pending: PendingOps | None = None) -> list:
-        if pending is not None:
-            return _core.query(self.kernel, q, k, *pending.query_view(self.plan))
-        return _core.query(self.kernel, q, k)
-
     def prefetch(self, q: int, k: int) -> None:
         """Ask the page cache for what query(q, k) will read, a tree level at a time."""
         _core.query_prefetch(self.kernel, q, k)

@@ -105,15 +105,14 @@ class Writer:
             if journaled and len(p) >= 1 << 16:
                 self.checkpoint()
 
-    def add_one(self, fp: int, pairs: list) -> None:
-        """apply() of one added fingerprint (with its (fp, key) pairs): check_and_add's
-        write.  Inside a transaction it only joins the pending set, without
-        building a log record: that is most of a pended call's cost."""
-        with self.lock:
-            if self.pending is not None and not pairs and \
-                    (self.journal is None or self._txn_depth):
-                self.pending.add_one(fp)
-                return
+    def add_one_locked(self, fp: int, pairs: list) -> None:
+        """apply() of one added fingerprint (with its (fp, key) pairs), the
+        lock held: check_and_add's write.  Inside a transaction it only joins
+        the pending set, without building a log record: that is most of a
+        pended call's cost."""
+        if self._txn_depth and not pairs:
+            self.pending.add_one(fp)
+        else:
             self.apply(LogRecord(np.array([fp], dtype=np.uint64), EMPTY_U64, pairs, []))
 
     def _append_journal(self, record: LogRecord) -> None:

@@ -92,7 +92,7 @@ def test_values_read_further_into_a_merge_input_do_not_serve_an_earlier_snapshot
         assert later._held(run_late) is not None
         assert earlier._held(run_early) is None     # it would lack values the earlier one has
         for q in near(rng, fps, 60, 3).tolist():
-            assert earlier.query(q, 3) == brute_force(fps, q, 3)
+            assert _core.query(earlier.kernel, q, 3) == brute_force(fps, q, 3)
 
 
 def test_a_damaged_small_run_is_not_held_and_queries_report_it(tmp_path, monkeypatch):
