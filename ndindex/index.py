@@ -89,6 +89,7 @@ class Index(DocumentMethods):
         self._header = header
         self.plan = plan
         self._snap: Snapshot | None = None
+        self._lineage = None   # the last snapshot's, once let go of (_let_go_of_snapshot)
         self._snap_lock = threading.Lock()
         self._uses = 0   # snapshot requests, for the idle-snapshot reaper
         self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
@@ -284,7 +285,7 @@ class Index(DocumentMethods):
             self._finalizer.detach()
             self._directories.close()  # its thread reads the file
             with self._snap_lock:
-                snap, self._snap = self._snap, None
+                snap, self._snap, self._lineage = self._snap, None, None
             if snap is not None:
                 snap.close()
             if self._pool is not None:
@@ -371,27 +372,47 @@ class Index(DocumentMethods):
             if cur is not None and view.txnid == cur.txnid:
                 txn.abort()
                 return cur
-            try:
-                snap = Snapshot(self._store, self.plan, txn, view, prev=cur,
-                                directories=self._directories, counts=self._counts,
-                                tombstones=self._tombstones)
-            except BaseException:
-                txn.abort()
-                raise
+            snap = self._new_snapshot(txn, view, cur.lineage() if cur is not None
+                                      else self._lineage)
             # The old snapshot's read transaction ends when the last thread
             # using it lets go (Snapshot.__del__), not here: a query may be
             # reading its pages right now.
-            self._snap = snap
+            self._snap, self._lineage = snap, None
             return snap
 
-    def _let_go_if_moved_on(self) -> None:
-        """Drop the snapshot if the file has newer commits (SnapshotReaper: idle)."""
+    def _new_snapshot(self, txn, view, prev) -> Snapshot:
+        try:
+            return Snapshot(self._store, self.plan, txn, view, prev=prev,
+                            directories=self._directories, counts=self._counts,
+                            tombstones=self._tombstones)
+        except BaseException:
+            txn.abort()
+            raise
+
+    def _compaction_snapshot(self) -> Snapshot:
+        """A snapshot of the newest commit for one compaction step, with a read
+        transaction of its own, which the step ends before it commits
+        (Compactor._commit): LMDB reuses no page freed by a commit that a
+        reader still sees, and a step's own snapshot, taken right after the
+        step before it, kept that step's freed pages (the merged-away chunks)
+        from the step's commit.  It extends the index's log, not its
+        per-table log, which a step does not use."""
+        self._store.env  # raises ClosedError after close()
+        txn, view = self._store.snapshot()
+        cur = self._snap
+        prev = cur.lineage() if cur is not None else self._lineage
+        return self._new_snapshot(txn, view, prev and prev._replace(log_tables=None))
+
+    def _let_go_of_snapshot(self, if_moved_on: bool = False) -> None:
+        """Drop the snapshot (if_moved_on: only if the file has newer commits),
+        keeping its lineage for the next one.  Its read transaction ends when
+        the last call using it lets go.  SnapshotReaper: an idle index;
+        Compactor._commit: before a compaction step's commit."""
         with self._snap_lock:
             snap = self._snap
-            if snap is not None and self._store._env is not None and \
-                    self._latest_txnid() != snap.txnid:
-                self._snap = None
-        # Its read transaction ends when the last call using it lets go.
+            if snap is not None and (not if_moved_on or (
+                    self._store._env is not None and self._latest_txnid() != snap.txnid)):
+                self._snap, self._lineage = None, snap.lineage()
 
     def _wrote(self, state: State, began: float) -> None:
         """A commit that began at time.monotonic() began is done."""
@@ -875,7 +896,7 @@ class Index(DocumentMethods):
                 size = os.path.getsize(tmp)
                 self._directories.reopen()  # they point into the old file
                 with self._snap_lock:
-                    snap, self._snap = self._snap, None
+                    snap, self._snap, self._lineage = self._snap, None, None
                 if snap is not None:
                     snap.close()
                 path = self.path

@@ -136,7 +136,7 @@ class SnapshotReaper:
             uses = index._uses
             if seen.get(index) == uses:
                 try:
-                    index._let_go_if_moved_on()
+                    index._let_go_of_snapshot(if_moved_on=True)
                 except Exception:  # noqa: BLE001 - a closing index; never let the thread die
                     pass
             seen[index] = uses
@@ -298,10 +298,21 @@ class DirectoryCache(dict):
             self._closed = False
 
 
+class Lineage(NamedTuple):
+    """What a snapshot hands the next one, so that it need not read them anew:
+    its state and manifest, and its log and per-table log (None if it never
+    built them).  Holds no read transaction: an index that let go of its
+    snapshot keeps this instead (Index._let_go_of_snapshot)."""
+    state: State
+    manifest: Manifest
+    log: "LogOverlay | None"
+    log_tables: list | None
+
+
 class Snapshot:
     """One committed state of the index, as queries see it."""
 
-    def __init__(self, store, plan, txn, view, prev: "Snapshot | None" = None,
+    def __init__(self, store, plan, txn, view, prev: Lineage | None = None,
                  directories: dict | None = None, counts: "CountMemo | None" = None,
                  tombstones: "TombstoneMemo | None" = None):
         self._directories = directories if directories is not None else {}
@@ -334,12 +345,16 @@ class Snapshot:
         # The log and the kernel are built on first use: compaction steps
         # take snapshots too and need neither.  Only the previous log is
         # kept, never the previous snapshot (its read transaction must end).
-        self._prev = (prev.state, prev.log, prev.__dict__.get("log_tables")) \
-            if prev is not None and "log" in prev.__dict__ else None
+        self._prev = (prev.state, prev.log, prev.log_tables) \
+            if prev is not None and prev.log is not None else None
         self._build_lock = threading.Lock()
         self._count = None
         #: Serialises lookups that share this snapshot's pages with threads.
         self.lock = threading.Lock()
+
+    def lineage(self) -> Lineage:
+        d = self.__dict__
+        return Lineage(self.state, self.manifest, d.get("log"), d.get("log_tables"))
 
     @functools.cached_property
     def log(self) -> LogOverlay:
