@@ -310,24 +310,20 @@ class LogOverlay:
 
     def apply(self, record: LogRecord) -> None:
         """Apply one record after everything applied so far."""
-        if len(record.removes):
-            self.adds = _union(_minus(self.adds, record.removes), record.adds)
-            self.removes = _union(_minus(self.removes, record.adds), record.removes)
-        else:
-            self._add(record.adds)
-        self._push_ops(record)
+        self.apply_all([record])
 
-    def _add(self, values: np.ndarray) -> None:
-        """Additions only (sorted, distinct): into the recent part, O(values + recent)."""
-        if not len(values):
-            return
-        if len(self.removes):
+    def _add(self, values: np.ndarray) -> np.ndarray:
+        """Additions only (sorted, distinct): into the recent part, O(values + recent).
+        Returns those that were not among the adds."""
+        if len(values) and len(self.removes):
             back = values[isin_sorted(values, self.removes)]
             if len(back):
                 self.removes = _minus(self.removes, back)
-        self._adds = add_recent(*self._adds, values[~self.added(values)])
+        fresh = values[~self.added(values)]
+        self._adds = add_recent(*self._adds, fresh)
+        return fresh
 
-    def apply_all(self, records: list) -> None:
+    def apply_all(self, records: list) -> np.ndarray | None:
         """Apply records in order, as apply() one by one does, in one sort.
 
         A value's last operation decides whether it is added or removed:
@@ -335,13 +331,21 @@ class LogOverlay:
         the records in order) puts it last among its equals.  One record
         at a time cost a merge into the whole log each: reading a log of
         30 records took the compactor 60% of its flush time.
+
+        Returns, when the records only add, the values they added that the
+        adds lacked (sorted; what a snapshot's per-table log takes in);
+        otherwise None.
         """
-        if len(records) < 2:
-            for record in records:
-                self.apply(record)
-            return
+        if not records:
+            return EMPTY_U64
+        fresh = None
         if not any(len(r.removes) for r in records):
-            self._add(sorted_unique(np.concatenate([r.adds for r in records])))
+            fresh = self._add(records[0].adds if len(records) == 1 else
+                              sorted_unique(np.concatenate([r.adds for r in records])))
+        elif len(records) == 1:
+            (record,) = records
+            self.adds = _union(_minus(self.adds, record.removes), record.adds)
+            self.removes = _union(_minus(self.removes, record.adds), record.removes)
         else:
             parts = [self.adds, self.removes]
             for r in records:
@@ -356,6 +360,7 @@ class LogOverlay:
             self.adds, self.removes = kept[added], kept[~added]
         for record in records:
             self._push_ops(record)
+        return fresh
 
     def _push_ops(self, record: LogRecord) -> None:
         layer = PackedLayer.of_record(record)

@@ -602,19 +602,22 @@ class Snapshot:
                 d["log_tables"] = prev_tables
             return
         log = prev_log.copy()
-        log.apply_all(fresh)
+        # The values the fresh records brought in, found among their own
+        # additions (a commit's thousand), not by searching the whole log.
+        new = log.apply_all(fresh)
         d["log"] = log
         if prev_tables is None:
             return  # log_tables, if asked for, from the whole log
-        # The values the fresh records brought in, found among their own
-        # additions (a commit's thousand), not by searching the whole log.
-        added = sorted_unique(np.concatenate([r.adds for r in fresh]))
-        new = added[~prev_log.added(added)]
-        if log.n_adds() == prev_log.n_adds() + len(new):
-            # Only additions: merged into the recent part of each table's log.
-            d["log_tables"] = [_log_with(t, np.sort(p.apply(new))) if len(new) else t
-                               for t, p in zip(prev_tables, self.plan.tables)]
-        # Otherwise the log_tables property builds them from the whole log.
+        if new is None:
+            # Removals too: the log's additions grew by the fresh records'
+            # new ones only if none of them went.
+            added = sorted_unique(np.concatenate([r.adds for r in fresh]))
+            new = added[~prev_log.added(added)]
+            if log.n_adds() != prev_log.n_adds() + len(new):
+                return  # the log_tables property builds them from the whole log
+        # Merged into the recent part of each table's log.
+        d["log_tables"] = [_log_with(t, np.sort(p.apply(new))) if len(new) else t
+                           for t, p in zip(prev_tables, self.plan.tables)]
 
     def close(self) -> None:
         txn, self.txn = self.txn, None

@@ -49,7 +49,13 @@ def test_the_net_effect_is_each_values_last_operation(logs, recent_min):
         log, last = LogOverlay(), {}
         for batch in logs:
             log = log.copy()
-            log.apply_all(batch)
+            had = log.adds.tolist()
+            fresh = log.apply_all(batch)
+            # Records that only add report what they added that was not there.
+            if any(len(r.removes) for r in batch):
+                assert fresh is None
+            else:
+                assert fresh.tolist() == sorted(set(log.adds.tolist()) - set(had))
             for r in batch:
                 last.update((v, False) for v in r.removes.tolist())
                 last.update((v, True) for v in r.adds.tolist())
