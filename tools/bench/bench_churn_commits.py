@@ -7,12 +7,16 @@ fingerprints streamed in by 10,000-fingerprint ``add()`` calls (background
 compaction on), ``compact()``, 1,000 queries (so the index is warm, as
 bench_stream's is), then CYCLES cycles of removing 5% of the fingerprints
 and adding as many new ones, in calls of 10,000.  Before every compaction
-commit of the churn it reads the free list of the newest commit and,
-after the commit, prints those that grew the file: what the commit put
-(values large enough for overflow pages, the pages they take; tombstone
-chunks apart from the tables'), the free pages LMDB could reuse (records
-of commits before the newest), how many 16-page slots (a 64 KB chunk's
-overflow pages, contiguous) those hold, and the open readers.  The file
+commit of the churn it reads, inside the commit's write transaction,
+the free list of the newest commit and the open readers, and after the
+commit prints those that grew the file: what the commit put (values
+large enough for overflow pages, the pages they take; tombstone chunks
+apart from the tables'), the free pages LMDB could reuse (records of
+commits before both the newest and the oldest open reader: LMDB keeps
+the newest commit's frees for the meta page before it, and a reader's
+for the reader), how many 16-page slots (a 64 KB chunk's overflow pages,
+contiguous) those hold, the free pages the readers pinned, and the
+readers.  The file
 size after each cycle is held against the file right after the stream's
 compaction (the peer: the same content before any churn).  Per cycle it
 also sums the pages every compaction commit put, flushes (their tombstone
@@ -26,6 +30,7 @@ import argparse
 import os
 import struct
 import sys
+import threading
 
 import numpy as np
 
@@ -46,22 +51,31 @@ def overflow_pages(value) -> int:
     return (len(value) + 16 + 4095) // 4096
 
 
-def free_slots(ix) -> tuple[int, int]:
-    """(reusable free pages, 16-page slots among them): the free list's records of
-    commits before the newest, which LMDB may hand to the next commit."""
+def free_slots(ix) -> dict:
+    """The free list of the newest commit as the next commit's allocations see
+    it: free (reusable pages: records of commits before the newest and before
+    the oldest open reader), slots (16-page runs among them), pinned (free
+    pages a reader kept from it), readers (their txnids), newest.  Reads the
+    map directly: it opens no reader of its own."""
     newest = ix._latest_txnid()
+    readers = sorted(t for _, t in ix._store.readers())
+    oldest = min(readers + [newest])
     view = ix._store._view_of(newest)
-    pages = []
+    pages, pinned = [], 0
     for key, val in view.scan("free", check_all=True):
-        if struct.unpack("<Q", bytes(key))[0] < newest:
+        txnid = struct.unpack("<Q", bytes(key))[0]
+        if txnid < oldest:
             pages.extend(free_list_pages(val))
-    if not pages:
-        return 0, 0
-    pg = np.sort(np.array(pages, dtype=np.int64))
-    breaks = np.flatnonzero(np.diff(pg) != 1)
-    starts = np.concatenate([[0], breaks + 1])
-    ends = np.concatenate([breaks + 1, [len(pg)]])
-    return len(pg), int(((ends - starts) // CHUNK_PAGES).sum())
+        elif txnid < newest:
+            pinned += len(free_list_pages(val))
+    out = dict(free=len(pages), slots=0, pinned=pinned, readers=readers, newest=newest)
+    if pages:
+        pg = np.sort(np.array(pages, dtype=np.int64))
+        breaks = np.flatnonzero(np.diff(pg) != 1)
+        starts = np.concatenate([[0], breaks + 1])
+        ends = np.concatenate([breaks + 1, [len(pg)]])
+        out["slots"] = int(((ends - starts) // CHUNK_PAGES).sum())
+    return out
 
 
 def watch_commits(events: list, cycles: list, on: dict) -> None:
@@ -73,15 +87,28 @@ def watch_commits(events: list, cycles: list, on: dict) -> None:
         if not on["churn"]:
             return real(self, snap, puts, deletes, manifest, **kw)
         ix = self._ix
-        free, slots = free_slots(ix)
         big = [(k, v) for k, v in puts if len(v) > OVERFLOW_MIN]
         tomb = sum(1 for k, _ in big if k[0] == SPACE_TOMBSTONES)
         pages = sum(overflow_pages(v) for _, v in big)
-        readers = sorted(t for _, t in ix._store.readers())
-        newest = ix._latest_txnid()
         size = os.path.getsize(ix._store.path)
-        out = real(self, snap, puts, deletes, manifest, **kw)
+        # Seen from inside the commit's write, after the step let go of its
+        # snapshot (Compactor._commit); only this thread's write is watched.
+        seen, me, write = {}, threading.get_ident(), ix._store.write
+
+        def watched(body, sync=True):
+            def first_look(wt):
+                if threading.get_ident() == me and not seen:
+                    seen.update(free_slots(ix))
+                return body(wt)
+            return write(first_look, sync=sync)
+
+        ix._store.write = watched
+        try:
+            out = real(self, snap, puts, deletes, manifest, **kw)
+        finally:
+            del ix._store.write  # the class's method again
         grew = os.path.getsize(ix._store.path) - size
+        free, slots = seen["free"], seen["slots"]
         flush = kw.get("log_done") is not None
         cycle = cycles[-1]
         tomb_pages = sum(overflow_pages(v) for k, v in big if k[0] == SPACE_TOMBSTONES)
@@ -90,7 +117,8 @@ def watch_commits(events: list, cycles: list, on: dict) -> None:
         cycle["slots"] = slots if cycle["slots"] is None else min(cycle["slots"], slots)
         if grew > 0:
             events.append(dict(grew=grew, chunks=len(big), tomb=tomb, pages=pages, free=free,
-                               slots=slots, readers=readers, newest=newest, flush=flush))
+                               slots=slots, pinned=seen["pinned"], readers=seen["readers"],
+                               newest=seen["newest"], flush=flush))
         return out
 
     cm.Compactor._commit = commit
@@ -144,11 +172,11 @@ def main(argv=None) -> int:
     lines.append(f"compaction commits that grew the file: {len(events)}, "
                  f"{sum(e['grew'] for e in events) / 1e6:.1f} MB in all")
     lines.append("    grew MB  kind   chunks put (tombstone)  pages  reusable free pages  "
-                 "16-page slots  readers (newest commit)")
+                 "16-page slots  pinned  readers (newest commit)")
     for e in events:
         lines.append(f"    {e['grew'] / 1e6:7.1f}  {'flush' if e['flush'] else 'merge':5}  "
                      f"{e['chunks']:10,} ({e['tomb']:5,})  {e['pages']:6,}  {e['free']:19,}  "
-                     f"{e['slots']:13,}  {e['readers']} ({e['newest']})")
+                     f"{e['slots']:13,}  {e['pinned']:6,}  {e['readers']} ({e['newest']})")
     lines.append(f"# load after {bs.load_line()}")
     print("\n".join(lines))
     bs.write_report(lines, args.out)
