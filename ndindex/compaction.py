@@ -50,7 +50,7 @@ import time
 import numpy as np
 
 from ndindex import _core, chunks as ch, codec, docstore, runs as rn
-from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique, sorted_unique
+from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,

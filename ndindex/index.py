@@ -372,8 +372,7 @@ class Index(DocumentMethods):
             if cur is not None and view.txnid == cur.txnid:
                 txn.abort()
                 return cur
-            snap = self._new_snapshot(txn, view, cur.lineage() if cur is not None
-                                      else self._lineage)
+            snap = self._new_snapshot(txn, view, self._last_lineage())
             # The old snapshot's read transaction ends when the last thread
             # using it lets go (Snapshot.__del__), not here: a query may be
             # reading its pages right now.
@@ -399,9 +398,14 @@ class Index(DocumentMethods):
         per-table log, which a step does not use."""
         self._store.env  # raises ClosedError after close()
         txn, view = self._store.snapshot()
-        cur = self._snap
-        prev = cur.lineage() if cur is not None else self._lineage
+        prev = self._last_lineage()
         return self._new_snapshot(txn, view, prev and prev._replace(log_tables=None))
+
+    def _last_lineage(self):
+        """What the next snapshot extends: the snapshot's lineage, or the one
+        kept when the index let go of it (None before the first)."""
+        cur = self._snap
+        return cur.lineage() if cur is not None else self._lineage
 
     def _let_go_of_snapshot(self, if_moved_on: bool = False) -> None:
         """Drop the snapshot (if_moved_on: only if the file has newer commits),
