@@ -698,18 +698,15 @@ class Index(DocumentMethods):
         """
         fp = validate.fingerprint(fingerprint)
         k = validate.query_k(k, self._header.k)
+        self._check_writable()
         writer = self._writer
-        if writer is None:
-            self._check_writable()
         pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
         # query() and add() without their batch-shaped validation: this is
-        # the per-item call, 100,000 a second inside a transaction, where a
-        # call less is 1% (tools/bench/bench_stream.py).
-        probs = self._flip_probabilities(None, None, None, None) if self.plan.probabilistic \
-            else None
+        # the per-item call, 100,000 a second inside a transaction.
         with writer.lock:
             snap, pend = self._view()
-            found = self._found(snap, pend, fp, k, probs, None)
+            found = self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
+                                None)
             if not found:
                 writer.add_one_locked(fp, pairs)
                 return []
