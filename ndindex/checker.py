@@ -88,6 +88,10 @@ def verify(ix, progress=None) -> dict:
                                   database=DB_CHUNKS)
     if not ix.packs_raw:
         _check_plain_raw(view, man, ix._header.read_version)
+    if len(man.of(SPACE_TOMBSTONES)) > 1 and not ix.levels_tombstones:
+        raise CorruptionError(f"{len(man.of(SPACE_TOMBSTONES))} tombstone runs in a file of "
+                              f"format {ix._header.read_version} (one before format 5, [M3])",
+                              database=DB_META, key=KEY_MANIFEST)
     for run in man.of(SPACE_TOMBSTONES):
         rn.load_tombstones(view, run)
         runs_checked += 1

@@ -218,7 +218,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coding", choices=["delta+restarts", "delta", "xor"],
                    default="delta+restarts",
                    help="block coding (default delta+restarts; delta or xor make a file that "
-                        "ndindex before format 3 can open too; the default makes a format-4 "
+                        "ndindex before format 3 can open too; the default makes a format-5 "
                         "file)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
@@ -359,8 +359,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     p = _sub(commands, "upgrade", "bring an index file to the newest file format",
              "A format-2 index of the delta coding gets restart tables (faster queries, 2.4% "
-             "larger tables) and a format-3 index packed raw blocks (smaller files while new "
-             "fingerprints wait to merge), both format 4: its header names the new format "
+             "larger tables), a format-3 index packed raw blocks (smaller files while new "
+             "fingerprints wait to merge) and a format-3 or 4 index tombstones in several runs "
+             "(smaller commits as fingerprints are removed), all format 5: its header names "
+             "the new format "
              "and coding and a full "
              "compaction rewrites every table, then it is verified; INDEX must not be open in "
              "another process, and a crash leaves a whole index that the next upgrade "
@@ -703,10 +705,13 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     lines.append(summary)
     if info.get("coding") == "delta":
         lines.append("  format 2, delta coding: `ndindex upgrade` adds restart tables "
-                     "(format 4: faster queries)")
+                     "(format 5: faster queries)")
     elif info.get("format") == 3:
-        lines.append("  format 3: `ndindex upgrade` packs raw blocks "
-                     "(format 4: smaller files while new fingerprints wait to merge)")
+        lines.append("  format 3: `ndindex upgrade` packs raw blocks and lets tombstones "
+                     "form several runs (format 5: smaller files and commits)")
+    elif info.get("format") == 4:
+        lines.append("  format 4: `ndindex upgrade` lets tombstones form several runs "
+                     "(format 5: smaller commits as fingerprints are removed)")
     if info.get("key_bytes"):
         lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
                      f"{_plural(info['key_runs'], 'run')}")

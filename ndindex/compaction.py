@@ -102,6 +102,9 @@ RECORD_MAIN_LEVEL = 3
 #: main level, so removed fingerprints leave the file and their tombstones
 #: can go (the next flush drops them) instead of piling up with churn.
 TOMBSTONE_FRACTION = 0.05
+#: Tombstone runs a file keeps before the smallest merge (format 5): each
+#: flush adds one, and a query looks each candidate it finds up in each.
+TOMBSTONE_RUNS = 4
 #: Input chunks read per input run per merge step (about 2 MB each).
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
@@ -333,6 +336,10 @@ class Compactor:
                         st.log_ops >= STOP_LOGS * self._ix.log_limit):
             self._flush(snap)
             return True
+        # A few tombstone runs at most: a query looks a candidate up in each.
+        if len(snap.tombstone_runs) > TOMBSTONE_RUNS and self._ix.levels_tombstones and \
+                self._tombstone_round(snap):
+            return True
         if self._merge_round(snap, full):
             return True
         if log_due:
@@ -341,6 +348,8 @@ class Compactor:
         # Tombstones no run can hold any more go as soon as the merges that
         # outdated them are done (not only at the next flush): every merge
         # reads the tombstones whole, and they take space.
+        if self._ix.levels_tombstones:
+            return self._tombstone_round(snap)
         if len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
                                                                snap.tombstone_stamps):
             self._rewrite_tombstones(snap)
@@ -357,7 +366,7 @@ class Compactor:
         man = _copy_manifest(snap.manifest)
         jobs = []
         stamps = snap.tombstone_derived("sorted stamps", lambda: np.sort(snap.tombstone_stamps)) \
-            if snap.tombstone_run is not None else None
+            if snap.tombstone_runs else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         merges = [(space, m) for space in spaces
                   for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps,
@@ -546,14 +555,17 @@ class Compactor:
             puts += pairs
             man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, count, len(pairs),
                                    sum(len(v) for _, v in pairs)))
-        # A tombstone no run can hold any more goes (see _droppable).
-        alive = stamps > _min_fp_run_id(man)
-        if not alive.all():
-            fps, stamps = fps[alive], stamps[alive]
-        if fps is not t_fps and not np.array_equal(fps, t_fps):
-            puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps)
-            puts += puts_t
-            deletes += deletes_t
+        if ix.levels_tombstones:
+            puts_t, deletes_t = self._flush_tombstones(snap, man, back, log.removes, first_new)
+        else:
+            # A tombstone no run can hold any more goes (see _droppable).
+            alive = stamps > _min_fp_run_id(man)
+            if not alive.all():
+                fps, stamps = fps[alive], stamps[alive]
+            puts_t, deletes_t = self._tombstone_chunks(snap, man, fps, stamps) \
+                if fps is not t_fps and not np.array_equal(fps, t_fps) else ([], [])
+        puts += puts_t
+        deletes += deletes_t
         self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
                      log_ops_done=snap.state.log_ops, held=held)
 
@@ -579,6 +591,73 @@ class Compactor:
         puts, deletes = self._tombstone_chunks(snap, man, snap.tombstones[alive],
                                                snap.tombstone_stamps[alive])
         self._commit(snap, puts, deletes, man)
+
+    # -- tombstone runs (format 5) ----------------------------------------------------
+
+    def _flush_tombstones(self, snap, man: Manifest, back, removes, stamp: int):
+        """(puts, deletes) of a flush's tombstones in a file of several
+        tombstone runs: the log's removals become a new run of their own,
+        stamped `stamp`; a run holding a fingerprint the log adds back is
+        rewritten without it (a tombstone hides a fingerprint in every run,
+        [Q1]); a run no table can hold anything of any more goes.  A flush
+        so writes a run the size of its removals, not every tombstone again
+        (which, 1-2M of them in a churned 10M file, made each flush's
+        commit three times its size: bench_churn_commits.py)."""
+        floor = _min_fp_run_id(man)
+        runs, puts, deletes = [], [], []
+        if len(removes) and stamp > floor:  # else no run is left that could hold them
+            new = self._tombstone_run(man, removes, np.full(len(removes), stamp, np.uint32))
+            puts += new[1]
+            runs.append(new[0])
+        for run in man.of(SPACE_TOMBSTONES):
+            fps, stamps = snap.tombstone_run_arrays(run)
+            hit = isin_sorted(fps, back) if len(back) else None
+            if int(stamps.max()) <= floor:
+                deletes += rn.chunk_keys(snap.view, run)  # every tombstone outdated
+            elif hit is not None and hit.any():
+                deletes += rn.chunk_keys(snap.view, run)
+                keep = ~hit & (stamps > floor)
+                if keep.any():
+                    new = self._tombstone_run(man, fps[keep], stamps[keep])
+                    puts += new[1]
+                    runs.append(new[0])
+            else:
+                runs.append(run)
+        man.replace(SPACE_TOMBSTONES, runs)
+        return puts, deletes
+
+    def _tombstone_round(self, snap) -> bool:
+        """Merge, rewrite or drop tombstone runs when _tombstone_inputs says so,
+        in one commit; whether it did."""
+        runs = list(snap.tombstone_runs)
+        arrays = [snap.tombstone_run_arrays(r) for r in runs]
+        man = _copy_manifest(snap.manifest)
+        floor = _min_fp_run_id(man)
+        main = max((_main_entries(man.of(t)) for t in range(len(self._ix.plan.tables))),
+                   default=0)
+        chosen = _tombstone_inputs(runs, [a[1] for a in arrays], floor,
+                                   tombstone_cap(main, self._ix.log_limit))
+        if not chosen:
+            return False
+        fps, stamps = rn.union_tombstones([arrays[i] for i in chosen])
+        alive = stamps > floor
+        deletes = [k for i in chosen for k in rn.chunk_keys(snap.view, runs[i])]
+        kept = [r for i, r in enumerate(runs) if i not in chosen]
+        puts = []
+        if alive.any():
+            run, puts = self._tombstone_run(man, fps[alive], stamps[alive])
+            kept.insert(min(chosen), run)
+        man.replace(SPACE_TOMBSTONES, kept)
+        self._commit(snap, puts, deletes, man)
+        return True
+
+    @staticmethod
+    def _tombstone_run(man: Manifest, fps, stamps) -> tuple:
+        """(Run, chunk pairs) of a new tombstone run of sorted fps and their stamps."""
+        rid = man.new_run_id()
+        puts = ch.pack_tombstone_chunks(SPACE_TOMBSTONES, rid, fps, stamps)
+        return Run(SPACE_TOMBSTONES, KIND_TOMBSTONES, 0, rid, len(fps), len(puts),
+                   sum(len(v) for _, v in puts), int(fps[0]), int(fps[-1])), puts
 
     # -- fingerprint merges ---------------------------------------------------------
 
@@ -982,6 +1061,37 @@ def _with_main(inputs: list, free: list, level: int) -> list:
     if level < MAIN_LEVEL:
         return inputs
     return inputs + [r for r in free if level_of(r) >= MAIN_LEVEL and r not in inputs]
+
+
+def tombstone_cap(main_entries: int, flush_ops: int = FLUSH_OPS) -> int:
+    """The most tombstones a merge of tombstone runs writes: a sixteenth of
+    the main level's entries (a commit a fraction of what a table's merge
+    step writes), at least eight flushes'.  Tombstones beyond it stay in
+    several runs."""
+    return max(8 * flush_ops, main_entries // 16)
+
+
+def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
+    """Which tombstone runs (indexes into runs, newest first) one commit
+    merges into one, or [] for none: every run half or more outdated
+    (stamps at or below floor, [F15]) -- rewritten without them, or
+    dropped when nothing is left -- and, while more than TOMBSTONE_RUNS
+    remain, the smallest runs whose entries together fit cap (at least two).
+    Each merge writes at most about cap tombstones, so no commit rewrites
+    them all; runs at the cap stay apart (a sixteenth of the main level's
+    entries each: a few)."""
+    chosen = [i for i, s in enumerate(stamps) if 2 * int((s <= floor).sum()) >= len(s)]
+    rest = sorted((i for i in range(len(runs)) if i not in chosen), key=lambda i: runs[i].entries)
+    if len(rest) > TOMBSTONE_RUNS:
+        take, total = [], 0
+        for i in rest:
+            if total + runs[i].entries > cap and len(take) >= 2:
+                break
+            take.append(i)
+            total += runs[i].entries
+        if total <= cap or len(rest) > 2 * TOMBSTONE_RUNS:
+            chosen += take
+    return sorted(chosen)
 
 
 def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:

@@ -341,6 +341,13 @@ class Index(DocumentMethods):
         return self._header.read_version >= rec.PACKED_RAW_VERSION
 
     @property
+    def levels_tombstones(self) -> bool:
+        """Whether flushes write tombstones as runs of their own (format 5,
+        FORMAT.md 7.8): an older file keeps one tombstone run, which its
+        readers expect, until `ndindex upgrade`."""
+        return self._header.read_version >= rec.TOMBSTONE_RUNS_VERSION
+
+    @property
     def readonly(self) -> bool:
         return self._store.readonly
 
@@ -974,7 +981,7 @@ class Index(DocumentMethods):
             path=self.path, k=self.k, format=self._header.read_version,
             coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
             log_records=snap.state.log_next_seq - snap.state.log_first_seq,
-            removed_pending=snap.tombstone_run.entries if snap.tombstone_run else 0,
+            removed_pending=sum(r.entries for r in snap.tombstone_runs),
             tables=per_table,
             key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
             file_bytes=file_bytes,

@@ -32,6 +32,7 @@ from ndindex.arrays import (EMPTY_U64, add_recent, insert_sorted, isin_sorted, m
 from ndindex.errors import CorruptionError
 from ndindex.overlay import LogOverlay, PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN, KIND_RAW,
+                             MAX_TOMBSTONE_RUNS,
                              SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, unframe)
 from ndindex.records import DB_CHUNKS, decode_doc_key
@@ -336,11 +337,14 @@ class Snapshot:
         same_manifest = prev is not None and \
             prev.state.manifest_generation == self.state.manifest_generation
         self.manifest = prev.manifest if same_manifest else self._load_manifest()
-        tomb = self.manifest.of(SPACE_TOMBSTONES)
-        #: The tombstone run: queries look candidates up in it (the kernel);
-        #: its whole arrays are read only when asked for (compaction, checks).
-        self.tombstone_run = tomb[0] if tomb else None
-        self.tombstone_run_id = tomb[0].run_id if tomb else 0
+        #: The tombstone runs, newest first (one in files before format 5):
+        #: queries look candidates up in them (the kernel); their whole
+        #: arrays are read only when asked for (compaction, checks).
+        self.tombstone_runs = tuple(self.manifest.of(SPACE_TOMBSTONES))
+        if len(self.tombstone_runs) > MAX_TOMBSTONE_RUNS:
+            raise CorruptionError(f"manifest lists {len(self.tombstone_runs)} tombstone runs "
+                                  f"(at most {MAX_TOMBSTONE_RUNS}, [M3])", database=DB_META,
+                                  key=KEY_MANIFEST)
         self.table_runs = [self.manifest.of(t) for t in range(len(plan.tables))]
         # The log and the kernel are built on first use: compaction steps
         # take snapshots too and need neither.  Only the previous log is
@@ -376,19 +380,24 @@ class Snapshot:
 
     @functools.cached_property
     def _tombstone_arrays(self) -> tuple:
-        """(fingerprints, stamps) of the tombstone run, sorted by fingerprint:
-        read whole on first use, O(tombstones), once for all the snapshots
-        that share its memo; queries do not need them (the kernel looks
-        candidates up in the run)."""
-        return self.tombstone_derived("arrays",
-                                      lambda: rn.load_tombstones(self.view, self.tombstone_run))
+        """(fingerprints, stamps) of the tombstone runs together, sorted by
+        fingerprint, each once with its newest stamp: read whole on first
+        use, O(tombstones), each run once for all the snapshots that share
+        its memo; queries do not need them (the kernel looks candidates up
+        in the runs)."""
+        return self.tombstone_derived("arrays", lambda: rn.union_tombstones(
+            [self.tombstone_run_arrays(run) for run in self.tombstone_runs]))
+
+    def tombstone_run_arrays(self, run) -> tuple:
+        """(fingerprints, stamps) of one of this snapshot's tombstone runs."""
+        return self._tombstone_memo.arrays(run, lambda: rn.load_tombstones(self.view, run))
 
     def tombstone_derived(self, key, make):
-        """make(), a value computed from the tombstone run, once per run among
-        the snapshots of one open index (they share a TombstoneMemo)."""
-        if self.tombstone_run is None:
+        """make(), a value computed from the tombstone runs, once per set of
+        runs among the snapshots of one open index (they share a TombstoneMemo)."""
+        if not self.tombstone_runs:
             return make()
-        return self._tombstone_memo.get(self.tombstone_run, key, make)
+        return self._tombstone_memo.get(self.tombstone_runs, key, make)
 
     @property
     def tombstones(self) -> np.ndarray:
@@ -432,9 +441,7 @@ class Snapshot:
               [_kernel_run(r, self._held(r) or self._directory(r)) for r in runs if r.chunks],
               *log_tables[i])
              for i, (d, runs) in enumerate(zip(plan.tables, self.table_runs))],
-            log_removes,
-            (self.tombstone_run_id, self.tombstone_run.last, self.tombstone_run.chunks)
-            if self.tombstone_run else None)
+            log_removes, [(r.run_id, r.last, r.chunks) for r in self.tombstone_runs])
 
     def verify_listed(self) -> int:
         """Check the blocks of the runs this snapshot lists that no query has
@@ -878,9 +885,8 @@ class Snapshot:
         and no tombstone hides any of it, its entries, plus the log's adds it
         lacks, less the log's removes it holds (O(the log))."""
         runs = [r for r in self.table_runs[0] if r.chunks]
-        tomb = self.tombstone_run
         if len(runs) != 1 or runs[0].merge_input or runs[0].merge_output or \
-                (tomb is not None and tomb.entries):
+                any(r.entries for r in self.tombstone_runs):
             return None
         adds, removes = self._log_arrays()
         in_runs = self._in_runs(np.concatenate([adds, removes]))
@@ -899,32 +905,55 @@ class Snapshot:
 
 
 class TombstoneMemo:
-    """The tombstone run's arrays, and what merges derive from them, kept for
-    the snapshots of one open index while the run is the same.  A busy
+    """The tombstone runs' arrays, and what merges derive from them, kept for
+    the snapshots of one open index while the runs are the same.  A busy
     writer's snapshots come and go many times a second, and compaction
     takes one per step: each read the run anew when the chain of snapshots
     that passed it on broke, and each merge step permuted and sorted it for
     its table (a churned 30M file's 870,000 tombstones: 60 ms a read, nine
-    reads in 100,000 check_and_add calls in transactions of 1,000)."""
+    reads in 100,000 check_and_add calls in transactions of 1,000).  Each
+    run's own arrays are kept while it is among the newest runs asked
+    about: a flush adds a small run, and only that one is read then."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._run = None
+        self._runs = None
         self._values: dict = {}
+        self._arrays: dict = {}
 
-    def get(self, run, key, make):
-        """make() for key of run (a Run; equal runs are the same run), computed
-        once while run is the newest asked about."""
+    def get(self, runs: tuple, key, make):
+        """make() for key of runs (a tuple of Run; equal runs are the same
+        run), computed once while runs are the newest asked about."""
         with self._lock:
-            if self._run != run:
-                self._run, self._values = run, {}
+            if self._runs != runs:
+                self._runs, self._values = runs, {}
+                ids = {_run_key(r) for r in runs}
+                self._arrays = {r: a for r, a in self._arrays.items() if r in ids}
             elif key in self._values:
                 return self._values[key]
         value = make()  # outside the lock: merge steps of other tables derive theirs meanwhile
         with self._lock:
-            if self._run == run:
+            if self._runs == runs:
                 self._values[key] = value
         return value
+
+    def arrays(self, run, load):
+        """load(), the (fingerprints, stamps) of one tombstone run, read once
+        while the run is among the newest asked about."""
+        key = _run_key(run)
+        with self._lock:
+            if key in self._arrays:
+                return self._arrays[key]
+        value = load()
+        with self._lock:
+            if self._runs is None or run in self._runs:
+                self._arrays[key] = value
+        return value
+
+
+def _run_key(run) -> tuple:
+    """What names a tombstone run's contents: a run is written once, under its id."""
+    return run.run_id, run.entries, run.last
 
 
 class CountMemo:

@@ -24,12 +24,16 @@ from ndindex.errors import CorruptionError, FormatError
 
 #: The newest format version this code reads and writes.  Version 3 is
 #: version 2 with block coding 2 (restart records, FORMAT.md 5.4); version
-#: 4 is version 3 with packed raw blocks (5.3).  A new file of coding 2
-#: says 4, any other stays at 2, so that readers of version 2 go on opening
-#: it; a version-3 file keeps its plain raw blocks until `ndindex upgrade`.
-FORMAT_VERSION = 4
+#: 4 is version 3 with packed raw blocks (5.3); version 5 is version 4 with
+#: several tombstone runs (7.8).  A new file of coding 2 says 5, any other
+#: stays at 2, so that readers of version 2 go on opening it; a version-3
+#: or 4 file keeps what its readers expect (plain raw blocks, one
+#: tombstone run) until `ndindex upgrade`.
+FORMAT_VERSION = 5
 #: The first version whose files may hold packed raw blocks.
 PACKED_RAW_VERSION = 4
+#: The first version whose files may hold several tombstone runs.
+TOMBSTONE_RUNS_VERSION = 5
 
 
 def format_version_of(coding: int) -> int:
@@ -60,6 +64,8 @@ KEY_KEY_DESIGN = b"keydesign"
 
 #: Spaces: the first byte of a chunk key.  Tables are 0..t-1.
 SPACE_TOMBSTONES = 0xF0
+#: The most tombstone runs a manifest may list (FORMAT.md [M3]).
+MAX_TOMBSTONE_RUNS = 64
 SPACE_KEYS_BY_FP = 0xF1
 SPACE_FPS_BY_KEY = 0xF2
 #: Documents (7.9): u64 BE fingerprint + typed key -> the document record.

@@ -885,11 +885,22 @@ def _runs_from_chunks(found: Found) -> list:
 
 
 def _tombstones(found: Found, trusted: Trusted, runs: list, have_manifest: bool):
-    """(sorted tombstoned fingerprints, whether the whole tombstone run was read)."""
+    """(sorted tombstoned fingerprints, whether every tombstone run was read
+    whole): of each run the manifest lists ([M3]: several from format 5), or
+    without one, of the newest run found only (older ones may be runs
+    replaced since, and hide fingerprints added back: removed ones may come
+    back instead, as the report says)."""
     tomb_runs = [r for r in runs if r.space == rec.SPACE_TOMBSTONES]
-    if not tomb_runs:
-        return EMPTY_U64, True
-    run = tomb_runs[0]  # at most one in a manifest ([M3]); without one, the newest
+    parts, whole = [], True
+    for run in tomb_runs if have_manifest else tomb_runs[:1]:
+        fps, run_whole = _tombstone_run(found, trusted, run, have_manifest)
+        parts.append(fps)
+        whole = whole and run_whole
+    return (sorted_unique(np.concatenate(parts)) if parts else EMPTY_U64), whole
+
+
+def _tombstone_run(found: Found, trusted: Trusted, run, have_manifest: bool):
+    """(sorted fingerprints, whether read whole) of one tombstone run."""
     fps, whole, prev, done = [], True, None, False
     for key, value in run_chunks(found, trusted, run, Salvage()):
         try:

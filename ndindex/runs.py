@@ -239,6 +239,25 @@ def load_tombstones(view: PageView, run: Run | None):
     return np.concatenate(fps), np.concatenate(stamps)
 
 
+def union_tombstones(arrays: list) -> tuple:
+    """(fps, stamps) of several tombstone runs' (fps, stamps) together: sorted
+    by fingerprint, each fingerprint once with its newest (largest) stamp,
+    which hides every run any of its stamps does (FORMAT.md [F15])."""
+    if not arrays:
+        return EMPTY_U64, np.empty(0, np.uint32)
+    if len(arrays) == 1:
+        return arrays[0]
+    fps = np.concatenate([a[0] for a in arrays])
+    stamps = np.concatenate([a[1] for a in arrays])
+    order = np.argsort(fps, kind="stable")  # a merge of sorted runs (timsort)
+    fps, stamps = fps[order], stamps[order]
+    first = np.ones(len(fps), bool)
+    first[1:] = fps[1:] != fps[:-1]
+    if first.all():
+        return fps, stamps
+    return fps[first], np.maximum.reduceat(stamps, np.flatnonzero(first))
+
+
 # -- record runs -----------------------------------------------------------------
 
 

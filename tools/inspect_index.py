@@ -122,8 +122,8 @@ def main(argv=None) -> int:
         if magic != b"ndindex\0" or f != 64 or coding > 2 or len(h) != 40 or \
                 rv < (3 if coding == 2 else 2):
             fail("header invalid [F4]-[F6]")
-        if rv > 4:
-            fail(f"read version {rv}: newer than this inspector's 4 [V1]")
+        if rv > 5:
+            fail(f"read version {rv}: newer than this inspector's 5 [V1]")
         global READ_VERSION
         READ_VERSION = rv
         plan = framed(b"plan", txn.get(b"plan", db=meta), "plan")
@@ -149,6 +149,9 @@ def main(argv=None) -> int:
         print(f"== 7.5 manifest: generation {generation}, next run id {next_id}, {len(runs)} runs")
         if generation != st["manifest_generation"]:
             fail("manifest generation differs from the state's [M1]")
+        tombstone_runs = sum(1 for r in runs if r["space"] == 0xF0)
+        if tombstone_runs > (64 if rv >= 5 else 1):
+            fail(f"{tombstone_runs} tombstone runs in a file of read version {rv} [M3]")
         # 7.6 the log
         ops = 0
         cur = txn.cursor(db=dbs["log"])

@@ -260,7 +260,7 @@ def _announce_background_steps(send) -> None:
         from ndindex import compaction
     except ImportError:  # a library without background compaction
         return
-    for name in ("_flush", "_merge_round", "_rewrite_tombstones"):
+    for name in ("_flush", "_merge_round", "_rewrite_tombstones", "_tombstone_round"):
         original = getattr(compaction.Compactor, name, None)
         if original is None:
             continue

@@ -221,24 +221,44 @@ PyDoc_STRVAR(make_snapshot_doc,
              "(uint64; disjoint; log_recent the newest, small), log_aid from log_aid(log) or\n"
              "None (then built here);\n"
              "hide_runs: sorted uint64 values never reported from a run;\n"
-             "tombstones: (run_id, last, chunks) of the tombstone run, or None: values it holds\n"
-             "are never reported from a run either (looked up per candidate).\n"
+             "tombstones: a sequence of (run_id, last, chunks), one a tombstone run (at most\n"
+             "64): values they hold are never reported from a run either (looked up per\n"
+             "candidate).\n"
              "The caller keeps the LMDB read transaction that pins the pages open for as\n"
              "long as the snapshot is used.");
 static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     PyObject *file, *chunks, *tables, *hide_runs, *tombs;
-    unsigned long psize, tomb_run_id = 0;
-    unsigned long long npages, tomb_last = 0, tomb_chunks = 0;
+    unsigned long psize;
+    unsigned long long npages, tomb_chunks = 0;
+    uint32_t tomb_run_id[MAX_TOMB_RUNS];
+    uint64_t tomb_last[MAX_TOMB_RUNS];
     if (!PyArg_ParseTuple(args, "OkKOOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs,
                           &tombs))
         return NULL;
-    if (tombs != Py_None &&
-        (!PyArg_ParseTuple(tombs, "kKK", &tomb_run_id, &tomb_last, &tomb_chunks) ||
-         tomb_run_id == 0 || tomb_run_id > 0xFFFFFFFFul || tomb_chunks > (1ull << 32))) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "tombstone run id or chunks out of range");
+    PyObject *tfast = PySequence_Fast(tombs, "tombstones must be a sequence");
+    if (!tfast)
+        return NULL;
+    Py_ssize_t ntomb = PySequence_Fast_GET_SIZE(tfast);
+    if (ntomb > MAX_TOMB_RUNS) {
+        Py_DECREF(tfast);
+        PyErr_SetString(PyExc_ValueError, "more than 64 tombstone runs");
         return NULL;
     }
+    for (Py_ssize_t r = 0; r < ntomb; r++) {
+        unsigned long id;
+        unsigned long long last, nchunks;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(tfast, r), "kKK", &id, &last, &nchunks) ||
+            id == 0 || id > 0xFFFFFFFFul || nchunks > (1ull << 32)) {
+            Py_DECREF(tfast);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "tombstone run id or chunks out of range");
+            return NULL;
+        }
+        tomb_run_id[r] = (uint32_t)id;
+        tomb_last[r] = last;
+        tomb_chunks += nchunks;
+    }
+    Py_DECREF(tfast);
     size_t tomb_slots = 64;
     while (tomb_slots < 4 * tomb_chunks)
         tomb_slots *= 2;
@@ -357,9 +377,10 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     box->s.tables = box->tables;
     if (!(box->s.hide_runs = take_u64(box, hide_runs, &box->s.nhide_runs, "hide_runs")))
         goto fail;
-    box->s.tomb_run_id = (uint32_t)tomb_run_id;
-    box->s.tomb_last = tomb_last;
-    if (tomb_run_id && !(box->tomb_verified = PyMem_Calloc(tomb_slots, sizeof(uint8_t *)))) {
+    box->s.ntomb = (int)ntomb;
+    memcpy(box->s.tomb_run_id, tomb_run_id, ntomb * sizeof *tomb_run_id);
+    memcpy(box->s.tomb_last, tomb_last, ntomb * sizeof *tomb_last);
+    if (ntomb && !(box->tomb_verified = PyMem_Calloc(tomb_slots, sizeof(uint8_t *)))) {
         PyErr_NoMemory();
         goto fail;
     }

@@ -930,16 +930,16 @@ static int tomb_chunk_check(const uint8_t *key, const uint8_t *val, size_t vlen,
     return 0;
 }
 
-/* Whether the tombstone run holds v: 1, 0, or QUERY_CORRUPT.  One search of
+/* Whether tombstone run r holds v: 1, 0, or QUERY_CORRUPT.  One search of
  * the chunks tree for the chunk whose range holds v, then of the chunk. */
-static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
-    if (!s->tomb_run_id || v > s->tomb_last)
+static int tombstoned_in(const query_snapshot *s, int r, uint64_t v, query_error *err) {
+    if (v > s->tomb_last[r])
         return 0;
     err->table = SPACE_TOMBSTONES;
-    err->run_id = s->tomb_run_id;
+    err->run_id = s->tomb_run_id[r];
     err->has_key = 0;
     uint8_t key[CHUNK_KEY_BYTES];
-    chunk_key(key, SPACE_TOMBSTONES, s->tomb_run_id, v);
+    chunk_key(key, SPACE_TOMBSTONES, s->tomb_run_id[r], v);
     mdbp_cursor c;
     mdbp_error pe;
     int rc = mdbp_seek(&s->map, &s->chunks, key, CHUNK_KEY_BYTES, 0, &c, &pe);
@@ -998,12 +998,22 @@ static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
     return a < n && load_le64(pairs + a * TOMBSTONE_BYTES) == v;
 }
 
+/* Whether any tombstone run holds v: 1, 0, or QUERY_CORRUPT. */
+static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
+    for (int r = 0; r < s->ntomb; r++) {
+        int rc = tombstoned_in(s, r, v, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* Keep out[from:] entries that a run may report: in neither the log's
  * removals nor the tombstone run. */
 static int drop_hidden_from_runs(const query_snapshot *s, query_results *out, size_t from,
                                  query_error *err) {
     drop_hidden(out, from, s->hide_runs, s->nhide_runs);
-    if (!s->tomb_run_id)
+    if (!s->ntomb)
         return 0;
     size_t m = from;
     for (size_t i = from; i < out->n; i++) {

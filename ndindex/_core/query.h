@@ -101,6 +101,9 @@ typedef struct {
     int log_aid_shared; /* log_aid belongs to a log_aid capsule, not to the snapshot */
 } query_table;
 
+/* Tombstone runs a snapshot may have (a writer keeps a few, FORMAT.md 7.8). */
+#define MAX_TOMB_RUNS 64
+
 typedef struct {
     mdbp_map map;
     mdbp_db chunks; /* the chunks tree */
@@ -110,14 +113,15 @@ typedef struct {
      * removals). */
     size_t nhide_runs;
     const uint64_t *hide_runs;
-    /* Nor one the tombstone run holds (FORMAT.md 7.8; run id 0: none, last
-     * its last fingerprint): looked up per candidate through the chunks
+    /* Nor one a tombstone run holds (FORMAT.md 7.8; ntomb runs, each its
+     * id and last fingerprint): looked up per candidate through the chunks
      * tree, so that nothing proportional to the tombstones is read before
      * a query finds something.  tomb_verified: a hash set (tomb_slots, a
      * power of two, about 4 per chunk) of the chunk addresses whose checks
      * passed; lossy (a lost entry costs a check again; benign races). */
-    uint32_t tomb_run_id;
-    uint64_t tomb_last;
+    int ntomb;
+    uint32_t tomb_run_id[MAX_TOMB_RUNS];
+    uint64_t tomb_last[MAX_TOMB_RUNS];
     const uint8_t **tomb_verified;
     size_t tomb_slots;
 } query_snapshot;

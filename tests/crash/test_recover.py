@@ -13,6 +13,7 @@ undamaged file must come back exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 
@@ -23,6 +24,7 @@ from damage import (build_fixture, chunk_keys, contents, damage_value, flip, lea
                     occurrences, page_map, pages_of, records)
 from ndindex import CorruptionError, FormatError, cli, records as rec, recover
 from ndindex.index import Index
+from ndindex.writer import put_header
 from tests.conftest import level0_flush_target
 from tests.killing import killed_at
 
@@ -176,6 +178,9 @@ def test_repeated_tombstone_of_an_older_writer_is_repaired(tmp_path, monkeypatch
     monkeypatch.setattr(compaction, "_newest_tombstones",
                         lambda f, s: tuple(a[np.argsort(f, kind="stable")] for a in (f, s)))
     with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        # A writer of format 4 (one tombstone run, rewritten by each flush).
+        ix._header = dataclasses.replace(ix._header, read_version=4, write_version=4)
+        ix._store.write(lambda wt: put_header(wt, ix._header), sync=True)
         ix.add(fps)
         ix.compact()
         x = int(fps[5])

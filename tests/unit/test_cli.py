@@ -439,7 +439,7 @@ def test_stats_says_what_a_format_2_delta_file_gains_from_upgrade(tmp_path, caps
     run(capsys, "add", path, stdin="".join(f"{i * 7919}\n" for i in range(1, 200)),
         monkeypatch=monkeypatch)
     hint = ("  format 2, delta coding: `ndindex upgrade` adds restart tables "
-            "(format 4: faster queries)")
+            "(format 5: faster queries)")
     status, out, _ = run(capsys, "stats", path)
     assert status == 0 and out.splitlines()[2] == hint
     with ndindex.open(path, readonly=True) as index:
@@ -448,4 +448,4 @@ def test_stats_says_what_a_format_2_delta_file_gains_from_upgrade(tmp_path, caps
     status, out, _ = run(capsys, "stats", path)
     assert status == 0 and hint not in out.splitlines()
     with ndindex.open(path, readonly=True) as index:
-        assert (index.stats()["format"], index.stats()["coding"]) == (4, "delta+restarts")
+        assert (index.stats()["format"], index.stats()["coding"]) == (5, "delta+restarts")

@@ -195,10 +195,10 @@ def test_upgrade_reports_progress_in_order(v1, tmp_path):
 
 
 def test_an_upgraded_file_is_left_alone(v1, tmp_path):
-    assert upgrade(v1, backup=False)["format"] == 4
+    assert upgrade(v1, backup=False)["format"] == 5
     before = sha(v1)
     report = upgrade(v1)
-    assert report["upgraded"] is False and report["format"] == 4
+    assert report["upgraded"] is False and report["format"] == 5
     assert sha(v1) == before and not os.path.exists(v1 + ".v1")
     assert upgrade(v1, str(tmp_path / "out.ndx"))["upgraded"] is False
     assert not os.path.exists(tmp_path / "out.ndx")
@@ -417,12 +417,12 @@ def run(capsys, *argv):
 def test_cli_upgrades_in_place(v1, capsys):
     status, out, err = run(capsys, "upgrade", v1)
     assert status == 0 and err == ""
-    assert out == (f"upgraded {v1} to format 4: 997 fingerprints, 997 document keys, 4 tables; "
+    assert out == (f"upgraded {v1} to format 5: 997 fingerprints, 997 document keys, 4 tables; "
                    f"original kept as {v1}.v1 ({os.path.getsize(v1 + '.v1'):,} -> "
                    f"{os.path.getsize(v1):,} bytes, {out.rsplit(', ', 1)[1]}")
     assert_holds_fixture_data(v1)
     status, out, err = run(capsys, "upgrade", v1)
-    assert (status, out, err) == (0, f"{v1}: already format 4, nothing to do\n", "")
+    assert (status, out, err) == (0, f"{v1}: already format 5, nothing to do\n", "")
 
 
 def test_cli_json_and_output(v1, tmp_path, capsys):
@@ -469,7 +469,7 @@ def test_cli_help_has_examples_and_exit_status(capsys):
     assert "already in the newest format" in out and "INDEX.v1" in out
 
 
-# -- format 2 (the delta coding) to format 4 (restart tables) ---------------------------
+# -- format 2 (the delta coding) to format 5 (restart tables) ---------------------------
 
 
 def format_2(path, coding=CODING_DELTA, compacted=False):
@@ -523,10 +523,10 @@ def test_a_delta_file_gains_restart_tables_in_place(tmp_path, compacted):
     held = format_2(path, compacted=compacted)
     assert codings(path) == ((CODING_DELTA, 2, 2), {CODING_DELTA})
     report = upgrade(path)
-    assert report["upgraded"] and not report["rebuilt"] and report["format"] == 4
+    assert report["upgraded"] and not report["rebuilt"] and report["format"] == 5
     assert report["output"] == path and report["fingerprints"] == len(held)
     # Even a table already in one run is rewritten (FORMAT.md 7.2).
-    assert codings(path) == ((CODING_RESTARTS, 4, 4), {CODING_RESTARTS})
+    assert codings(path) == ((CODING_RESTARTS, 5, 5), {CODING_RESTARTS})
     assert contents(path) == held
     with Index.open(path) as ix:
         ix.verify()
@@ -543,10 +543,10 @@ def test_a_delta_file_upgraded_to_output_is_left_as_it_is(tmp_path):
     held = format_2(path)
     before = sha(path)
     report = upgrade(path, out)
-    assert report["upgraded"] and report["output"] == out and report["format"] == 4
+    assert report["upgraded"] and report["output"] == out and report["format"] == 5
     assert sha(path) == before
     assert codings(path) == ((CODING_DELTA, 2, 2), {CODING_DELTA})
-    assert codings(out) == ((CODING_RESTARTS, 4, 4), {CODING_RESTARTS})
+    assert codings(out) == ((CODING_RESTARTS, 5, 5), {CODING_RESTARTS})
     assert contents(out) == held
     with pytest.raises(FileExistsError):
         upgrade(path, out)

@@ -156,8 +156,7 @@ def main(argv=None) -> int:
         on["churn"] = True  # (after the append: the compaction thread adds to cycles[-1])
         live = bs.churn_cycle(ix, live, rng, 0.05)[0]
         sizes.append(os.path.getsize(path))
-        run = ix._snapshot().tombstone_run
-        cycles[-1]["tombstones"] = run.entries if run is not None else 0
+        cycles[-1]["tombstones"] = sum(r.entries for r in ix._snapshot().tombstone_runs)
         bs.progress(f"cycle {c + 1}: file {sizes[-1] / 1e6:.0f} MB")
     ix.close()
     lines.append("file MB after each churn cycle: " + " ".join(f"{s / 1e6:.0f}" for s in sizes)

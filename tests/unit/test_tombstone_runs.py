@@ -1,0 +1,209 @@
+"""Tombstones in runs of their own (format 5, FORMAT.md [M3], 7.8, [Q4]).
+
+A flush writes its removals as a new tombstone run instead of rewriting
+every tombstone; a run holding a fingerprint the log adds back is
+rewritten without it; the smallest runs merge when more than
+TOMBSTONE_RUNS are left; outdated ones go.  Queries and len() equal brute
+force throughout, and a file of format 4 keeps one run until upgraded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ndindex import Index, compaction, records as rec
+from ndindex.errors import CorruptionError
+from ndindex.upgrade import upgrade
+from ndindex.writer import put_header
+from tests.oracle import check_queries, near
+
+K = 3
+
+
+def tomb_runs(ix) -> list:
+    return list(ix._snapshot().tombstone_runs)
+
+
+def flush_now(ix) -> None:
+    ix._compactor._flush(ix._snapshot())
+
+
+def assert_exact(ix, stored: np.ndarray, rng) -> None:
+    stored = np.unique(stored)
+    assert len(ix) == len(stored)
+    queries = np.concatenate([near(rng, stored, 40, K), rng.integers(0, 2**64, 10, np.uint64)])
+    check_queries(ix, stored, queries, K)
+
+
+def random_fps(seed: int, n: int) -> np.ndarray:
+    return np.unique(np.random.default_rng(seed).integers(0, 2**64, n, dtype=np.uint64))
+
+
+@pytest.fixture
+def built(tmp_path):
+    """An index of 20,000 fingerprints, fully compacted: removals then need tombstones."""
+    path = str(tmp_path / "t.ndx")
+    fps = random_fps(1, 20_000)
+    ix = Index.create(path, k=K, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30)
+    ix.add(fps)
+    ix.compact(full=True)
+    yield ix, fps
+    ix.close()
+
+
+def test_each_flush_writes_its_removals_as_a_run_of_their_own(built):
+    ix, fps = built
+    rng = np.random.default_rng(2)
+    assert ix.levels_tombstones and ix._header.read_version == rec.FORMAT_VERSION == 5
+    stored = fps
+    for part in np.array_split(rng.permutation(fps)[:2_000], 3):
+        before = {r.run_id: r for r in tomb_runs(ix)}
+        ix.remove(fingerprints=np.sort(part))
+        flush_now(ix)
+        runs = tomb_runs(ix)
+        # The older runs are untouched (same ids); the new one holds exactly the removals.
+        assert {r.run_id for r in runs[1:]} == set(before)
+        new_fps, _ = ix._snapshot().tombstone_run_arrays(runs[0])
+        assert np.array_equal(new_fps, np.sort(part))
+        stored = np.setdiff1d(stored, part)
+        assert_exact(ix, stored, rng)
+    assert len(tomb_runs(ix)) == 3
+    ix.verify()
+
+
+def test_adding_back_rewrites_only_the_runs_that_hold_it(built):
+    ix, fps = built
+    rng = np.random.default_rng(3)
+    first, second = fps[:500], fps[500:1000]
+    ix.remove(fingerprints=first)
+    flush_now(ix)
+    ix.remove(fingerprints=second)
+    flush_now(ix)
+    newer, older = tomb_runs(ix)
+    back = first[::7]
+    ix.add(back)
+    flush_now(ix)
+    runs = tomb_runs(ix)
+    ids = {r.run_id for r in runs}
+    assert newer.run_id in ids and older.run_id not in ids and len(runs) == 2
+    held = np.concatenate([ix._snapshot().tombstone_run_arrays(r)[0] for r in runs])
+    assert not np.isin(back, held).any() and np.isin(np.setdiff1d(first, back), held).all()
+    stored = np.concatenate([fps[1000:], back])
+    assert_exact(ix, stored, rng)
+    # Removed again: a tombstone once more, in the flush's new run.
+    ix.remove(fingerprints=back[:10])
+    flush_now(ix)
+    assert_exact(ix, np.setdiff1d(stored, back[:10]), rng)
+    ix.verify()
+
+
+def test_the_smallest_runs_merge_and_outdated_ones_go(built):
+    ix, fps = built
+    rng = np.random.default_rng(4)
+    gone = rng.permutation(fps)[:3_000]
+    for part in np.array_split(gone, 7):
+        ix.remove(fingerprints=np.sort(part))
+        flush_now(ix)
+    assert len(tomb_runs(ix)) == 7
+    stored = np.setdiff1d(fps, gone)
+    # The next compaction step merges the smallest runs (all fit the cap) into one.
+    assert ix._compactor.step()
+    runs = tomb_runs(ix)
+    assert len(runs) == 1 and runs[0].entries == len(gone)
+    assert_exact(ix, stored, rng)
+    # With 15% of the main runs removed, the tables are rewritten without
+    # them; then no tombstone is needed any more, and the run goes.
+    while ix._compactor.step():
+        pass
+    assert tomb_runs(ix) == []
+    assert min(r.run_id for r in ix._snapshot().manifest.runs) > runs[0].run_id
+    assert_exact(ix, stored, rng)
+    ix.verify()
+
+
+def test_tombstone_inputs():
+    def run(entries):
+        return rec.Run(rec.SPACE_TOMBSTONES, rec.KIND_TOMBSTONES, 0, 1, entries, 1)
+    alive = lambda n: np.full(n, 100, np.uint32)  # noqa: E731
+    # Few runs, none outdated: nothing to do.
+    runs = [run(10), run(20), run(30), run(40)]
+    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    # Half or more outdated: rewritten, whatever the count.
+    stamps = [alive(10), np.array([1] * 10 + [100] * 10, np.uint32), alive(30), alive(40)]
+    assert compaction._tombstone_inputs(runs, stamps, 50, 1000) == [1]
+    # More than TOMBSTONE_RUNS: the smallest that fit the cap.
+    runs = [run(n) for n in (5, 600, 10, 500, 20, 700)]
+    stamps = [alive(r.entries) for r in runs]
+    assert compaction._tombstone_inputs(runs, stamps, 50, 1000) == [0, 2, 3, 4]
+    # Not even the two smallest fit: left as they are ...
+    runs = [run(n) for n in (900, 800, 950, 990, 999)]
+    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    # ... unless they are too many.
+    runs = [run(900 + n) for n in range(9)]
+    chosen = compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000)
+    assert chosen == [0, 1]
+
+
+def test_a_format_4_file_keeps_one_tombstone_run_until_upgraded(tmp_path):
+    path = str(tmp_path / "v4.ndx")
+    fps = random_fps(5, 20_000)
+    rng = np.random.default_rng(5)
+    with Index.create(path, k=K, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        header = dataclasses.replace(ix._header, read_version=4, write_version=4)
+        ix._store.write(lambda wt: put_header(wt, header), sync=True)
+    with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
+        assert not ix.levels_tombstones
+        ix.add(fps)
+        ix.compact(full=True)
+        for part in np.array_split(fps[:1_500], 3):
+            ix.remove(fingerprints=part)
+            flush_now(ix)
+            assert len(tomb_runs(ix)) == 1
+        assert tomb_runs(ix)[0].entries == 1_500
+        stored = fps[1_500:]
+        assert_exact(ix, stored, rng)
+        ix.verify()
+    report = upgrade(path)
+    assert report["upgraded"] and report["format"] == 5
+    with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
+        assert ix.levels_tombstones
+        for part in np.array_split(stored[:1_000], 2):
+            ix.remove(fingerprints=part)
+            flush_now(ix)
+        assert len(tomb_runs(ix)) == 2
+        assert_exact(ix, stored[1_000:], rng)
+        ix.verify()
+
+
+def test_verify_rejects_several_tombstone_runs_in_a_format_4_file(built, tmp_path):
+    ix, fps = built
+    for part in (fps[:100], fps[100:200]):
+        ix.remove(fingerprints=part)
+        flush_now(ix)
+    assert len(tomb_runs(ix)) == 2
+    header = dataclasses.replace(ix._header, read_version=4, write_version=4)
+    ix._store.write(lambda wt: put_header(wt, header), sync=True)
+    path = ix.path
+    ix.close()
+    with Index.open(path, readonly=True) as ro:
+        with pytest.raises(CorruptionError, match="2 tombstone runs in a file of format 4"):
+            ro.verify()
+
+
+def test_a_manifest_of_too_many_tombstone_runs_is_damage(built):
+    ix, fps = built
+    ix.remove(fingerprints=fps[:10])
+    flush_now(ix)
+    snap = ix._snapshot()
+    (run,) = snap.tombstone_runs
+    man = snap.manifest
+    man.runs += [dataclasses.replace(run) for _ in range(rec.MAX_TOMBSTONE_RUNS)]
+    from ndindex import reader
+    with pytest.raises(CorruptionError, match="65 tombstone runs"):
+        reader.Snapshot(ix._store, ix.plan, *ix._store.snapshot(),
+                        prev=reader.Lineage(snap.state, man, None, None))
