@@ -1064,11 +1064,12 @@ def _with_main(inputs: list, free: list, level: int) -> list:
 
 
 def tombstone_cap(main_entries: int, flush_ops: int = FLUSH_OPS) -> int:
-    """The most tombstones a merge of tombstone runs writes: a sixteenth of
-    the main level's entries (a commit a fraction of what a table's merge
-    step writes), at least eight flushes'.  Tombstones beyond it stay in
-    several runs."""
-    return max(8 * flush_ops, main_entries // 16)
+    """The most tombstones a merge of tombstone runs writes: a 32nd of the
+    main level's entries (at 10M, 312,500 tombstones, 58 chunks: what a
+    merge step of the tables puts), at least four flushes'.  Tombstones
+    beyond it stay in several runs.  (With a 16th, merges of 156 chunks
+    were among the commits that grew a churned 10M file.)"""
+    return max(4 * flush_ops, main_entries // 32)
 
 
 def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
@@ -1076,10 +1077,12 @@ def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
     merges into one, or [] for none: every run half or more outdated
     (stamps at or below floor, [F15]) -- rewritten without them, or
     dropped when nothing is left -- and, while more than TOMBSTONE_RUNS
-    remain, the smallest runs whose entries together fit cap (at least two).
+    remain, the smallest runs whose entries together fit cap (at least two;
+    past 4 * TOMBSTONE_RUNS runs, the two smallest whatever their size).
     Each merge writes at most about cap tombstones, so no commit rewrites
-    them all; runs at the cap stay apart (a sixteenth of the main level's
-    entries each: a few)."""
+    them all; runs at the cap stay apart (a 32nd of the main level's
+    entries each: a few, while merges into the main level drop what they
+    hide)."""
     chosen = [i for i, s in enumerate(stamps) if 2 * int((s <= floor).sum()) >= len(s)]
     rest = sorted((i for i in range(len(runs)) if i not in chosen), key=lambda i: runs[i].entries)
     if len(rest) > TOMBSTONE_RUNS:
@@ -1089,7 +1092,7 @@ def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
                 break
             take.append(i)
             total += runs[i].entries
-        if total <= cap or len(rest) > 2 * TOMBSTONE_RUNS:
+        if total <= cap or len(rest) > 4 * TOMBSTONE_RUNS:
             chosen += take
     return sorted(chosen)
 

@@ -348,6 +348,12 @@ class Index(DocumentMethods):
         return self._header.read_version >= rec.TOMBSTONE_RUNS_VERSION
 
     @property
+    def pads_log(self) -> bool:
+        """Whether log records are padded (format 5, FORMAT.md [F19]), which
+        readers of older versions reject."""
+        return self._header.read_version >= rec.PADDED_LOG_VERSION
+
+    @property
     def readonly(self) -> bool:
         return self._store.readonly
 

@@ -31,7 +31,7 @@ from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.errors import ClosedError, CorruptionError
 from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
-                             frame, unframe)
+                             frame, log_padding, unframe)
 from ndindex.store import translate_error
 
 
@@ -39,17 +39,21 @@ def log_ops(record: LogRecord) -> int:
     return record.ops()
 
 
-def commit_record(wt, record: LogRecord, extra=()) -> State:
+def commit_record(wt, record: LogRecord, extra=(), pad: bool = False) -> State:
     """Append record to the log inside write transaction wt; rewrite the state.
 
-    extra: more (key, payload) meta records to write in the same commit.
+    extra: more (key, payload) meta records to write in the same commit;
+    pad: pad the record as format 5 writers do (records.log_padding).
     """
     raw = wt.view.get(DB_META, KEY_STATE)
     if raw is None:
         raise CorruptionError("state record is missing", database=DB_META, key=KEY_STATE)
     state = State.unpack(unframe(raw, DB_META, KEY_STATE))
     key = U64_BE.pack(state.log_next_seq)
-    wt.put(DB_LOG, key, frame(key, record.pack()))
+    payload = record.pack()
+    if pad:
+        payload += bytes(log_padding(len(payload), wt.view.psize))
+    wt.put(DB_LOG, key, frame(key, payload))
     state.log_next_seq += 1
     state.log_ops += log_ops(record)
     state.txnid = wt.txnid
@@ -123,7 +127,8 @@ class Writer:
 
     def _commit(self, record: LogRecord, extra=()) -> None:
         began = time.monotonic()
-        state = self._ix._store.write(lambda wt: commit_record(wt, record, extra), sync=True)
+        pad = self._ix.pads_log
+        state = self._ix._store.write(lambda wt: commit_record(wt, record, extra, pad), sync=True)
         self._ix._wrote(state, began)
 
     @contextlib.contextmanager
@@ -290,7 +295,7 @@ def replay_journals(index) -> int:
             record = acc.to_record()
             n = log_ops(record)
             if n:
-                commit_record(wt, record)
+                commit_record(wt, record, pad=index.pads_log)
             else:
                 raw_state = wt.view.get(DB_META, KEY_STATE)
                 state = State.unpack(unframe(raw_state, DB_META, KEY_STATE))

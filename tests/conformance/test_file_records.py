@@ -199,7 +199,8 @@ def stored_set(path):
                 space, flag, klen, vlen = struct.unpack_from("<BBHI", rec, pos)
                 assert space in (0xF3, 0xF4) and flag in (0, 1)
                 pos += 8 + klen + vlen
-            assert pos == len(rec)
+            assert not any(rec[pos:])                                        # [F19] padding
+            assert pos == len(rec) or (len(rec) + 4 + 16) % 4096 == 0 and rv >= 5
         tombs = {}
         assert sum(1 for run in runs if run["kind"] == 4) <= 64              # [M3]
         for run in runs:

@@ -143,7 +143,9 @@ def test_tombstone_inputs():
     runs = [run(n) for n in (900, 800, 950, 990, 999)]
     assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
     # ... unless they are too many.
-    runs = [run(900 + n) for n in range(9)]
+    runs = [run(900 + n) for n in range(4 * compaction.TOMBSTONE_RUNS)]
+    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    runs = [run(900 + n) for n in range(4 * compaction.TOMBSTONE_RUNS + 1)]
     chosen = compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000)
     assert chosen == [0, 1]
 
