@@ -447,7 +447,7 @@ class LogRecord:
             records.append((space, bytes(payload[pos:pos + klen]), flag,
                             bytes(payload[pos + klen:pos + klen + vlen])))
             pos += klen + vlen
-        if pos != len(payload) and any(payload[pos:]):
+        if pos != len(payload) and np.frombuffer(payload, np.uint8, len(payload) - pos, pos).any():
             raise bad("trailing bytes")  # zero bytes after the entries are padding ([F19])
         for arr in (adds, removes):
             if len(arr) > 1 and not np.all(arr[1:] > arr[:-1]):
