@@ -208,7 +208,8 @@ static int parse_run(snapshot_box *box, PyObject *item, query_run *r) {
 }
 
 PyDoc_STRVAR(make_snapshot_doc,
-             "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs, tombstones)\n"
+             "make_snapshot(file, psize, npages, chunks_tree, tables, hide_runs, tombstones,\n"
+             "              hide_tombstones=None)\n"
              "    -> capsule\n\n"
              "file: the mapped index file; psize, npages: its page size and readable pages;\n"
              "chunks_tree: (root or None, depth, flags) of the chunks database;\n"
@@ -223,17 +224,19 @@ PyDoc_STRVAR(make_snapshot_doc,
              "hide_runs: sorted uint64 values never reported from a run;\n"
              "tombstones: a sequence of (run_id, last, chunks), one a tombstone run (at most\n"
              "64): values they hold are never reported from a run either (looked up per\n"
-             "candidate).\n"
+             "candidate);\n"
+             "hide_tombstones: sorted uint64 tombstones held in memory (of runs not in\n"
+             "tombstones), or None.\n"
              "The caller keeps the LMDB read transaction that pins the pages open for as\n"
              "long as the snapshot is used.");
 static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
-    PyObject *file, *chunks, *tables, *hide_runs, *tombs;
+    PyObject *file, *chunks, *tables, *hide_runs, *tombs, *hide_tombs = Py_None;
     unsigned long psize;
     unsigned long long npages, tomb_chunks = 0;
     uint32_t tomb_run_id[MAX_TOMB_RUNS];
     uint64_t tomb_last[MAX_TOMB_RUNS];
-    if (!PyArg_ParseTuple(args, "OkKOOOO", &file, &psize, &npages, &chunks, &tables, &hide_runs,
-                          &tombs))
+    if (!PyArg_ParseTuple(args, "OkKOOOO|O", &file, &psize, &npages, &chunks, &tables, &hide_runs,
+                          &tombs, &hide_tombs))
         return NULL;
     PyObject *tfast = PySequence_Fast(tombs, "tombstones must be a sequence");
     if (!tfast)
@@ -274,7 +277,7 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     }
     box->keep = PyList_New(0);
     box->tables = PyMem_Calloc(nt ? nt : 1, sizeof(query_table));
-    box->views = PyMem_Calloc(2 * nt + 3, sizeof(Py_buffer));
+    box->views = PyMem_Calloc(2 * nt + 4, sizeof(Py_buffer));
     if (!box->keep || !box->tables || !box->views) {
         PyErr_NoMemory();
         goto fail;
@@ -376,6 +379,9 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     box->s.ntables = (int)nt;
     box->s.tables = box->tables;
     if (!(box->s.hide_runs = take_u64(box, hide_runs, &box->s.nhide_runs, "hide_runs")))
+        goto fail;
+    if (hide_tombs != Py_None &&
+        !(box->s.hide_tombs = take_u64(box, hide_tombs, &box->s.nhide_tombs, "hide_tombstones")))
         goto fail;
     box->s.ntomb = (int)ntomb;
     memcpy(box->s.tomb_run_id, tomb_run_id, ntomb * sizeof *tomb_run_id);

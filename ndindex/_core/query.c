@@ -1013,6 +1013,7 @@ static int tombstoned(const query_snapshot *s, uint64_t v, query_error *err) {
 static int drop_hidden_from_runs(const query_snapshot *s, query_results *out, size_t from,
                                  query_error *err) {
     drop_hidden(out, from, s->hide_runs, s->nhide_runs);
+    drop_hidden(out, from, s->hide_tombs, s->nhide_tombs);
     if (!s->ntomb)
         return 0;
     size_t m = from;

@@ -113,6 +113,11 @@ typedef struct {
      * removals). */
     size_t nhide_runs;
     const uint64_t *hide_runs;
+    /* Nor one of these (sorted, unpermuted): tombstones held in memory, in
+     * place of looking the runs they come from up (they are not among the
+     * ntomb runs below). */
+    size_t nhide_tombs;
+    const uint64_t *hide_tombs;
     /* Nor one a tombstone run holds (FORMAT.md 7.8; ntomb runs, each its
      * id and last fingerprint): looked up per candidate through the chunks
      * tree, so that nothing proportional to the tombstones is read before
