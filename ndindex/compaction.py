@@ -643,12 +643,14 @@ class Compactor:
         alive = stamps > floor
         deletes = [k for i in chosen for k in rn.chunk_keys(snap.view, runs[i])]
         kept = [r for i, r in enumerate(runs) if i not in chosen]
-        puts = []
+        puts, new = [], []
         if alive.any():
             run, puts = self._tombstone_run(man, fps[alive], stamps[alive])
             kept.insert(min(chosen), run)
+            new.append((run, (fps[alive], stamps[alive])))
         man.replace(SPACE_TOMBSTONES, kept)
         self._commit(snap, puts, deletes, man)
+        self._ix._tombstones.carry(tuple(runs), tuple(kept), new)
         return True
 
     @staticmethod
@@ -1064,12 +1066,13 @@ def _with_main(inputs: list, free: list, level: int) -> list:
 
 
 def tombstone_cap(main_entries: int, flush_ops: int = FLUSH_OPS) -> int:
-    """The most tombstones a merge of tombstone runs writes: a 32nd of the
-    main level's entries (at 10M, 312,500 tombstones, 58 chunks: what a
-    merge step of the tables puts), at least four flushes'.  Tombstones
-    beyond it stay in several runs.  (With a 16th, merges of 156 chunks
-    were among the commits that grew a churned 10M file.)"""
-    return max(4 * flush_ops, main_entries // 32)
+    """The most tombstones a merge of tombstone runs writes: a 16th of the
+    main level's entries (at 10M, 625,000 tombstones, 115 chunks, less
+    than a flush puts), at least eight flushes'.  Tombstones beyond it stay
+    in several runs.  (A 32nd made twice the merges, and the churned 10M
+    file 1.17x its size before churn against 1.06x in two runs with a
+    16th: bench_churn_commits.py.)"""
+    return max(8 * flush_ops, main_entries // 16)
 
 
 def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
@@ -1080,7 +1083,7 @@ def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
     remain, the smallest runs whose entries together fit cap (at least two;
     past 4 * TOMBSTONE_RUNS runs, the two smallest whatever their size).
     Each merge writes at most about cap tombstones, so no commit rewrites
-    them all; runs at the cap stay apart (a 32nd of the main level's
+    them all; runs at the cap stay apart (a 16th of the main level's
     entries each: a few, while merges into the main level drop what they
     hide)."""
     chosen = [i for i, s in enumerate(stamps) if 2 * int((s <= floor).sum()) >= len(s)]

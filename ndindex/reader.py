@@ -945,6 +945,19 @@ class TombstoneMemo:
                 self._values[key] = value
         return value
 
+    def carry(self, old: tuple, new: tuple, arrays: dict) -> None:
+        """Let what was computed for the runs old stand for the runs new, which
+        hold the same tombstones or fewer (a merge of tombstone runs, less
+        the outdated ones: a tombstone, outdated or not, hides a fingerprint
+        no run holds any more, so a superset hides the same); arrays: (Run,
+        (fingerprints, stamps)) of the new runs.  Without this, each
+        such merge had the writer's compaction sort every tombstone again
+        for each table."""
+        with self._lock:
+            if self._runs == old:
+                self._runs = new
+            self._arrays.update((_run_key(r), a) for r, a in arrays)
+
     def peek(self, runs: tuple, key):
         """The value for key of runs if it was computed already, else None."""
         with self._lock:

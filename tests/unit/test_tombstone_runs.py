@@ -110,10 +110,15 @@ def test_the_smallest_runs_merge_and_outdated_ones_go(built):
         flush_now(ix)
     assert len(tomb_runs(ix)) == 7
     stored = np.setdiff1d(fps, gone)
-    # The next compaction step merges the smallest runs (all fit the cap) into one.
+    # The next compaction step merges the smallest runs (all fit the cap) into
+    # one; what the index computed from them stands for the new run.
+    union = ix._snapshot().tombstones
     assert ix._compactor.step()
     runs = tomb_runs(ix)
     assert len(runs) == 1 and runs[0].entries == len(gone)
+    snap = ix._snapshot()
+    assert snap._tombstone_memo.peek(snap.tombstone_runs, "arrays")[0] is union
+    assert np.array_equal(snap.tombstone_run_arrays(runs[0])[0], np.sort(gone))
     assert_exact(ix, stored, rng)
     # With 15% of the main runs removed, the tables are rewritten without
     # them; then no tombstone is needed any more, and the run goes.
