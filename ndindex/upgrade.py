@@ -1,10 +1,11 @@
 """Upgrading an index file to the newest format (``ndindex upgrade``).
 
-A format-2 file of the delta coding gets restart tables (coding 2), and
-a format-3 file packed raw blocks (FORMAT.md 5.3), both format 4:
+A format-2 file of the delta coding gets restart tables (coding 2), a
+format-3 file packed raw blocks (FORMAT.md 5.3), and a format-3 or 4 file
+tombstone runs and padded log records (7.8, [F19]), all format 5:
 :func:`upgrade` names the new format and coding in its header and
 compacts it fully, which rewrites every table in it (FORMAT.md 7.2).  A
-format-1 file is rebuilt in the newest format (4, or 2 for the xor
+format-1 file is rebuilt in the newest format (5, or 2 for the xor
 coding), in two parts:
 
 - :class:`FormatV1Reader` reads a format-1 file on its own: file format 1
@@ -608,12 +609,13 @@ def file_format(path) -> int:
 def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     """Bring an index file to the newest format; return what was done.
 
-    A format-2 file of the delta coding gets restart tables and a
-    format-3 file packed raw blocks (format 4 both, see _newer_blocks: in
-    place, or into a copy at dest); a format-4 file or one of the xor
-    coding is left alone (``upgraded=False``).  The rest of this describes
-    a format-1 file, rebuilt in the newest format: 4 for the delta coding
-    (with restart tables), 2 for xor.
+    A format-2 file of the delta coding gets restart tables, a format-3
+    file packed raw blocks, a format-3 or 4 file tombstone runs and padded
+    log records (format 5 all, see _newer_blocks: in place, or into a copy
+    at dest); a format-5 file or one of the xor coding is left alone
+    (``upgraded=False``).  The rest of this describes a format-1 file,
+    rebuilt in the newest format: 5 for the delta coding (with restart
+    tables), 2 for xor.
 
     Parameters: src, the format-1 file; dest, where to write the new
     index (must not exist), or None to upgrade in place: the original is
@@ -688,15 +690,16 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
 
 
 def _newer_blocks(src: str, dest: str | None, progress, t0: float) -> dict:
-    """Give a format-2 file of the delta coding restart tables, and a
-    format-3 file packed raw blocks; see upgrade().
+    """Give a format-2 file of the delta coding restart tables, a format-3
+    file packed raw blocks, a format-3 or 4 file tombstone runs and padded
+    log records; see upgrade().
 
-    In place, the header names coding 2 and format 4 in one commit, and
+    In place, the header names coding 2 and format 5 in one commit, and
     compact(full=True) rewrites every table in it: runs of both codings,
-    and raw blocks of both forms, are valid in a format-4 file meanwhile,
+    and raw blocks of both forms, are valid in a format-5 file meanwhile,
     so a crash at any point leaves a whole index, which the next upgrade
-    finishes.  (A format-3 file needs only the header: every format-3
-    file is a valid format-4 file.)  With dest, a vacuumed copy of src is
+    finishes.  (A format-3 or 4 file needs only the header: every such
+    file is a valid format-5 file.)  With dest, a vacuumed copy of src is
     upgraded, and src is left as it is.  The xor coding is kept: it is
     there to measure the paper's scheme.
     """
