@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import sys
 import time
@@ -59,10 +58,7 @@ def main(argv=None) -> int:
     bs.remove_index(path)
     shutil.copyfile(fresh, path)
     rng = np.random.default_rng(3)
-    lines = [f"# python tools/bench/bench_tombstone_runs.py --n {args.n} --runs {args.runs}",
-             f"# bench_tombstone_runs  {time.strftime('%Y-%m-%d %H:%M')}  {platform.machine()}  "
-             f"python {platform.python_version()}  {os.cpu_count()} cores  "
-             f"load before {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+    lines = bs.header("bench_tombstone_runs", argv)
     try:
         with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
             stored = ix.fingerprints()
@@ -103,11 +99,8 @@ def main(argv=None) -> int:
                      f"one {one:.2f}: {several / one:.2f}x")
     lines.append(f"  writer, {runs} runs held / reader, one run looked up: "
                  f"{figures[runs, 'writer'] / figures[1, 'reader']:.2f}x")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print("\n".join(lines))
+    bs.write_report(lines, args.out)
     return 0
 
 
