@@ -570,16 +570,11 @@ class Compactor:
                      log_ops_done=snap.state.log_ops, held=held)
 
     def _tombstone_chunks(self, snap, man: Manifest, fps, stamps):
-        old = man.of(SPACE_TOMBSTONES)
-        deletes = [k for r in old for k in rn.chunk_keys(snap.view, r)]
-        runs = []
-        puts = []
-        if len(fps):
-            rid = man.new_run_id()
-            puts = ch.pack_tombstone_chunks(SPACE_TOMBSTONES, rid, fps, stamps)
-            runs = [Run(SPACE_TOMBSTONES, KIND_TOMBSTONES, 0, rid, len(fps), len(puts),
-                        sum(len(v) for _, v in puts), int(fps[0]), int(fps[-1]))]
-        man.replace(SPACE_TOMBSTONES, runs)
+        """(puts, deletes) replacing every tombstone run with one of fps (a file
+        before format 5, [M3]), or with none if fps is empty."""
+        deletes = [k for r in man.of(SPACE_TOMBSTONES) for k in rn.chunk_keys(snap.view, r)]
+        run, puts = self._tombstone_run(man, fps, stamps) if len(fps) else (None, [])
+        man.replace(SPACE_TOMBSTONES, [run] if run is not None else [])
         return puts, deletes
 
     def _tombstones_droppable(self, man: Manifest, stamps) -> bool:
@@ -606,9 +601,9 @@ class Compactor:
         floor = _min_fp_run_id(man)
         runs, puts, deletes = [], [], []
         if len(removes) and stamp > floor:  # else no run is left that could hold them
-            new = self._tombstone_run(man, removes, np.full(len(removes), stamp, np.uint32))
-            puts += new[1]
-            runs.append(new[0])
+            run, pairs = self._tombstone_run(man, removes, np.full(len(removes), stamp, np.uint32))
+            puts += pairs
+            runs.append(run)
         for run in man.of(SPACE_TOMBSTONES):
             fps, stamps = snap.tombstone_run_arrays(run)
             hit = isin_sorted(fps, back) if len(back) else None
@@ -618,9 +613,9 @@ class Compactor:
                 deletes += rn.chunk_keys(snap.view, run)
                 keep = ~hit & (stamps > floor)
                 if keep.any():
-                    new = self._tombstone_run(man, fps[keep], stamps[keep])
-                    puts += new[1]
-                    runs.append(new[0])
+                    rewritten, pairs = self._tombstone_run(man, fps[keep], stamps[keep])
+                    puts += pairs
+                    runs.append(rewritten)
             else:
                 runs.append(run)
         man.replace(SPACE_TOMBSTONES, runs)
