@@ -9,7 +9,7 @@ removes by fingerprint and by key, then adds that stay in the append log),
 keeping a brute-force model of what it holds (tools/sweep_common.py) and
 checking the built index against it.  --index large builds 200,000
 fingerprints with keys instead (build_large): a main Huffman run and raw
-runs at levels 2 and 1 per table, a merge in progress, a tombstone run,
+runs at levels 2 and 1 per table, a merge in progress, two tombstone runs,
 key runs with deletions, a log of several records and the journal of a
 durability-"normal" writer that died (copied beside every trial file, so
 every open replays it); its chunks tree has a branch page, and every chunk
@@ -206,6 +206,8 @@ def build_large(path: str, seed: int, options: dict) -> dict:
         remove(keys=[f"doc-{i}" for i in range(5000, 6500) if i % 3])
         remove(fingerprints=two[:500])
         ix._compactor.step(force_flush=True)  # a flush: tombstones and key deletions
+        remove(fingerprints=main[4000:4600])
+        ix._compactor.step(force_flush=True)  # another: a second tombstone run (format 5)
         add(log[:6000], [f"log-{i}" for i in range(6000)])
         add(log[6000:])
         remove(fingerprints=log[:100])
@@ -215,6 +217,8 @@ def build_large(path: str, seed: int, options: dict) -> dict:
         man = ix._snapshot().manifest
         if not any(r.merge_into for r in man.runs):
             raise SystemExit("sweep_corruption: the large index has no merge in progress")
+        if len(ix._snapshot().tombstone_runs) < 2 and ix.levels_tombstones:
+            raise SystemExit("sweep_corruption: the large index has fewer than two tombstone runs")
     out = subprocess.run([sys.executable, "-c", JOURNAL_CHILD, path, str(seed)],
                          capture_output=True, text=True, timeout=600)
     if "journaled" not in out.stdout:
