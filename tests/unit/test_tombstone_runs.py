@@ -31,6 +31,13 @@ def flush_now(ix) -> None:
     ix._compactor._flush(ix._snapshot())
 
 
+def remove_in_flushes(ix, gone: np.ndarray, flushes: int) -> None:
+    """Remove gone in that many parts, each flushed: a tombstone run each (format 5)."""
+    for part in np.array_split(gone, flushes):
+        ix.remove(fingerprints=np.sort(part))
+        flush_now(ix)
+
+
 def assert_exact(ix, stored: np.ndarray, rng) -> None:
     stored = np.unique(stored)
     assert len(ix) == len(stored)
@@ -105,9 +112,7 @@ def test_the_smallest_runs_merge_and_outdated_ones_go(built):
     ix, fps = built
     rng = np.random.default_rng(4)
     gone = rng.permutation(fps)[:3_000]
-    for part in np.array_split(gone, 7):
-        ix.remove(fingerprints=np.sort(part))
-        flush_now(ix)
+    remove_in_flushes(ix, gone, 7)
     assert len(tomb_runs(ix)) == 7
     stored = np.setdiff1d(fps, gone)
     # The next compaction step merges the smallest runs (all fit the cap) into
@@ -179,9 +184,7 @@ def test_a_format_4_file_keeps_one_tombstone_run_until_upgraded(tmp_path):
     assert report["upgraded"] and report["format"] == 5
     with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
         assert ix.levels_tombstones
-        for part in np.array_split(stored[:1_000], 2):
-            ix.remove(fingerprints=part)
-            flush_now(ix)
+        remove_in_flushes(ix, stored[:1_000], 2)
         assert len(tomb_runs(ix)) == 2
         assert_exact(ix, stored[1_000:], rng)
         ix.verify()
@@ -223,9 +226,7 @@ def test_queries_agree_whether_tombstones_are_held_or_looked_up(built):
     ix, fps = built
     rng = np.random.default_rng(6)
     gone = rng.permutation(fps)[:1_200]
-    for part in np.array_split(gone, 4):
-        ix.remove(fingerprints=np.sort(part))
-        flush_now(ix)
+    remove_in_flushes(ix, gone, 4)
     stored = np.setdiff1d(fps, gone)
     ix._tombstones = TombstoneMemo()
     ix._let_go_of_snapshot()
