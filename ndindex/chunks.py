@@ -34,13 +34,13 @@ import zstandard
 
 from ndindex import _core, codec
 from ndindex.errors import CorruptionError
-from ndindex.records import (KIND_HUFFMAN, KIND_RAW, KIND_RECORDS, KIND_TOMBSTONES,
-                             SPACE_FPS_BY_KEY, DB_CHUNKS)
+from ndindex.records import (CHUNK_PAGES, KIND_HUFFMAN, KIND_RAW, KIND_RECORDS, KIND_TOMBSTONES,
+                             OVERFLOW_HEADER_BYTES, SPACE_FPS_BY_KEY, DB_CHUNKS)
 
 BLOCK_BYTES = codec.BLOCK_BYTES
 #: A chunk fills at most 16 LMDB pages of 4 KB: LMDB stores a value larger
 #: than a page in its own run of overflow pages behind a 16-byte header.
-CHUNK_MAX_BYTES = 16 * 4096 - 16
+CHUNK_MAX_BYTES = CHUNK_PAGES * 4096 - OVERFLOW_HEADER_BYTES
 CHUNK_MAX_BLOCKS = 63
 FP_CHUNK_HEAD = struct.Struct("<IBBHIIQQ")  # crc kind flags n_blocks run_id reserved low_fence entries
 FLAG_FIRST = 1

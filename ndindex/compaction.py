@@ -1095,18 +1095,9 @@ def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
     return sorted(chosen)
 
 
-def _newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:
-    """Tombstones (older ones first, each part sorted) sorted by fingerprint, one
-    a fingerprint: the newest.  A fingerprint removed again (re-added and
-    removed inside one log) has a tombstone already; the newer stamp hides
-    every run the older one did.  (Before this, both were written: a
-    tombstone chunk with a repeated value, which readers reject as damage and
-    `ndindex recover` repairs.)"""
-    order = np.argsort(fps, kind="stable")
-    fps, stamps = fps[order], stamps[order]
-    newest = np.ones(len(fps), bool)
-    newest[:-1] = fps[1:] != fps[:-1]
-    return fps[newest], stamps[newest]
+#: A flush's tombstones, one a fingerprint (a name of its own: a test
+#: stands in a writer from before it for this).
+_newest_tombstones = rn.newest_tombstones
 
 
 def _min_fp_run_id(man: Manifest) -> int:

@@ -247,9 +247,17 @@ def union_tombstones(arrays: list) -> tuple:
         return EMPTY_U64, np.empty(0, np.uint32)
     if len(arrays) == 1:
         return arrays[0]
-    fps = np.concatenate([a[0] for a in arrays])
-    stamps = np.concatenate([a[1] for a in arrays])
-    order = np.argsort(fps, kind="stable")  # a merge of sorted runs (timsort)
+    return newest_tombstones(np.concatenate([a[0] for a in arrays]),
+                             np.concatenate([a[1] for a in arrays]))
+
+
+def newest_tombstones(fps: np.ndarray, stamps: np.ndarray) -> tuple:
+    """Tombstones (parts each sorted, concatenated) sorted by fingerprint, one
+    a fingerprint: the newest (largest) stamp, which hides every run an
+    older one did.  (Flushes before compaction used this wrote a fingerprint
+    removed again within one log twice: a tombstone chunk with a repeated
+    value, which readers reject as damage and `ndindex recover` repairs.)"""
+    order = np.argsort(fps, kind="stable")  # a merge of sorted parts (timsort)
     fps, stamps = fps[order], stamps[order]
     first = np.ones(len(fps), bool)
     first[1:] = fps[1:] != fps[:-1]

@@ -39,10 +39,9 @@ import bench_stream as bs  # noqa: E402
 
 from ndindex import compaction as cm  # noqa: E402
 from ndindex.index import Index  # noqa: E402
-from ndindex.records import SPACE_TOMBSTONES  # noqa: E402
+from ndindex.records import CHUNK_PAGES, SPACE_TOMBSTONES  # noqa: E402
 from ndindex.store import _core_idl as free_list_pages  # noqa: E402
 
-CHUNK_PAGES = 16
 OVERFLOW_MIN = 2048  # an LMDB value larger than this goes to overflow pages (4 KB pages)
 
 
