@@ -500,12 +500,23 @@ class Compactor:
         t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
         back = adds[isin_sorted(adds, t_fps)]
         fps, stamps = t_fps, t_stamps
-        if len(back) or len(log.removes):
+        if not ix.levels_tombstones and (len(back) or len(log.removes)):
+            # A file before format 5 rewrites its one tombstone run with them.
             keep = ~isin_sorted(t_fps, back)
             fps = np.concatenate([t_fps[keep], log.removes])
             stamps = np.concatenate([t_stamps[keep],
                                      np.full(len(log.removes), first_new, np.uint32)])
             fps, stamps = _newest_tombstones(fps, stamps)
+
+        def hiding(run_id: int) -> np.ndarray:
+            """The tombstones after the flush that hide values of run run_id:
+            those stamped after it, the log's removals among them."""
+            if not ix.levels_tombstones:
+                return fps[stamps > run_id]
+            newer = t_fps[t_stamps > run_id]
+            if len(back):
+                newer = newer[~isin_sorted(newer, back)]
+            return merge_unique([newer, log.removes])
         # A flush goes to level 1 or level 0 (_flush_target), unless it is
         # larger than any raw level may hold: then it is a main run of its own.
         level = 0 if len(adds) <= _top_share(main, ix.log_limit) else MAIN_LEVEL
@@ -519,7 +530,7 @@ class Compactor:
             if into is not None:
                 # A tombstone stamped s hides runs older than s: of the
                 # level-1 run's values, only those stamped after it can.
-                newer = fps[stamps > into.run_id]
+                newer = hiding(into.run_id)
                 hidden = np.sort(design.apply(newer)) if len(newer) else EMPTY_U64
                 values = merge_unique([values, rn.read_values(snap.view, into).values], hidden)
             code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
@@ -683,15 +694,17 @@ class Compactor:
         if bound is not None:
             parts = [p[:np.searchsorted(p, np.uint64(bound), side="right")] for p in parts]
         # Tombstones are dropped as they pass; the log's removals need not be.
-        # Only those in the step's range (cursor, bound] can match.
-        hidden = snap.tombstone_derived(
-            ("table", space), lambda: np.sort(self._ix.plan.tables[space].apply(snap.tombstones)))
-        if len(hidden):
-            hidden = hidden[np.searchsorted(hidden, np.uint64(cursor), side="right")
-                            if cursor is not None else 0:
-                            np.searchsorted(hidden, np.uint64(bound), side="right")
-                            if bound is not None else len(hidden)]
-        merged = merge_unique(parts, hidden)
+        # Only those in the step's range (cursor, bound] can match: taken
+        # from each run's sorted tombstones, which are made once a run (a
+        # flush's new run costs its own size, not every tombstone's again).
+        hidden = []
+        for run_hidden in snap.tombstone_table_parts(space):
+            hidden.append(run_hidden[
+                np.searchsorted(run_hidden, np.uint64(cursor), side="right")
+                if cursor is not None else 0:
+                np.searchsorted(run_hidden, np.uint64(bound), side="right")
+                if bound is not None else len(run_hidden)])
+        merged = merge_unique(parts, merge_unique(hidden))
         if output.kind == KIND_HUFFMAN and not output.code:
             # The code is chosen once, from the first values the merge writes:
             # every part of the key space has the same gap distribution.

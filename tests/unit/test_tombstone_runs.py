@@ -242,3 +242,63 @@ def test_queries_agree_whether_tombstones_are_held_or_looked_up(built):
     # Removed fingerprints stay hidden on both paths, exactly.
     for x in gone[:50].tolist():
         assert x not in ix and not ix.query(x, 0, keys=False)
+
+
+def assert_held_union_exact(ix) -> None:
+    """The writer's union of the tombstone runs and each table's sorted
+    tombstones, extended flush by flush, equal what the runs hold now."""
+    from ndindex import runs as rn
+    snap = ix._snapshot()
+    arrays = [rn.load_tombstones(snap.view, r) for r in snap.tombstone_runs]
+    fps, stamps = rn.union_tombstones(arrays)
+    assert np.array_equal(snap.tombstones, fps) and np.array_equal(snap.tombstone_stamps, stamps)
+    for t, table in enumerate(ix.plan.tables):
+        parts = snap.tombstone_table_parts(t)
+        assert [len(p) for p in parts] == [len(a[0]) for a in arrays]
+        for part, (run_fps, _) in zip(parts, arrays):
+            assert np.array_equal(part, np.sort(table.apply(run_fps)))
+
+
+def test_the_tombstones_held_follow_every_flush_and_merge(built):
+    # The union is extended by each flush's new run, not made again; after a
+    # merge of tombstone runs it may stand for the merged run, but a flush
+    # then makes it anew, so that a tombstone the merge dropped hides
+    # nothing added back.
+    ix, fps = built
+    rng = np.random.default_rng(8)
+    gone = rng.permutation(fps)[:3_600]
+    stored = np.setdiff1d(fps, gone)
+    for part in np.array_split(gone[:3_000], 6):
+        ix.remove(fingerprints=np.sort(part))
+        flush_now(ix)
+        assert_held_union_exact(ix)
+    while ix._compactor.step():  # tombstone merges, then the tables rewritten without them
+        pass
+    back = gone[:1_500]
+    ix.add(back)
+    ix.remove(fingerprints=np.sort(gone[3_000:]))
+    flush_now(ix)
+    assert_held_union_exact(ix)
+    stored = np.concatenate([stored, back])
+    assert_exact(ix, stored, rng)
+    for x in back[:50].tolist():
+        assert x in ix
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_add_tombstones_is_the_union(seed):
+    from ndindex import runs as rn
+    rng = np.random.default_rng(seed)
+
+    def run(n):
+        fps = np.unique(rng.integers(0, 400, n).astype(np.uint64))
+        return fps, rng.integers(1, 50, len(fps)).astype(np.uint32)
+
+    union, more = run(int(rng.integers(0, 300))), run(int(rng.integers(0, 100)))
+    kept = union[0].copy(), union[1].copy()
+    got = rn.add_tombstones(union, more)
+    want = rn.union_tombstones([union, more])
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert got[1].dtype == np.uint32
+    # The union a snapshot holds is shared: it is never changed in place.
+    assert np.array_equal(union[0], kept[0]) and np.array_equal(union[1], kept[1])
