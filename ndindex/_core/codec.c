@@ -106,43 +106,39 @@ int codec_compile(const uint8_t *lengths, int coding, codec_code *out) {
 /* ---- encoder ---------------------------------------------------------- */
 
 typedef struct {
-    uint8_t *buf; /* the block's bitstream */
-    uint64_t acc; /* pending bits, left-aligned */
-    unsigned nacc;
-    size_t pos; /* bits written so far */
+    uint8_t *buf;          /* where the bitstream's next whole 64-bit word goes */
+    unsigned __int128 acc; /* pending bits, left-aligned */
+    unsigned nacc;         /* fewer than 64 between calls */
+    size_t pos;            /* bits written so far */
 } bitwriter;
 
-/* Append n <= 32 bits; whole 32-bit words go out big-endian at once, so
- * the accumulator holds fewer than 32 bits between calls. */
-static inline void bw_put32(bitwriter *w, uint64_t bits, unsigned n) {
-    w->acc |= bits << (64 - w->nacc - n);
+/* Append 1 <= n <= 64 bits (bits < 2^n), most significant first; whole
+ * 64-bit words go out big-endian in one store.  An entry of a 10M table
+ * takes about 44 bits (its code and a 40-bit remainder): one call, where
+ * a 32-bit accumulator took three and wrote byte by byte (encoding then
+ * ran at 95M values/s, a fifth of a merge into the main level). */
+static inline void bw_put_fast(bitwriter *w, uint64_t bits, unsigned n) {
+    w->acc |= (unsigned __int128)bits << (128 - w->nacc - n);
     w->nacc += n;
     w->pos += n;
-    if (w->nacc >= 32) {
-        uint32_t word = (uint32_t)(w->acc >> 32);
-        w->buf[0] = (uint8_t)(word >> 24);
-        w->buf[1] = (uint8_t)(word >> 16);
-        w->buf[2] = (uint8_t)(word >> 8);
-        w->buf[3] = (uint8_t)word;
-        w->buf += 4;
-        w->acc <<= 32;
-        w->nacc -= 32;
+    if (w->nacc >= 64) {
+        uint64_t word = __builtin_bswap64((uint64_t)(w->acc >> 64));
+        memcpy(w->buf, &word, 8);
+        w->buf += 8;
+        w->acc <<= 64;
+        w->nacc -= 64;
     }
 }
 
 /* Append the low n <= 64 bits of bits, most significant first. */
 static inline void bw_put(bitwriter *w, uint64_t bits, unsigned n) {
-    if (n > 32) {
-        bw_put32(w, (bits >> 32) & ((1ull << (n - 32)) - 1), n - 32);
-        bw_put32(w, bits & 0xFFFFFFFFull, 32);
-    } else if (n) {
-        bw_put32(w, bits & ((1ull << n) - 1), n);
-    }
+    if (n)
+        bw_put_fast(w, n < 64 ? bits & ((1ull << n) - 1) : bits, n);
 }
 
 static inline void bw_flush(bitwriter *w) {
     while (w->nacc > 0) {
-        *w->buf++ = (uint8_t)(w->acc >> 56);
+        *w->buf++ = (uint8_t)(w->acc >> 120);
         w->acc <<= 8;
         w->nacc = w->nacc > 8 ? w->nacc - 8 : 0;
     }
@@ -244,8 +240,8 @@ long codec_encode(const codec_code *c, const uint64_t *values, size_t n, uint8_t
             uint64_t low;
             unsigned h = delta_h(c->coding, prev, values[i + j], &low);
             unsigned need = c->lengths[h] + h;
-            if (need <= 32)
-                bw_put32(&w, ((uint64_t)c->codes[h] << h) | low, need);
+            if (need <= 64)
+                bw_put_fast(&w, ((uint64_t)c->codes[h] << h) | low, need);
             else {
                 bw_put(&w, c->codes[h], c->lengths[h]);
                 bw_put(&w, low, h);
