@@ -544,10 +544,13 @@ class Snapshot:
         directory (blocks checked meanwhile stay checked: see verify_listed),
         or None.  Only when the merge's last step wrote chunks past those
         listed: a last step that wrote none rewrote the last chunk, to mark
-        it the run's last, and the copy lies elsewhere."""
+        it the run's last, and the copy lies elsewhere.  Not once the run is
+        itself a merge input: its chunks below its cursor are gone (the
+        entry outlives the merge until the run is first listed, which a
+        run held in memory is not)."""
         outputs = getattr(self._directories, "outputs", None)
         hit = outputs.pop(run.run_id, None) if outputs else None
-        if hit is None or hit[2] is None or run.last <= hit[2]:
+        if hit is None or hit[2] is None or run.last <= hit[2] or run.merge_input:
             return None
         return self._list_chunks(run, hit[2] + 1, hit[1])
 
