@@ -183,6 +183,7 @@ class DirectoryCache(dict):
         self.version = 0
         self._asked: set = set()   # (run id, job) queued, being done, or failed
         self._jobs: list = []
+        self._busy = False  # a job taken off _jobs and not yet done
         self._wake = threading.Condition(self.lock)
         self._thread = None
         self._closed = False
@@ -206,6 +207,11 @@ class DirectoryCache(dict):
     def hold_later(self, snap: "Snapshot", run) -> None:
         """Read run's live values into memory in the background (once)."""
         self._later(snap, run, "hold")
+
+    def idle(self) -> bool:
+        """Whether the background lister has nothing queued or under way."""
+        with self.lock:
+            return not self._jobs and not self._busy
 
     def held_sizes(self) -> list:
         """(run id, bytes) of the runs held in memory."""
@@ -255,7 +261,12 @@ class DirectoryCache(dict):
                         self._thread = None
                     return
                 snap, run, job = self._jobs.pop(0)
-            self._do(snap, run, job)
+                self._busy = True
+            try:
+                self._do(snap, run, job)
+            finally:
+                with self.lock:
+                    self._busy = False
             del snap
 
     def _do(self, snap: "Snapshot", run, job: str) -> None:

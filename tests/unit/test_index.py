@@ -1025,7 +1025,7 @@ def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypat
             main = {runs[0].run_id for runs in ix._snapshot().table_runs}
             assert {(rid, "list") for rid in main} <= ix._directories._asked
             asked |= main
-            wait_for(lambda: not ix._directories._jobs)
+            wait_for(ix._directories.idle)
             ix.add(rng.integers(0, 2**64, size=3000, dtype=np.uint64))
             ix.compact(full=True)                        # new main runs
             ix.query(1, 3)

@@ -212,9 +212,8 @@ def warm_up(ix, queries) -> None:
         for q in queries:
             ix.query(int(q), K, keys=False)
         deadline = time.monotonic() + 60
-        while ix._directories._jobs and time.monotonic() < deadline:
+        while not ix._directories.idle() and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.2)  # the job taken last
 
 
 def remove_index(path: str) -> None:
