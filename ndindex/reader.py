@@ -394,8 +394,9 @@ class Snapshot:
         """(fingerprints, stamps) of the tombstone runs together, sorted by
         fingerprint, each once with its newest stamp: read whole on first
         use, O(tombstones), each run once for all the snapshots that share
-        its memo; queries do not need them (the kernel looks candidates up
-        in the runs)."""
+        its memo, then extended by each run a flush adds (TombstoneMemo.get);
+        queries need them only where the writer holds them (the kernel
+        otherwise looks candidates up in the runs)."""
         return self.tombstone_derived(
             "arrays",
             lambda: rn.union_tombstones([self.tombstone_run_arrays(r) for r in self.tombstone_runs]),
