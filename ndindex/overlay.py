@@ -17,6 +17,8 @@ fingerprints-by-key record (all but its last 8 bytes).
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ndindex import _core, chunks as ch
@@ -381,10 +383,18 @@ class PendingOps:
 
     lock: the writer's lock, which every change is made under; a query in
     another thread updates the index of the additions only if it can take
-    it (query_view).
+    it (query_view).  Queries of other threads read the operations while
+    the writer changes them, without that lock (it is held for a whole
+    transaction): _mu, held for a few lines by each change and by
+    query_view, makes what a query takes one consistent state.  Without
+    it, a query's removes() could store the sorted removals of a moment
+    before the writer's last remove() as current, and the next checkpoint
+    committed that stale set: removals acknowledged and lost
+    (tools/soak_oracle.py with durability="normal" found it).
     """
 
     def __init__(self, lock=None):
+        self._mu = threading.Lock()
         self._buf = np.empty(64, dtype=np.uint64)
         self._n = 0
         self._where: dict = {}      # fingerprint -> index in _buf
@@ -409,19 +419,32 @@ class PendingOps:
 
     def query_view(self, plan) -> tuple:
         """(additions to scan one by one, removals, pending_index capsule or
-        None): what the query kernel takes for these operations.  Indexes
-        the additions past PENDING_SCAN_MAX first, under the writer's lock
-        (taken only if free: else this scans more)."""
-        m, capsule, _ = self._index
-        if self._n - m > PENDING_SCAN_MAX and (self._lock is None or
-                                                self._lock.acquire(blocking=False)):
+        None): what the query kernel takes for these operations, as of one
+        moment, and none of it changed afterwards (the kernel reads it
+        without the GIL).  Indexes the additions past PENDING_SCAN_MAX
+        first, under the writer's lock (taken only if free: else this
+        scans more)."""
+        if self._n - self._index[0] > PENDING_SCAN_MAX and (
+                self._lock is None or self._lock.acquire(blocking=False)):
             try:
                 self._fold(plan)
             finally:
                 if self._lock is not None:
                     self._lock.release()
+        if self._lock is not None and self._lock._is_owned():
+            # The writer's own query (check_and_add, remove): nothing
+            # changes while it holds the lock, so views will do.
             m, capsule, _ = self._index
-        return self._buf[m:self._n], self.removes(), capsule
+            if self._removes_dirty:
+                with self._mu:  # a query of another thread may be sorting them
+                    self._sorted_removes()
+            return self._buf[m:self._n], self._removes_sorted, capsule
+        with self._mu:
+            m, capsule, _ = self._index
+            # A copy: a remove() moves the last addition into the place it
+            # frees, which a view would show twice.  At most about
+            # PENDING_SCAN_MAX values.
+            return self._buf[m:self._n].copy(), self._sorted_removes(), capsule
 
     def _fold(self, plan) -> None:
         """Index the additions _buf[m:n] (see _index)."""
@@ -439,7 +462,9 @@ class PendingOps:
         if len(new):
             tables = [add_recent(older, recent, np.sort(d.apply(new)))
                       for (older, recent), d in zip(tables, plan.tables)]
-        self._index = (n, _core.pending_index(tables), tables)
+        index = (n, _core.pending_index(tables), tables)
+        with self._mu:
+            self._index = index
 
     def add(self, fps) -> None:
         """Add fingerprints (an iterable of ints)."""
@@ -447,56 +472,63 @@ class PendingOps:
             self.add_one(int(fp))
 
     def add_one(self, fp: int) -> None:
-        """Add one fingerprint (an int)."""
+        """Add one fingerprint (an int).  check_and_add's write: _mu only
+        for a removal it takes back.  An append needs none: a query copies
+        _buf[m:_n] reading _buf before _n, and here the value is in place
+        before _n counts it, in a buffer that holds everything below _n."""
         if fp in self._removes:
-            self._removes.discard(fp)
-            self._removes_dirty = True
+            with self._mu:
+                self._removes.discard(fp)
+                self._removes_dirty = True
         if fp not in self._where:
-            if self._n == len(self._buf):
-                self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint64)])
-            self._buf[self._n] = fp
-            self._where[fp] = self._n
-            self._n += 1
+            n = self._n
+            if n == len(self._buf):
+                self._buf = np.concatenate([self._buf, np.empty(n, np.uint64)])
+            self._buf[n] = fp
+            self._where[fp] = n
+            self._n = n + 1
 
     def add_array(self, fps: np.ndarray) -> None:
         """Add sorted distinct fingerprints in bulk."""
         if len(fps) < 16:  # check_and_add's one item: the array path's set-up costs more
             self.add(fps.tolist())
             return
-        if self._removes:
-            hit = [int(v) for v in fps if int(v) in self._removes]
-            if hit:
-                self._removes.difference_update(hit)
-                self._removes_dirty = True
-        fresh = fps if not self._where else np.array(
-            [v for v in fps.tolist() if v not in self._where], dtype=np.uint64)
-        need = self._n + len(fresh)
-        if need > len(self._buf):
-            grown = np.empty(max(need, 2 * len(self._buf)), np.uint64)
-            grown[:self._n] = self._buf[:self._n]
-            self._buf = grown
-        self._buf[self._n:need] = fresh
-        self._where.update(zip(fresh.tolist(), range(self._n, need)))
-        self._n = need
+        with self._mu:
+            if self._removes:
+                hit = [int(v) for v in fps if int(v) in self._removes]
+                if hit:
+                    self._removes.difference_update(hit)
+                    self._removes_dirty = True
+            fresh = fps if not self._where else np.array(
+                [v for v in fps.tolist() if v not in self._where], dtype=np.uint64)
+            need = self._n + len(fresh)
+            if need > len(self._buf):
+                grown = np.empty(max(need, 2 * len(self._buf)), np.uint64)
+                grown[:self._n] = self._buf[:self._n]
+                self._buf = grown
+            self._buf[self._n:need] = fresh
+            self._where.update(zip(fresh.tolist(), range(self._n, need)))
+            self._n = need
 
     def remove(self, fps) -> None:
         """Remove fingerprints (an iterable of ints)."""
-        for fp in fps:
-            fp = int(fp)
-            i = self._where.pop(fp, None)
-            if i is not None:
-                last = self._n - 1
-                if i != last:
-                    moved = int(self._buf[last])
-                    self._buf[i] = moved
-                    self._where[moved] = i
-                self._n = last
-                m, capsule, tables = self._index
-                if i < m:  # position i now holds a value the index may lack
-                    self._index = (i, capsule, tables)
-            if fp not in self._removes:
-                self._removes.add(fp)
-                self._removes_dirty = True
+        with self._mu:
+            for fp in fps:
+                fp = int(fp)
+                i = self._where.pop(fp, None)
+                if i is not None:
+                    last = self._n - 1
+                    if i != last:
+                        moved = int(self._buf[last])
+                        self._buf[i] = moved
+                        self._where[moved] = i
+                    self._n = last
+                    m, capsule, tables = self._index
+                    if i < m:  # position i now holds a value the index may lack
+                        self._index = (i, capsule, tables)
+                if fp not in self._removes:
+                    self._removes.add(fp)
+                    self._removes_dirty = True
 
     def apply(self, record: LogRecord) -> None:
         """Apply a record's operations after everything pending so far."""
@@ -509,7 +541,12 @@ class PendingOps:
         return self._buf[:self._n]
 
     def removes(self) -> np.ndarray:
-        """The pending removals, sorted."""
+        """The pending removals, sorted (never changed afterwards)."""
+        with self._mu:
+            return self._sorted_removes()
+
+    def _sorted_removes(self) -> np.ndarray:
+        # _mu held: the flag and the array change together.
         if self._removes_dirty:
             self._removes_sorted = np.array(sorted(self._removes), dtype=np.uint64)
             self._removes_dirty = False
@@ -526,5 +563,3 @@ class PendingOps:
         puts, deletes, other = self.ops.to_record_parts()
         return LogRecord(np.sort(self.adds()), self.removes().copy(), puts, deletes, other)
 
-    def clear(self) -> None:
-        self.__init__(self._lock)

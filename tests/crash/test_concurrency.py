@@ -464,3 +464,47 @@ def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_p
         sizes = _churn(ix, rng, live, 6)
         assert f" {proc.pid} " not in ix._store.env.readers()
     assert sizes[-1] <= 1.3 * sizes[1], sizes
+
+
+def test_removals_pending_under_normal_durability_survive_queries_of_other_threads(tmp_path):
+    # A query reads the writer's pending operations without the writer's
+    # lock.  It used to store the sorted removals it computed as current
+    # even when the writer had removed more meanwhile, and the checkpoint
+    # then committed that stale set: acknowledged removals came back.
+    path = str(tmp_path / "normal.ndx")
+    rng = np.random.default_rng(23)
+    stored = np.unique(rng.integers(0, 2**64, 100_000, dtype=np.uint64))
+    removed = []
+    done, errors = threading.Event(), []
+
+    def ask():
+        r = np.random.default_rng(5)
+        try:
+            while not done.is_set():
+                ix.query_many(r.integers(0, 2**64, 20, dtype=np.uint64), 3)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    with Index.create(path, k=3, expected_n=200_000, durability="normal",
+                      background_compaction=False) as ix:
+        ix.add(stored)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        sys.setswitchinterval(1e-5)  # switch threads often: the window is a few lines
+        try:
+            for part in np.array_split(rng.permutation(stored)[:60_000], 60):
+                ix.remove(fingerprints=part)
+                removed.append(part)
+        finally:
+            sys.setswitchinterval(interval)
+            done.set()
+            asker.join()
+        assert not errors, errors
+        removed = np.concatenate(removed)
+        assert len(ix) == len(stored) - len(removed)
+        ix.sync()
+        assert len(ix.query_many(removed, 0)) == 0
+    with Index.open(path, readonly=True) as ix:
+        assert len(ix) == len(stored) - len(removed)
+        assert len(ix.query_many(removed, 0)) == 0
