@@ -51,25 +51,33 @@ class RecordOps:
     """Record operations reduced to their net effect: (space, key) -> (flag, value).
 
     Indexed by (space, group) so that a lookup costs one dict access.
+    Pending operations are read by queries of other threads while the
+    writer changes them (PendingOps): readers iterate copies of the dicts
+    (a list() of a dict's items is taken at once under the GIL; a loop
+    over the dict itself raised "dictionary changed size during
+    iteration"), and the index of document lookup keys is kept with the
+    count of document changes it was built at (_docs_changes), so that one
+    built while the writer put a document is built again, not kept.
     """
 
-    __slots__ = ("groups", "n", "_lookups")
+    __slots__ = ("groups", "n", "_lookups", "_docs_changes")
 
     def __init__(self):
         self.groups: dict = {}
         self.n = 0
-        self._lookups = None
+        self._lookups = None  # (_docs_changes when built, {lookup key: fps})
+        self._docs_changes = 0
 
     def __len__(self) -> int:
         return self.n
 
     def set(self, space: int, key: bytes, flag: int, value: bytes = b"") -> None:
-        if space == SPACE_DOCS:
-            self._lookups = None
         group = self.groups.setdefault((space, record_group(space, key)), {})
         if key not in group:
             self.n += 1
         group[key] = (flag, value)
+        if space == SPACE_DOCS:
+            self._docs_changes += 1  # after the change: see lookup_hits
 
     def set_key(self, fp: int, raw: bytes, put: bool) -> None:
         """A document key operation: both of its mirror records (7.9)."""
@@ -88,24 +96,25 @@ class RecordOps:
 
     def items(self, space: int | None = None):
         """(space, key, flag, value) of every operation (of one space), unordered."""
-        for (sp, _), group in self.groups.items():
+        for (sp, _), group in list(self.groups.items()):
             if space is None or sp == space:
-                for key, (flag, value) in group.items():
+                for key, (flag, value) in list(group.items()):
                     yield sp, key, flag, value
 
     def update(self, newer: "RecordOps") -> None:
         """Apply newer's operations after these (dict updates, group by group)."""
-        for g, ops in newer.groups.items():
+        for g, ops in list(newer.groups.items()):
             mine = self.groups.get(g)
             if mine is None:
-                self.groups[g] = dict(ops)
+                ops = dict(ops)
+                self.groups[g] = ops
                 self.n += len(ops)
             else:
                 before = len(mine)
                 mine.update(ops)
                 self.n += len(mine) - before
             if g[0] == SPACE_DOCS:
-                self._lookups = None
+                self._docs_changes += 1
 
     def lookup_hits(self, lookup_key: int) -> list:
         """Fingerprints of the documents put here that list lookup_key.
@@ -114,7 +123,9 @@ class RecordOps:
         is flushed; until then lookups use this index of the puts (built on
         first use, O(documents here)).  Deleted documents are not listed.
         """
-        if self._lookups is None:
+        built = self._lookups
+        changes = self._docs_changes  # read before the documents
+        if built is None or built[0] != changes:
             from ndindex.docstore import lookup_keys_of
             index = {}
             for _, key, flag, value in self.items(SPACE_DOCS):
@@ -122,12 +133,12 @@ class RecordOps:
                     fp = U64_BE.unpack_from(key)[0]
                     for lk in lookup_keys_of(flag, value).tolist():
                         index.setdefault(lk, set()).add(fp)
-            self._lookups = index
-        return list(self._lookups.get(lookup_key, ()))
+            built = self._lookups = (changes, index)
+        return list(built[1].get(lookup_key, ()))
 
     def copy(self) -> "RecordOps":
         out = RecordOps()
-        out.groups = {g: dict(d) for g, d in self.groups.items()}
+        out.groups = {g: dict(d) for g, d in list(self.groups.items())}
         out.n = self.n
         return out
 

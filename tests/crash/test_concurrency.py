@@ -28,6 +28,7 @@ import pytest
 
 from ndindex.errors import BusyError
 from ndindex.index import Index
+from ndindex.records import U64_BE
 
 N_BATCHES = 120
 N_READER_THREADS = 2
@@ -508,3 +509,47 @@ def test_removals_pending_under_normal_durability_survive_queries_of_other_threa
     with Index.open(path, readonly=True) as ix:
         assert len(ix) == len(stored) - len(removed)
         assert len(ix.query_many(removed, 0)) == 0
+
+
+def test_pending_document_lookups_follow_a_put_made_while_they_were_built(tmp_path,
+                                                                          monkeypatch):
+    # Queries of other threads build the index of pending documents' lookup
+    # keys while the writer may put documents.  Simulated here: the writer
+    # puts document b in the middle of the build.  The loop over the live
+    # dict raised "dictionary changed size during iteration", and an index
+    # built so was kept, missing b, until the next put.
+    from ndindex import docstore
+    from ndindex.fingerprint import Fingerprinter
+    from ndindex.records import SPACE_DOCS
+
+    def pending_docs(path, text, key):
+        ix = Index.create(path, k=3, fingerprinter=Fingerprinter(), durability="normal")
+        ix.add_documents([text], [key])
+        ops = ix._writer.pending.ops
+        docs = [(sp, k, f, v) for sp, k, f, v in ops.items(SPACE_DOCS)]
+        return ix, ops, docs
+
+    text_a = "the first document talks about sailing boats on a windy lake"
+    text_b = "an entirely different text about baking bread with rye flour"
+    ix_a, ops, docs_a = pending_docs(str(tmp_path / "a.ndx"), text_a, "a")
+    ix_b, _, docs_b = pending_docs(str(tmp_path / "b.ndx"), text_b, "b")
+    try:
+        (_, key_b, flag_b, value_b), = docs_b
+        lk_b = int(docstore.lookup_keys_of(flag_b, value_b)[0])
+        fp_b = U64_BE.unpack_from(key_b)[0]
+        real = docstore.lookup_keys_of
+        put = []
+
+        def writer_puts_b_meanwhile(flag, value):
+            if not put:
+                put.append(True)
+                ops.set(SPACE_DOCS, key_b, flag_b, value_b)
+            return real(flag, value)
+
+        monkeypatch.setattr(docstore, "lookup_keys_of", writer_puts_b_meanwhile)
+        assert ops.lookup_hits(lk_b) in ([], [fp_b])  # built while b went in
+        assert put
+        assert ops.lookup_hits(lk_b) == [fp_b]
+    finally:
+        ix_a.close()
+        ix_b.close()
