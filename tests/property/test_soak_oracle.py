@@ -41,6 +41,9 @@ def test_the_soak_reports_an_answer_that_lost_a_match(tmp_path, capsys, monkeypa
     out = capsys.readouterr().out
     assert rc == 1
     assert "MISMATCH at cycle 1 (verify)" in out and "missing" in out
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("soak-failed-seed1-")]
+    assert len(kept) == 1 and (kept[0] / "soak.ndx").exists()
+    assert (kept[0] / "oracle-live.npy").exists()
 
 
 def test_flip_changes_at_most_the_bits_asked_for():
