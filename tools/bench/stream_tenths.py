@@ -1,0 +1,127 @@
+"""Where a stream's time goes, tenth by tenth: the writer's commits and waits, the compactor's work.
+
+Run:  python tools/bench/stream_tenths.py [--n 30000000] [--dir DIR] [--set NAME=VALUE ...]
+
+bench_stream.py says how fast a stream of 10,000-fingerprint add() calls
+runs in its first and last tenth; this says why.  It runs the same stream
+(the same fingerprints, durability "full", background compaction) with
+Store.write instrumented, and prints for each tenth of the stream:
+
+- its rate (fingerprints per second) and wall time;
+- the compactor: time in its steps, and within them in store writes --
+  the puts of a step's records ("body") and LMDB's commit ("commit": its
+  page writes and the data fdatasync NOMETASYNC does inside the write
+  lock) -- and the bytes it put;
+- the writer: time waiting for LMDB's write lock (behind a compaction
+  commit), in its puts, its commit and its sync; the rest of the tenth is
+  the throttle (the compactor behind) and Python.
+
+--set NAME=VALUE sets a constant of ndindex.compaction for the run (e.g.
+MAIN_FRACTION=0.5), to try a policy without editing it.  A diagnostic,
+not a benchmark: no pass/fail, no peer; run it on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import bench_stream as bs  # noqa: E402
+
+
+def instrument(acc: dict) -> None:
+    """Time Store.write by thread and phase, and Compactor.step, into acc."""
+    from ndindex import compaction, store
+    from ndindex.store import WriteTxn
+
+    def add(key, v):
+        acc[key] = acc.get(key, 0) + v
+
+    def write(self, body, sync=True):
+        who = "w" if threading.current_thread() is threading.main_thread() else "c"
+        self.clear_dead_readers()
+        t0 = time.perf_counter()
+        with self._write_lock:
+            t1 = time.perf_counter()
+            txn = self.env.begin(write=True)
+            try:
+                wt = WriteTxn(self, txn)
+                result = body(wt)
+                t2 = time.perf_counter()
+                txn.commit()
+            except BaseException:
+                txn.abort()
+                raise
+            t3 = time.perf_counter()
+            self.bytes_written += wt.bytes_put
+        if sync:
+            self.env.sync(True)
+        t4 = time.perf_counter()
+        for name, v in (("lockwait", t1 - t0), ("body", t2 - t1), ("commit", t3 - t2),
+                        ("sync", t4 - t3), ("bytes", wt.bytes_put)):
+            add(f"{who}_{name}", v)
+        return result
+
+    store.Store.write = write
+    step = compaction.Compactor.step
+
+    def timed_step(self, *a, **kw):
+        t = time.perf_counter()
+        try:
+            return step(self, *a, **kw)
+        finally:
+            add("c_step", time.perf_counter() - t)
+
+    compaction.Compactor.step = timed_step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=30_000_000)
+    ap.add_argument("--dir", default="/work/benchdata", help="where the index goes (deleted)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE")
+    args = ap.parse_args(argv)
+    from ndindex import compaction
+    from ndindex.index import Index
+    for item in args.set:
+        name, value = item.split("=")
+        setattr(compaction, name, type(getattr(compaction, name))(value))
+    acc: dict = {}
+    instrument(acc)
+    path = os.path.join(args.dir, f"tenths-{args.n}.ndx")
+    bs.remove_index(path)
+    fps = bs.stream_fingerprints(args.n)
+    calls = args.n // bs.BATCH
+    tenth = max(1, calls // 10)
+    print("\n".join(bs.header("stream_tenths", argv if argv is not None else sys.argv[1:])))
+    print(f"{'tenth':>5} {'M fp/s':>6} {'s':>5} | compactor: {'step':>5} {'body':>5} "
+          f"{'commit':>6} {'MB put':>6} | writer: {'lock wait':>9} {'body':>5} {'commit':>6} "
+          f"{'sync':>5}")
+    ix = Index.create(path, k=bs.K, expected_n=args.n)
+    try:
+        last, t_last = {}, time.perf_counter()
+        for i in range(calls):
+            ix.add(fps[i * bs.BATCH:(i + 1) * bs.BATCH])
+            if (i + 1) % tenth == 0:
+                now = time.perf_counter()
+                d = {k: acc.get(k, 0) - last.get(k, 0) for k in acc}
+                print(f"{(i + 1) // tenth:>5} {tenth * bs.BATCH / (now - t_last) / 1e6:>6.2f} "
+                      f"{now - t_last:>5.2f} |            {d.get('c_step', 0):>5.2f} "
+                      f"{d.get('c_body', 0):>5.2f} {d.get('c_commit', 0):>6.2f} "
+                      f"{d.get('c_bytes', 0) / 1e6:>6.0f} |         "
+                      f"{d.get('w_lockwait', 0):>9.2f} {d.get('w_body', 0):>5.2f} "
+                      f"{d.get('w_commit', 0):>6.2f} {d.get('w_sync', 0):>5.2f}", flush=True)
+                last, t_last = dict(acc), now
+    finally:
+        ix.close()
+        bs.remove_index(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
