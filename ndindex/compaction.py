@@ -577,6 +577,10 @@ class Compactor:
                 if fps is not t_fps and not np.array_equal(fps, t_fps) else ([], [])
         puts += puts_t
         deletes += deletes_t
+        if len(back):
+            # The union these were found in may be a carried superset that
+            # would hide them in their new runs (TombstoneMemo.forget_carried).
+            ix._tombstones.forget_carried()
         self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
                      log_ops_done=snap.state.log_ops, held=held)
 

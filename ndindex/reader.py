@@ -1014,6 +1014,20 @@ class TombstoneMemo:
                 self._runs, self._carried = new, True
             self._arrays.update(((_run_key(r), None), a) for r, a in arrays)
 
+    def forget_carried(self) -> None:
+        """Drop values that stand for runs they were not computed from (carry).
+
+        A superset hides only what no run holds, until a fingerprint it
+        keeps is added back: a flush whose additions it holds, and no
+        tombstone run does, leaves the runs as they were (nothing to
+        rewrite, [Q1]), so the superset went on hiding the fingerprint in
+        the flush's new run: queries missed it, and a remove() of it,
+        which removes only what it finds, was lost (tools/soak_oracle.py).
+        Such a flush calls this before it commits."""
+        with self._lock:
+            if self._carried:
+                self._values, self._prior, self._carried = {}, {}, False
+
     def peek(self, runs: tuple, key):
         """The value for key of runs if it was computed already, else None."""
         with self._lock:
