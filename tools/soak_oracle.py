@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from sweep_common import popcount64  # np.bitwise_count where numpy has it (2.0)
+
 K = 3
 
 
@@ -56,7 +58,7 @@ def flip(rng, fps: np.ndarray, most: int) -> np.ndarray:
 
 def brute(live: np.ndarray, q: int, k: int) -> set:
     """The stored fingerprints within k of q, by popcount over all of them."""
-    d = np.bitwise_count(live ^ np.uint64(q))
+    d = popcount64(live ^ np.uint64(q))
     return set(live[d <= k].tolist())
 
 
