@@ -577,10 +577,6 @@ class Compactor:
                 if fps is not t_fps and not np.array_equal(fps, t_fps) else ([], [])
         puts += puts_t
         deletes += deletes_t
-        if len(back):
-            # The union these were found in may be a carried superset that
-            # would hide them in their new runs (TombstoneMemo.forget_carried).
-            ix._tombstones.forget_carried()
         self._commit(snap, puts, deletes, man, log_done=snap.state.log_next_seq,
                      log_ops_done=snap.state.log_ops, held=held)
 
@@ -660,7 +656,7 @@ class Compactor:
             new.append((run, (fps[alive], stamps[alive])))
         man.replace(SPACE_TOMBSTONES, kept)
         self._commit(snap, puts, deletes, man)
-        self._ix._tombstones.carry(tuple(runs), tuple(kept), new)
+        self._ix._tombstones.carry(tuple(runs), tuple(kept), new, snap.state.log_first_seq)
         return True
 
     @staticmethod

@@ -421,7 +421,8 @@ class Snapshot:
         TombstoneMemo); extend: see TombstoneMemo.get."""
         if not self.tombstone_runs:
             return make()
-        return self._tombstone_memo.get(self.tombstone_runs, key, make, extend)
+        return self._tombstone_memo.get(self.tombstone_runs, key, make, extend,
+                                        self.state.log_first_seq)
 
     @property
     def tombstones(self) -> np.ndarray:
@@ -463,7 +464,7 @@ class Snapshot:
         # whole) are searched there, one search a candidate; else each run
         # is looked up through the chunks tree (a churned 10M index's six
         # runs made queries 1.32x slower: bench_tombstone_runs.py).
-        held = self._tombstone_memo.peek(self.tombstone_runs, "arrays") \
+        held = self._tombstone_memo.peek(self.tombstone_runs, "arrays", self.state.log_first_seq) \
             if self.tombstone_runs else None
         return _core.make_snapshot(
             view.buf, view.psize, view.npages, tuple(view.trees[DB_CHUNKS]),
@@ -962,17 +963,21 @@ class TombstoneMemo:
         self._arrays: dict = {}
         #: key -> (runs, value) computed for earlier runs, for extend.
         self._prior: dict = {}
-        #: The values stand for runs they were not computed from (carry).
+        #: The values stand for runs they were not computed from (carry),
+        #: while the log flushed is the one before this sequence number.
         self._carried = False
+        self._carried_upto = 0
 
-    def get(self, runs: tuple, key, make, extend=None):
+    def get(self, runs: tuple, key, make, extend=None, flushed: int = 0):
         """make() for key of runs (a tuple of Run; equal runs are the same
         run), computed once while runs are the newest asked about.
 
         extend(value, added), if given, derives the value from the one
         computed for earlier runs that are all among runs, and the runs
-        added since (a tuple): so a flush's new run costs its own size."""
+        added since (a tuple): so a flush's new run costs its own size.
+        flushed: the asking snapshot's log_first_seq (see carry)."""
         with self._lock:
+            self._drop_outflushed(flushed)
             if self._runs != runs:
                 if self._carried:
                     # A superset, fine to hide with while the runs last, but
@@ -1002,35 +1007,39 @@ class TombstoneMemo:
                 self._prior.pop(key, None)
         return value
 
-    def carry(self, old: tuple, new: tuple, arrays: dict) -> None:
+    def carry(self, old: tuple, new: tuple, arrays: dict, flushed: int) -> None:
         """Let what was computed for the runs old stand for the runs new, which
         hold the same tombstones or fewer (a merge of tombstone runs, less
         the outdated ones: a tombstone, outdated or not, hides a fingerprint
         no run holds any more, so a superset hides the same); arrays: (Run,
-        (fingerprints, stamps)) of the new runs.  Without this, each
-        such merge had the writer's compaction make the union again."""
+        (fingerprints, stamps)) of the new runs; flushed: the merge's
+        log_first_seq.  Without this, each such merge had the writer's
+        compaction make the union again.
+
+        A superset hides only what no run holds, until a flush puts a
+        fingerprint it keeps back into a run: a flush that adds it back and
+        removes nothing leaves the tombstone runs as they were (no run holds
+        its tombstone, [Q1]), so the superset went on hiding it in the
+        flush's new run: queries missed it, and a remove() of it, which
+        removes only what it finds, was lost (tools/soak_oracle.py; with
+        another process's compactor doing that flush, --writers 2).  So the
+        carried values last only until the log is flushed, by any process:
+        a snapshot with a later log_first_seq drops them."""
         with self._lock:
             if self._runs == old:
-                self._runs, self._carried = new, True
+                self._runs, self._carried, self._carried_upto = new, True, flushed
             self._arrays.update(((_run_key(r), None), a) for r, a in arrays)
 
-    def forget_carried(self) -> None:
-        """Drop values that stand for runs they were not computed from (carry).
+    def _drop_outflushed(self, flushed: int) -> None:
+        """Drop carried values once a flush has passed them (see carry); the lock held."""
+        if self._carried and flushed != self._carried_upto:
+            self._values, self._prior, self._carried = {}, {}, False
 
-        A superset hides only what no run holds, until a fingerprint it
-        keeps is added back: a flush whose additions it holds, and no
-        tombstone run does, leaves the runs as they were (nothing to
-        rewrite, [Q1]), so the superset went on hiding the fingerprint in
-        the flush's new run: queries missed it, and a remove() of it,
-        which removes only what it finds, was lost (tools/soak_oracle.py).
-        Such a flush calls this before it commits."""
+    def peek(self, runs: tuple, key, flushed: int = 0):
+        """The value for key of runs if it was computed already, else None.
+        flushed: the asking snapshot's log_first_seq (see carry)."""
         with self._lock:
-            if self._carried:
-                self._values, self._prior, self._carried = {}, {}, False
-
-    def peek(self, runs: tuple, key):
-        """The value for key of runs if it was computed already, else None."""
-        with self._lock:
+            self._drop_outflushed(flushed)
             return self._values.get(key) if self._runs == runs else None
 
     def arrays(self, run, load, part=None):

@@ -1,7 +1,8 @@
 """Oracle soak: a churned index checked against brute force after every cycle.
 
 Run:  python tools/soak_oracle.py [--cycles 200] [--n 1000000] [--seed 1]
-                                  [--durability full|normal] [--dir DIR]
+                                  [--durability full|normal] [--writers 1|2|4]
+                                  [--dir DIR]
 
 The tests' oracles run on small indexes, where a table has one or two
 runs and the background lister, held runs and tombstone runs rarely come
@@ -16,7 +17,8 @@ them), and now and then reopens the index or compacts it.  After every
 cycle, while the compactor goes on in the background:
 
 - len() equals the oracle's count;
-- stored fingerprints sampled at random are found (k=0), removed ones not;
+- stored fingerprints sampled at random are found (k=0), and no removed one
+  (every one removed since the start, up to n/2 of them) is;
 - keys() of sampled fingerprints, keyed and not, are the oracle's;
 - queries within k=3 (near-duplicates and random values) return exactly
   the brute-force answer over the oracle set;
@@ -24,16 +26,25 @@ cycle, while the compactor goes on in the background:
 
 A second thread queries anchors (fingerprints never removed, each with its
 key) all along and fails the run if one is ever missing or without its
-key.  Any difference stops the run with
-the cycle, the operation and the index's run shape.  Exit status 0 when
-every cycle agreed.
+key.  Any difference stops the run with the cycle, the operation and the
+index's run shape.  Exit status 0 when every cycle agreed.
+
+--writers 2 or 4: as many processes write the one file at once, each with
+its own compactor thread (one holds the compaction lease at a time), its
+own watcher and its own part of the fingerprints (a residue class of the
+low bits: Part), which only it adds and removes.  Each checks the index's
+answers on its own part after every cycle (len() counts the others' too,
+so it waits for the end); then the parent checks that the index holds
+exactly the union of the writers' oracles, keys included.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -71,9 +82,36 @@ def check(cond: bool, what: str) -> None:
         raise Mismatch(what)
 
 
-def verify(ix, live: np.ndarray, gone: np.ndarray, keyed: dict, rng) -> int:
-    """Compare the index with the oracle; return the queries checked."""
-    check(len(ix) == len(live), f"len() {len(ix)} != oracle {len(live)}")
+class Part:
+    """The fingerprints one writer owns: those congruent to `index` modulo
+    `count` (a power of two).  Writers of other processes never touch them,
+    so each one's oracle stays exact for its own fingerprints while the
+    others write; answers are compared on the owned ones only."""
+
+    def __init__(self, index: int = 0, count: int = 1):
+        self.index, self.count = index, count
+
+    def own(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.uint64)
+        return values if self.count == 1 else \
+            values[values & np.uint64(self.count - 1) == np.uint64(self.index)]
+
+    def make(self, values: np.ndarray) -> np.ndarray:
+        """values moved into this part (their low bits replaced)."""
+        if self.count == 1:
+            return values
+        return (values & ~np.uint64(self.count - 1)) | np.uint64(self.index)
+
+    def key(self, name: str) -> str:
+        return name if self.count == 1 else f"w{self.index}-{name}"
+
+
+def verify(ix, live: np.ndarray, gone: np.ndarray, keyed: dict, rng, part: Part) -> int:
+    """Compare the index with the oracle; return the queries checked.  With
+    other writers (part.count > 1), len() is theirs too and is left to the
+    end, and answers are compared on this writer's fingerprints."""
+    if part.count == 1:
+        check(len(ix) == len(live), f"len() {len(ix)} != oracle {len(live)}")
     with_key = list(keyed.items())
     for i in rng.integers(0, len(with_key), min(200, len(with_key))) if with_key else ():
         fp, key = with_key[i]
@@ -88,19 +126,19 @@ def verify(ix, live: np.ndarray, gone: np.ndarray, keyed: dict, rng) -> int:
     check(len(np.unique(m["query"])) == len(sample),
           f"{len(sample) - len(np.unique(m['query']))} stored fingerprints not found (k=0)")
     if len(gone):
-        absent = np.unique(rng.choice(gone, size=min(2000, len(gone))))
-        absent = absent[~np.isin(absent, live)]
-        m = ix.query_many(absent, 0)
-        check(len(m) == 0, f"{len(m)} removed fingerprints found, e.g. {m[:3]}")
+        # Every one: a removal lost now and then hid among a sample's misses.
+        m = ix.query_many(gone, 0)
+        check(len(m) == 0, f"{len(m)} removed fingerprints found, e.g. "
+                           f"{[hex(int(f)) for f in m['fingerprint'][:3]]}")
     qs = np.concatenate([flip(rng, rng.choice(live, 40), K + 1),
                          rng.integers(0, 2**64, 10, dtype=np.uint64)])
     many = ix.query_many(qs, K)
     for i, q in enumerate(qs.tolist()):
         want = brute(live, q, K)
-        got = set(many["fingerprint"][many["query"] == i].tolist())
+        got = set(part.own(many["fingerprint"][many["query"] == i]).tolist())
         check(got == want, f"query_many({q:#x}, k={K}): missing {sorted(want - got)[:3]}, "
                            f"extra {sorted(got - want)[:3]}")
-        one = {m.fingerprint for m in ix.query(q, K, keys=False)}
+        one = set(part.own([m.fingerprint for m in ix.query(q, K, keys=False)]).tolist())
         check(one == want, f"query({q:#x}, k={K}): missing {sorted(want - one)[:3]}, "
                            f"extra {sorted(one - want)[:3]}")
     return len(sample) + len(qs) * 2 + 400
@@ -112,6 +150,225 @@ def shape(ix) -> str:
             f"file {os.path.getsize(ix.path) / 1e6:.0f} MB")
 
 
+class Oracle:
+    """What one writer's fingerprints should be: live, removed, keyed; its anchors."""
+
+    def __init__(self, anchors: np.ndarray, live: np.ndarray, keyed: dict):
+        self.anchors, self.live, self.keyed = anchors, live, keyed
+        self.gone = np.empty(0, dtype=np.uint64)
+
+
+def initial(rng, n: int, part: Part) -> Oracle:
+    """A writer's starting content: 1,000 keyed anchors and n fingerprints."""
+    anchors = np.unique(part.make(rng.integers(0, 2**64, 1000, dtype=np.uint64)))
+    live = np.unique(np.concatenate([anchors, part.make(
+        rng.integers(0, 2**64, n, dtype=np.uint64))]))
+    keyed = {int(fp): part.key(f"anchor-{i}") for i, fp in enumerate(anchors.tolist())}
+    return Oracle(anchors, live, keyed)
+
+
+def load_initial(ix, o: Oracle) -> None:
+    ix.add(o.anchors, keys=[o.keyed[fp] for fp in o.anchors.tolist()])
+    ix.add(o.live[: len(o.live) // 2])
+    ix.add(o.live[len(o.live) // 2:])
+
+
+def soak(path: str, opts: dict, args, o: Oracle, rng, part: Part) -> int:
+    """Run args.cycles cycles on the index at path (open); 0 if every one
+    agreed with the oracle, else 1 (the evidence kept under args.dir)."""
+    from ndindex import Index
+    ix = Index.open(path, **opts)
+    anchors, live, gone, keyed = o.anchors, o.live, o.gone, o.keyed
+    stop, failure = threading.Event(), []
+
+    def watch():
+        r = np.random.default_rng(args.seed + 1)
+        while not stop.is_set():
+            try:
+                a = r.choice(anchors, 50)
+                m = current[0].query_many(flip(r, a, K), K)
+                found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
+                missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
+                if missing:
+                    failure.append(f"anchor {int(a[missing[0]]):#x} missing "
+                                   f"({len(missing)} of 50)")
+                    return
+                one = int(a[0])
+                got = [mt.keys for mt in current[0].query(one, 0) if mt.fingerprint == one]
+                if got != [(keyed_anchor[one],)]:
+                    failure.append(f"anchor {one:#x}: query(k=0, keys=True) gave {got}")
+                    return
+            except Exception as exc:  # noqa: BLE001 - reported by the main thread
+                if not stop.is_set() and not isinstance(exc, _closed_errors()):
+                    failure.append(f"watcher: {type(exc).__name__}: {exc}")
+                    return
+
+    keyed_anchor = dict(keyed)  # the watcher's: never changed
+    current = [ix]
+    watcher = threading.Thread(target=watch, name="soak-anchors")
+    watcher.start()
+    who = "" if part.count == 1 else f"writer {part.index}: "
+    checked, began, failed, cycle, what = 0, time.monotonic(), False, 0, "open"
+    try:
+        for cycle in range(1, args.cycles + 1):
+            what = "remove"
+            frac = float(rng.uniform(0.005, 0.05))
+            out = np.unique(rng.choice(live, int(len(live) * frac)))
+            out = out[~np.isin(out, anchors)]
+            ghosts = part.make(rng.integers(0, 2**64, 50, dtype=np.uint64))
+            ghosts = ghosts[~np.isin(ghosts, live)]
+            ix.remove(fingerprints=np.concatenate([out, ghosts]))
+            for fp in out.tolist():
+                keyed.pop(fp, None)
+            what = "remove by key"
+            by_key = [fp for fp in list(keyed)[len(anchors):] if rng.random() < 0.01]
+            ix.remove(keys=[keyed.pop(fp) for fp in by_key])
+            out = np.union1d(out, np.array(by_key, dtype=np.uint64))
+            live = np.setdiff1d(live, out, assume_unique=True)
+            gone = np.union1d(gone, out)
+            if len(gone) > args.n // 2:
+                # Bounded, or its set operations come to dominate a cycle.
+                gone = np.unique(rng.choice(gone, args.n // 2))
+            what = "add"
+            back = np.unique(rng.choice(gone, int(len(out) * 0.2)))
+            new = np.unique(np.concatenate([back, part.make(rng.integers(
+                0, 2**64, len(out) - len(back), dtype=np.uint64))]))
+            for chunk in np.array_split(new, int(rng.integers(1, 8))):
+                with_keys = rng.random(len(chunk)) < 0.1
+                with_keys &= ~np.isin(chunk, back)
+                keys = [part.key(f"k{fp:x}") if w else None
+                        for fp, w in zip(chunk.tolist(), with_keys.tolist())]
+                ix.add(chunk, keys=keys)
+                keyed.update((fp, key) for fp, key in zip(chunk.tolist(), keys) if key)
+            live = np.union1d(live, new)
+            gone = np.setdiff1d(gone, new, assume_unique=True)
+            what = "check_and_add"
+            items = part.make(np.concatenate([flip(rng, rng.choice(live, 20), K + 1),
+                                              rng.integers(0, 2**64, 80, dtype=np.uint64)]))
+            added = []
+            with ix.transaction():
+                for fp in items.tolist():
+                    want = brute(live, fp, K) | \
+                        brute(np.array(added, dtype=np.uint64), fp, K)
+                    found = [m.fingerprint for m in ix.check_and_add(fp)]
+                    got = set(part.own(found).tolist())
+                    check(got == want, f"check_and_add({fp:#x}): {sorted(got)[:3]} != "
+                                       f"{sorted(want)[:3]}")
+                    if not found:  # (another writer's fingerprint may be the match)
+                        added.append(fp)
+            added = np.array(added, dtype=np.uint64)
+            live = np.union1d(live, added)
+            gone = np.setdiff1d(gone, added)
+            what = "verify"
+            checked += verify(ix, live, gone, keyed, rng, part)
+            roll = rng.random()
+            if roll < 0.05:
+                what = "reopen"
+                ix.close()
+                ix = Index.open(path, **opts)
+                current[0] = ix
+                checked += verify(ix, live, gone, keyed, rng, part)
+            elif roll < 0.08:
+                what = "compact"
+                ix.compact(full=bool(rng.random() < 0.3))
+                checked += verify(ix, live, gone, keyed, rng, part)
+            if failure:
+                raise Mismatch(failure[0])
+            if cycle % 10 == 0 or cycle == args.cycles:
+                print(f"{who}cycle {cycle:4d}: {len(live):,} stored, {checked:,} answers "
+                      f"checked, {shape(ix)}, {time.monotonic() - began:.0f} s", flush=True)
+    except Mismatch as exc:
+        print(f"{who}MISMATCH at cycle {cycle} ({what}): {exc}\n  index: {shape(ix)}",
+              flush=True)
+        failed = True
+        return 1
+    finally:
+        stop.set()
+        watcher.join()
+        ix.close()
+        o.live, o.gone, o.keyed = live, gone, keyed
+        if failed and args.dir:
+            keep_evidence(path, args, live, part)
+    return 0
+
+
+def keep_evidence(path: str, args, live: np.ndarray, part: Part) -> None:
+    """The index as the failing cycle left it (close() commits what was
+    pending) and the oracle's live set, where they outlive the temporary
+    directory."""
+    keep = os.path.join(args.dir, f"soak-failed-seed{args.seed}-{os.getpid()}")
+    shutil.copytree(os.path.dirname(path), keep)
+    np.save(os.path.join(keep, f"oracle-live{'' if part.count == 1 else part.index}.npy"),
+            live)
+    print(f"  kept in {keep}", flush=True)
+
+
+def worker_main(args) -> int:
+    """One of --writers processes: its part's cycles on the shared index."""
+    part = Part(args.worker, args.writers)
+    d = os.path.dirname(args.path)
+    o = Oracle(np.load(os.path.join(d, f"anchors{part.index}.npy")),
+               np.load(os.path.join(d, f"live{part.index}.npy")),
+               {int(fp): part.key(f"anchor-{i}") for i, fp in
+                enumerate(np.load(os.path.join(d, f"anchors{part.index}.npy")).tolist())})
+    # Spawned: default_rng([seed, 0]) would replay default_rng(seed), the parent's.
+    rng = np.random.default_rng(np.random.SeedSequence(args.seed).spawn(part.count)[part.index])
+    rc = soak(args.path, dict(durability=args.durability, log_limit=args.log_limit), args, o,
+              rng, part)
+    np.save(os.path.join(d, f"final-live{part.index}.npy"), o.live)
+    with open(os.path.join(d, f"final-keyed{part.index}.json"), "w") as fh:
+        json.dump({str(fp): key for fp, key in o.keyed.items()}, fh)
+    return rc
+
+
+def writers_main(args, d: str, opts: dict) -> int:
+    """--writers processes on one index, each churning its own part; at the
+    end the index must hold exactly the union of their oracles."""
+    from ndindex import Index
+    path = os.path.join(d, "soak.ndx")
+    rng = np.random.default_rng(args.seed)
+    oracles = [initial(rng, args.n // args.writers, Part(i, args.writers))
+               for i in range(args.writers)]
+    with Index.create(path, k=K, expected_n=args.n, **opts) as ix:
+        for i, o in enumerate(oracles):
+            load_initial(ix, o)
+            np.save(os.path.join(d, f"anchors{i}.npy"), o.anchors)
+            np.save(os.path.join(d, f"live{i}.npy"), o.live)
+    common = [sys.executable, os.path.abspath(__file__), "--path", path,
+              "--writers", str(args.writers), "--cycles", str(args.cycles),
+              "--n", str(args.n // args.writers), "--seed", str(args.seed),
+              "--durability", args.durability, "--log-limit", str(args.log_limit)] + \
+        (["--dir", args.dir] if args.dir else [])
+    procs = [subprocess.Popen(common + ["--worker", str(i)]) for i in range(args.writers)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        print(f"writers exited {codes}", flush=True)
+        return 1
+    live = np.unique(np.concatenate([np.load(os.path.join(d, f"final-live{i}.npy"))
+                                     for i in range(args.writers)]))
+    keyed = {}
+    for i in range(args.writers):
+        with open(os.path.join(d, f"final-keyed{i}.json")) as fh:
+            keyed.update((int(fp), key) for fp, key in json.load(fh).items())
+    with Index.open(path, **opts) as ix:
+        stored = ix.fingerprints()
+        ok = len(ix) == len(live) and np.array_equal(np.sort(stored), live)
+        if ok:
+            sample = np.random.default_rng(args.seed).choice(
+                np.fromiter(keyed, dtype=np.uint64, count=len(keyed)), 500)
+            ok = all(ix.keys(int(fp)) == (keyed[int(fp)],) for fp in sample.tolist())
+        if not ok:
+            print(f"MISMATCH at the end: the index holds {len(ix):,} fingerprints "
+                  f"({len(np.setdiff1d(live, stored)):,} of the writers' missing, "
+                  f"{len(np.setdiff1d(stored, live)):,} more), or keys differ", flush=True)
+            if args.dir:
+                keep_evidence(path, args, live, Part())
+            return 1
+    print(f"all {args.cycles} cycles of {args.writers} writers agreed with brute force, "
+          f"and the index holds exactly their {len(live):,} fingerprints")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cycles", type=int, default=200)
@@ -119,133 +376,27 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--durability", choices=["full", "normal"], default="full")
     ap.add_argument("--log-limit", type=int, default=20_000)
+    ap.add_argument("--writers", type=int, choices=[1, 2, 4], default=1,
+                    help="writer processes, each churning its own part of the index")
     ap.add_argument("--dir", help="where the index goes (default: a temp dir)")
+    ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.worker is not None:
+        return worker_main(args)
     from ndindex import Index
 
-    rng = np.random.default_rng(args.seed)
     opts = dict(durability=args.durability, log_limit=args.log_limit)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
+        if args.writers > 1:
+            return writers_main(args, d, opts)
         path = os.path.join(d, "soak.ndx")
-        anchors = np.unique(rng.integers(0, 2**64, 1000, dtype=np.uint64))
-        live = np.unique(np.concatenate([anchors, rng.integers(0, 2**64, args.n,
-                                                              dtype=np.uint64)]))
-        gone = np.empty(0, dtype=np.uint64)
-        keyed = {int(fp): f"anchor-{i}" for i, fp in enumerate(anchors.tolist())}
-        ix = Index.create(path, k=K, expected_n=args.n, **opts)
-        ix.add(anchors, keys=[keyed[fp] for fp in anchors.tolist()])
-        ix.add(live[: len(live) // 2])
-        ix.add(live[len(live) // 2:])
-        stop, failure = threading.Event(), []
-
-        def watch():
-            r = np.random.default_rng(args.seed + 1)
-            while not stop.is_set():
-                try:
-                    a = r.choice(anchors, 50)
-                    m = current[0].query_many(flip(r, a, K), K)
-                    found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
-                    missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
-                    if missing:
-                        failure.append(f"anchor {int(a[missing[0]]):#x} missing "
-                                       f"({len(missing)} of 50)")
-                        return
-                    one = int(a[0])
-                    got = [mt.keys for mt in current[0].query(one, 0) if mt.fingerprint == one]
-                    if got != [(keyed_anchor[one],)]:
-                        failure.append(f"anchor {one:#x}: query(k=0, keys=True) gave {got}")
-                        return
-                except Exception as exc:  # noqa: BLE001 - reported by the main thread
-                    if not stop.is_set() and not isinstance(exc, _closed_errors()):
-                        failure.append(f"watcher: {type(exc).__name__}: {exc}")
-                        return
-
-        keyed_anchor = dict(keyed)  # the watcher's: never changed
-        current = [ix]
-        watcher = threading.Thread(target=watch, name="soak-anchors")
-        watcher.start()
-        checked, began, failed = 0, time.monotonic(), False
-        try:
-            for cycle in range(1, args.cycles + 1):
-                what = "remove"
-                frac = float(rng.uniform(0.005, 0.05))
-                out = np.unique(rng.choice(live, int(len(live) * frac)))
-                out = out[~np.isin(out, anchors)]
-                ghosts = rng.integers(0, 2**64, 50, dtype=np.uint64)
-                ix.remove(fingerprints=np.concatenate([out, ghosts]))
-                for fp in out.tolist():
-                    keyed.pop(fp, None)
-                what = "remove by key"
-                by_key = [fp for fp in list(keyed)[len(anchors):] if rng.random() < 0.01]
-                ix.remove(keys=[keyed.pop(fp) for fp in by_key])
-                out = np.union1d(out, np.array(by_key, dtype=np.uint64))
-                live = np.setdiff1d(live, out, assume_unique=True)
-                gone = np.union1d(gone, out)
-                if len(gone) > args.n // 2:
-                    # Bounded, or its set operations come to dominate a cycle.
-                    gone = np.unique(rng.choice(gone, args.n // 2))
-                what = "add"
-                back = np.unique(rng.choice(gone, int(len(out) * 0.2)))
-                new = np.unique(np.concatenate([back, rng.integers(
-                    0, 2**64, len(out) - len(back), dtype=np.uint64)]))
-                for part in np.array_split(new, int(rng.integers(1, 8))):
-                    with_keys = rng.random(len(part)) < 0.1
-                    with_keys &= ~np.isin(part, back)
-                    keys = [f"k{fp:x}" if w else None
-                            for fp, w in zip(part.tolist(), with_keys.tolist())]
-                    ix.add(part, keys=keys)
-                    keyed.update((fp, key) for fp, key in zip(part.tolist(), keys) if key)
-                live = np.union1d(live, new)
-                gone = np.setdiff1d(gone, new, assume_unique=True)
-                what = "check_and_add"
-                items = np.concatenate([flip(rng, rng.choice(live, 20), K + 1),
-                                        rng.integers(0, 2**64, 80, dtype=np.uint64)])
-                added = []
-                with ix.transaction():
-                    for fp in items.tolist():
-                        want = brute(live, fp, K) | \
-                            brute(np.array(added, dtype=np.uint64), fp, K)
-                        got = {m.fingerprint for m in ix.check_and_add(fp)}
-                        check(got == want, f"check_and_add({fp:#x}): {sorted(got)[:3]} != "
-                                           f"{sorted(want)[:3]}")
-                        if not want:
-                            added.append(fp)
-                added = np.array(added, dtype=np.uint64)
-                live = np.union1d(live, added)
-                gone = np.setdiff1d(gone, added)
-                what = "verify"
-                checked += verify(ix, live, gone, keyed, rng)
-                roll = rng.random()
-                if roll < 0.05:
-                    what = "reopen"
-                    ix.close()
-                    ix = Index.open(path, **opts)
-                    current[0] = ix
-                    checked += verify(ix, live, gone, keyed, rng)
-                elif roll < 0.08:
-                    what = "compact"
-                    ix.compact(full=bool(rng.random() < 0.3))
-                    checked += verify(ix, live, gone, keyed, rng)
-                if failure:
-                    raise Mismatch(failure[0])
-                if cycle % 10 == 0 or cycle == args.cycles:
-                    print(f"cycle {cycle:4d}: {len(live):,} stored, {checked:,} answers checked, "
-                          f"{shape(ix)}, {time.monotonic() - began:.0f} s", flush=True)
-        except Mismatch as exc:
-            print(f"MISMATCH at cycle {cycle} ({what}): {exc}\n  index: {shape(ix)}", flush=True)
-            failed = True
+        rng = np.random.default_rng(args.seed)
+        o = initial(rng, args.n, Part())
+        with Index.create(path, k=K, expected_n=args.n, **opts) as ix:
+            load_initial(ix, o)
+        if soak(path, opts, args, o, rng, Part()):
             return 1
-        finally:
-            stop.set()
-            watcher.join()
-            ix.close()
-            if failed and args.dir:
-                # The evidence outlives the temporary directory: the index as
-                # the failing cycle left it (close() commits what was pending).
-                keep = os.path.join(args.dir, f"soak-failed-seed{args.seed}-{os.getpid()}")
-                shutil.copytree(d, keep)
-                np.save(os.path.join(keep, "oracle-live.npy"), live)
-                print(f"  kept in {keep}", flush=True)
     print(f"all {args.cycles} cycles agreed with brute force")
     return 0
 

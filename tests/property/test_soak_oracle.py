@@ -52,3 +52,28 @@ def test_flip_changes_at_most_the_bits_asked_for():
     fps = rng.integers(0, 2**64, 2000, dtype=np.uint64)
     d = popcount64(soak_oracle.flip(rng, fps, 3) ^ fps)
     assert d.max() == 3 and d.min() == 0
+
+
+def test_writer_processes_each_agree_and_the_index_holds_their_union(tmp_path, capfd):
+    # Two processes write one file, each its own part, background
+    # compaction on in both (one holds the lease at a time).
+    rc = soak_oracle.main(["--writers", "2", "--n", "20000", "--cycles", "6",
+                           "--log-limit", "2000", "--dir", str(tmp_path)])
+    out = capfd.readouterr().out
+    assert rc == 0, out
+    assert "writer 0: cycle    6" in out and "writer 1: cycle    6" in out
+    assert "all 6 cycles of 2 writers agreed" in out
+
+
+def test_a_writer_part_is_a_residue_class_that_make_moves_values_into():
+    rng = np.random.default_rng(1)
+    values = rng.integers(0, 2**64, 4000, dtype=np.uint64)
+    parts = [soak_oracle.Part(i, 4) for i in range(4)]
+    owned = [p.own(values) for p in parts]
+    assert sum(len(o) for o in owned) == len(values)
+    assert all(len(o) > 800 for o in owned)
+    for p in parts:
+        moved = p.make(values)
+        assert np.array_equal(p.own(moved), moved)
+        assert popcount64(moved ^ values).max() <= 2  # only the two low bits change
+    assert soak_oracle.Part().own(values) is values
