@@ -189,7 +189,7 @@ class Compactor:
         self.level0_runs = 0
         self.log_ops = 0
         #: Raw merge outputs held in memory as they grow: run id -> (buffer,
-        #: values in it) (see _hold).
+        #: values in it, the cursor they reach) (see _hold).
         self._growing: dict = {}
         self._thread = None
         workers = min(os.cpu_count() or 1, 4)
@@ -459,30 +459,38 @@ class Compactor:
     def _hold(self, held) -> None:
         """Hold in memory the raw runs a committed step wrote, if the index is
         warm and they are small (DirectoryCache.hold_values).  held: (run
-        id, the values the step wrote, whether they begin the run, the cursor
-        the run then has: None once complete).  A merge output grows step by
-        step: its values gather in a buffer grown by doubling (self._growing),
-        and each step holds the part written so far (the kernel clips it to
-        a snapshot's cursor); one begun before the index was warm, or grown
-        past the limit, is not held."""
+        id, the values the step wrote, whether they begin the run, the
+        run's cursor before the step and after it: None once complete).  A
+        merge output grows step by step: its values gather in a buffer grown
+        by doubling (self._growing), and each step holds the part written so
+        far (the kernel clips it to a snapshot's cursor); one begun before
+        the index was warm, or grown past the limit, is not held.  Nor is
+        one another process's compactor went on with (the lease passes
+        between writer processes): the buffer lacks what its steps wrote,
+        and queries through it missed those values, so that a remove() of
+        them, which removes what it finds, was lost (tools/soak_oracle.py
+        --writers 2)."""
         cache = self._ix._directories
-        for rid, values, begins, cursor in held:
+        for rid, values, begins, began_at, cursor in held:
             if begins and cursor is None:
                 cache.hold_values(rid, values)  # a whole run at once (a flush's)
                 continue
             grow = self._growing.pop(rid, None)
+            if grow is not None and grow[2] != began_at:
+                cache.let_go(rid)  # other steps came between
+                grow = None
             if begins and cache.warm:
-                grow = (np.empty(max(len(values), 1 << 16), np.uint64), 0)
+                grow = (np.empty(max(len(values), 1 << 16), np.uint64), 0, b"")
             if grow is None:
                 continue
-            buf, n = grow
+            buf, n, _ = grow
             if n + len(values) > len(buf):
                 buf = np.concatenate([buf[:n], np.empty(max(len(buf), len(values)), np.uint64)])
             buf[n:n + len(values)] = values
             n += len(values)
             # Past the limit the output is held no more, and grows no more here.
             if (not n or cache.hold_values(rid, buf[:n], cursor)) and cursor is not None:
-                self._growing[rid] = (buf, n)
+                self._growing[rid] = (buf, n, cursor)
 
     # -- flush ------------------------------------------------------------------
 
@@ -548,7 +556,7 @@ class Compactor:
         pool = self._pool if len(jobs) > 1 else None
         built = list(pool.map(table_run, jobs)) if pool is not None else \
             [table_run(job) for job in jobs]
-        held = [(rid, values, True, None) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
+        held = [(rid, values, True, b"", None) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
                 if kind == KIND_RAW]
         for (t, _, run_level, into, rid), (pairs, n, first, last, code, _) in zip(jobs, built):
             at = 0
@@ -675,6 +683,7 @@ class Compactor:
         Changes only the Run objects of this merge (safe beside other spaces'
         steps on other threads).
         """
+        began_at = output.cursor
         cursor = int.from_bytes(output.cursor, "big") if output.cursor else None
         begins = not output.chunks
         # The largest input first: its STEP_CHUNKS chunks span the narrowest
@@ -763,7 +772,7 @@ class Compactor:
             return pairs, deletes, removed
         # What the step wrote of a raw output, for Compactor._hold.
         wrote = merged[:written] if written else EMPTY_U64
-        return pairs, deletes, removed, (output.run_id, wrote, begins,
+        return pairs, deletes, removed, (output.run_id, wrote, begins, began_at,
                                          None if final else output.cursor)
 
     # -- record merges ---------------------------------------------------------

@@ -236,6 +236,12 @@ class DirectoryCache(dict):
             self.version += 1
             return True
 
+    def let_go(self, run_id: int) -> None:
+        """Hold the run's values no more (they may be asked for again)."""
+        with self.lock:
+            self.held.pop(run_id, None)
+            self._asked.discard((run_id, "hold"))
+
     def _later(self, snap: "Snapshot", run, job: str) -> None:
         with self.lock:
             if self._closed or (run.run_id, job) in self._asked:

@@ -10,6 +10,9 @@ take the real background thread and the edges of its cache.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -220,3 +223,43 @@ def test_a_raw_merge_output_is_held_as_it_grows_and_answers_stay_exact(tmp_path,
         assert all(held[r.run_id].upto is None for r in finished if r.run_id in held)
         check_queries(ix, stored, near(rng, stored, 60, 3), 3)
         ix.verify()
+
+
+STEP_IN_ANOTHER_PROCESS = """
+import sys
+from ndindex import Index, chunks, compaction
+chunks.CHUNK_MAX_BLOCKS = 2
+compaction.STEP_CHUNKS = 1
+with Index.open(sys.argv[1], background_compaction=False) as ix:
+    assert ix._compactor.step()
+"""
+
+
+def test_a_merge_output_another_process_went_on_with_is_not_held_from_this_ones_steps(
+        tmp_path, many_chunks):
+    # Writer processes share the compaction lease: the merge this index
+    # held as it grew went on a step in another process, then here.  The
+    # buffer it held lacked that step's values, so queries here missed
+    # them (a k=0 one too, so a remove() of them was lost).
+    rng = np.random.default_rng(53)
+    fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))
+    path = str(tmp_path / "p.ndx")
+    with Index.create(path, k=3, expected_n=len(fps), background_compaction=False,
+                      log_limit=1 << 30) as ix:
+        ix._directories.warm = True
+        for part in np.array_split(fps, 3):
+            ix.add(part)
+            ix._compactor._flush(ix._snapshot())           # level-0 runs, unmerged
+        assert ix._compactor.step()                        # the merge's first step, here
+        subprocess.run([sys.executable, "-c", STEP_IN_ANOTHER_PROCESS, path], check=True,
+                       timeout=120)
+        assert ix._compactor.step()                        # and one more here
+        snap = ix._snapshot()
+        outputs = [r for runs in snap.table_runs for r in runs if r.merge_output]
+        assert outputs and all(snap._held(r) is None for r in outputs)
+        found = ix.query_many(fps, 0)
+        assert len(np.unique(found["query"])) == len(fps)
+        check_queries(ix, fps, near(rng, fps, 40, 3), 3)
+        while ix._compactor.step():
+            pass
+        check_queries(ix, fps, near(rng, fps, 40, 3), 3)
