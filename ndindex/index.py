@@ -193,7 +193,8 @@ class Index(DocumentMethods):
         """Open an existing index file.
 
         Parameters:
-        - readonly: open for queries only (many processes may, beside one writer).
+        - readonly: open for queries only (any number of processes may, beside the
+          writers; several processes may also open a file for writing).
         - durability: "full" (default) — every add/remove/transaction is on
           disk when it returns; "normal" — it is in this writer's journal
           (one write(), no fsync) when it returns: a crash of the process
