@@ -556,8 +556,8 @@ class Compactor:
         pool = self._pool if len(jobs) > 1 else None
         built = list(pool.map(table_run, jobs)) if pool is not None else \
             [table_run(job) for job in jobs]
-        held = [(rid, values, True, b"", None) for (_, _, _, _, rid), (*_, values) in zip(jobs, built)
-                if kind == KIND_RAW]
+        held = [(rid, values, True, b"", None)
+                for (_, _, _, _, rid), (*_, values) in zip(jobs, built) if kind == KIND_RAW]
         for (t, _, run_level, into, rid), (pairs, n, first, last, code, _) in zip(jobs, built):
             at = 0
             if into is not None:

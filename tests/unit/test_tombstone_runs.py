@@ -234,7 +234,8 @@ def test_queries_agree_whether_tombstones_are_held_or_looked_up(built):
     ix._tombstones = TombstoneMemo()
     ix._let_go_of_snapshot()
     snap = ix._snapshot()
-    assert snap._tombstone_memo.peek(snap.tombstone_runs, "arrays", snap.state.log_first_seq) is None
+    memo, seq = snap._tombstone_memo, snap.state.log_first_seq
+    assert memo.peek(snap.tombstone_runs, "arrays", seq) is None
     assert_exact(ix, stored, rng)
     assert np.array_equal(ix._snapshot().tombstones, np.sort(gone))
     ix._let_go_of_snapshot()
