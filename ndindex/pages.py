@@ -18,10 +18,11 @@ from __future__ import annotations
 import mmap
 import os
 import sys
+import threading
 from typing import NamedTuple
 
 from ndindex import _core
-from ndindex.errors import CorruptionError
+from ndindex.errors import ClosedError, CorruptionError
 
 #: The largest mapping of the file.  Mappings reserve address space ahead
 #: of the file (as LMDB reserves its own) and double when the file outgrows
@@ -55,39 +56,57 @@ class FileMap:
 
     ``geometry()`` returns the current mapping and the number of whole
     pages the file holds; readers never look past them.
+
+    close() may come from another thread while one takes a snapshot: the
+    descriptor is used and closed under a lock, so that the snapshot gets
+    ClosedError, not EBADF from a closed descriptor or, worse, the size or
+    mapping of a file opened meanwhile under the same number
+    (tools/soak_oracle.py's watcher thread met the first at a reopen).
+    Mappings handed out stay valid after close().
     """
 
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._lock = threading.Lock()
         self._map = None
         self._map_bytes = 0
         self.psize = 0
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        self._map = None
-        if fd >= 0:
-            os.close(fd)
+        with self._lock:
+            fd, self._fd = self._fd, -1
+            self._map = None
+            if fd >= 0:
+                os.close(fd)
+
+    def _open_fd(self) -> int:
+        """The descriptor (the lock held); ClosedError once closed."""
+        if self._fd < 0:
+            raise ClosedError(f"{self.path}: index is closed")
+        return self._fd
 
     def file_bytes(self) -> int:
-        return os.fstat(self._fd).st_size
+        with self._lock:
+            return os.fstat(self._open_fd()).st_size
 
     def buffer(self, need_bytes: int):
         """A mapping covering at least need_bytes of the file (which must hold them)."""
-        if self._map is None or need_bytes > self._map_bytes:
-            if MAP_RESERVE_BYTES:
-                size = max(MAP_MIN_BYTES, self._map_bytes)
-                while size < 2 * need_bytes and size < MAP_RESERVE_BYTES:
-                    size *= 2
-                size = max(min(size, MAP_RESERVE_BYTES), need_bytes)
-                self._map = _core.FileMapping(self._fd, size)
-                self._map_bytes = size
-            else:
-                size = self.file_bytes()
-                self._map = mmap.mmap(self._fd, size, access=mmap.ACCESS_READ)
-                self._map_bytes = size
-        return self._map
+        with self._lock:
+            fd = self._open_fd()
+            if self._map is None or need_bytes > self._map_bytes:
+                if MAP_RESERVE_BYTES:
+                    size = max(MAP_MIN_BYTES, self._map_bytes)
+                    while size < 2 * need_bytes and size < MAP_RESERVE_BYTES:
+                        size *= 2
+                    size = max(min(size, MAP_RESERVE_BYTES), need_bytes)
+                    self._map = _core.FileMapping(fd, size)
+                    self._map_bytes = size
+                else:
+                    size = os.fstat(fd).st_size
+                    self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+                    self._map_bytes = size
+            return self._map
 
     def metas(self) -> list:
         """Both meta pages as dicts (lmdb_meta), or the CorruptionError each raised."""

@@ -98,6 +98,9 @@ def translate_error(exc: Exception, path: str, database: str = "lmdb",
     if isinstance(exc, lmdb.ReadonlyError) or code in (errno.EROFS, errno.EACCES, errno.EPERM) \
             or "Read-only file system" in text or "Permission denied" in text:
         return ReadOnlyError(f"{path}: cannot write ({_reason(exc)})")
+    if isinstance(exc, lmdb.Error) and "closed/deleted/dropped" in text:
+        # py-lmdb's word for an environment closed by another thread meanwhile.
+        return ClosedError(f"{path}: index is closed")
     if isinstance(exc, (lmdb.Error, OSError)):
         return NdindexError(f"{path}: {_reason(exc)}")
     return exc

@@ -26,7 +26,8 @@ import time
 import numpy as np
 import pytest
 
-from ndindex.errors import BusyError
+from ndindex import pages
+from ndindex.errors import BusyError, ClosedError
 from ndindex.index import Index
 from ndindex.records import U64_BE
 
@@ -553,3 +554,42 @@ def test_pending_document_lookups_follow_a_put_made_while_they_were_built(tmp_pa
     finally:
         ix_a.close()
         ix_b.close()
+
+
+def test_a_query_that_meets_another_threads_close_raises_closed_error(tmp_path, monkeypatch):
+    # close() in one thread while another takes a snapshot: the snapshot
+    # asked the closed descriptor for the file's size and raised OSError
+    # EBADF (tools/soak_oracle.py's watcher, at a reopen), where a closed
+    # index raises ClosedError.
+    path = str(tmp_path / "c.ndx")
+    with Index.create(path, k=3, expected_n=1000) as ix:
+        ix.add(np.arange(1, 100, dtype=np.uint64))
+    ix = Index.open(path, background_compaction=False)
+    real = pages.FileMap.file_bytes
+
+    def closed_meanwhile(filemap):
+        ix._store.close()  # where the other thread's close() lands
+        return real(filemap)
+
+    monkeypatch.setattr(pages.FileMap, "file_bytes", closed_meanwhile)
+    ix._let_go_of_snapshot()
+    with pytest.raises(ClosedError):
+        ix.query(5, 3)
+    monkeypatch.undo()
+    ix.close()
+    with Index.open(path, readonly=True) as again:
+        assert len(again) == 99
+
+
+def test_an_environment_closed_by_another_thread_reads_as_closed_error(tmp_path):
+    # The other window: the snapshot took the environment, then close() ran,
+    # and LMDB's begin() said "closed/deleted/dropped object".
+    from ndindex.store import translate_error
+    path = str(tmp_path / "e.ndx")
+    Index.create(path, k=3, expected_n=1000).close()
+    ix = Index.open(path, background_compaction=False)
+    env = ix._store.env
+    ix.close()
+    with pytest.raises(Exception) as raised:
+        env.begin()
+    assert isinstance(translate_error(raised.value, path), ClosedError)
