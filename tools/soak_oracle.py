@@ -2,7 +2,7 @@
 
 Run:  python tools/soak_oracle.py [--cycles 200] [--n 1000000] [--seed 1]
                                   [--durability full|normal] [--writers 1|2|4]
-                                  [--dir DIR]
+                                  [--readers R] [--dir DIR]
 
 The tests' oracles run on small indexes, where a table has one or two
 runs and the background lister, held runs and tombstone runs rarely come
@@ -36,6 +36,12 @@ low bits: Part), which only it adds and removes.  Each checks the index's
 answers on its own part after every cycle (len() counts the others' too,
 so it waits for the end); then the parent checks that the index holds
 exactly the union of the writers' oracles, keys included.
+
+--readers R: as many read-only processes query every writer's anchors,
+near and exactly, all along (reopening now and then), and fail the run if
+one is ever missing or without its key: a reader's caches (runs held in
+memory, directories extended as merges grow) are filled from the file by
+itself, never by a compactor of its own.
 """
 
 from __future__ import annotations
@@ -321,9 +327,53 @@ def worker_main(args) -> int:
     return rc
 
 
+def reader_main(args) -> int:
+    """A read-only process beside the writers (--readers): until its stdin
+    closes, queries every writer's anchors (never removed, each with its
+    key) near and exactly, and reopens the index now and then; exit 1 at
+    the first anchor missing or without its key."""
+    from ndindex import Index
+    d = os.path.dirname(args.path)
+    keyed = {}
+    for i in range(args.writers):
+        part = Part(i, args.writers)
+        keyed.update((int(fp), part.key(f"anchor-{j}")) for j, fp in
+                     enumerate(np.load(os.path.join(d, f"anchors{i}.npy")).tolist()))
+    anchors = np.fromiter(keyed, dtype=np.uint64, count=len(keyed))
+    done = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
+    rng = np.random.default_rng([args.seed, 99, args.reader])
+    checks, ix = 0, Index.open(args.path, readonly=True)
+    try:
+        while True:  # at least once
+            a = rng.choice(anchors, 50)
+            m = ix.query_many(flip(rng, a, K), K)
+            found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
+            missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
+            one = int(a[0])
+            keys = [mt.keys for mt in ix.query(one, 0) if mt.fingerprint == one]
+            if missing or keys != [(keyed[one],)]:
+                print(f"reader {args.reader}: MISMATCH after {checks:,} checks: "
+                      f"{len(missing)} of 50 anchors missing (e.g. "
+                      f"{[hex(int(a[i])) for i in missing[:2]]}), keys of {one:#x}: {keys}",
+                      flush=True)
+                return 1
+            checks += 1
+            if done.is_set():
+                break
+            if rng.random() < 0.002:
+                ix.close()
+                ix = Index.open(args.path, readonly=True)
+    finally:
+        ix.close()
+    print(f"reader {args.reader}: {checks:,} checks of 50 anchors agreed", flush=True)
+    return 0
+
+
 def writers_main(args, d: str, opts: dict) -> int:
-    """--writers processes on one index, each churning its own part; at the
-    end the index must hold exactly the union of their oracles."""
+    """--writers processes on one index, each churning its own part, and
+    --readers read-only ones; at the end the index must hold exactly the
+    union of the writers' oracles."""
     from ndindex import Index
     path = os.path.join(d, "soak.ndx")
     rng = np.random.default_rng(args.seed)
@@ -339,10 +389,15 @@ def writers_main(args, d: str, opts: dict) -> int:
               "--n", str(args.n // args.writers), "--seed", str(args.seed),
               "--durability", args.durability, "--log-limit", str(args.log_limit)] + \
         (["--dir", args.dir] if args.dir else [])
+    readers = [subprocess.Popen(common + ["--reader", str(i)], stdin=subprocess.PIPE)
+               for i in range(args.readers)]
     procs = [subprocess.Popen(common + ["--worker", str(i)]) for i in range(args.writers)]
     codes = [p.wait() for p in procs]
-    if any(codes):
-        print(f"writers exited {codes}", flush=True)
+    for r in readers:
+        r.stdin.close()  # the writers are done: the readers stop
+    read_codes = [r.wait() for r in readers]
+    if any(codes) or any(read_codes):
+        print(f"writers exited {codes}, readers {read_codes}", flush=True)
         return 1
     live = np.unique(np.concatenate([np.load(os.path.join(d, f"final-live{i}.npy"))
                                      for i in range(args.writers)]))
@@ -364,7 +419,8 @@ def writers_main(args, d: str, opts: dict) -> int:
             if args.dir:
                 keep_evidence(path, args, live, Part())
             return 1
-    print(f"all {args.cycles} cycles of {args.writers} writers agreed with brute force, "
+    print(f"all {args.cycles} cycles of {args.writers} writers agreed with brute force"
+          f"{f' (and {args.readers} reader processes)' if args.readers else ''}, "
           f"and the index holds exactly their {len(live):,} fingerprints")
     return 0
 
@@ -378,17 +434,22 @@ def main(argv=None) -> int:
     ap.add_argument("--log-limit", type=int, default=20_000)
     ap.add_argument("--writers", type=int, choices=[1, 2, 4], default=1,
                     help="writer processes, each churning its own part of the index")
+    ap.add_argument("--readers", type=int, default=0,
+                    help="read-only processes querying every writer's anchors all along")
     ap.add_argument("--dir", help="where the index goes (default: a temp dir)")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--reader", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker is not None:
         return worker_main(args)
+    if args.reader is not None:
+        return reader_main(args)
     from ndindex import Index
 
     opts = dict(durability=args.durability, log_limit=args.log_limit)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
-        if args.writers > 1:
+        if args.writers > 1 or args.readers:
             return writers_main(args, d, opts)
         path = os.path.join(d, "soak.ndx")
         rng = np.random.default_rng(args.seed)

@@ -56,12 +56,14 @@ def test_flip_changes_at_most_the_bits_asked_for():
 
 def test_writer_processes_each_agree_and_the_index_holds_their_union(tmp_path, capfd):
     # Two processes write one file, each its own part, background
-    # compaction on in both (one holds the lease at a time).
-    rc = soak_oracle.main(["--writers", "2", "--n", "20000", "--cycles", "6",
+    # compaction on in both (one holds the lease at a time), and a reader
+    # process querying every writer's anchors all along.
+    rc = soak_oracle.main(["--writers", "2", "--readers", "1", "--n", "20000", "--cycles", "6",
                            "--log-limit", "2000", "--dir", str(tmp_path)])
     out = capfd.readouterr().out
     assert rc == 0, out
     assert "writer 0: cycle    6" in out and "writer 1: cycle    6" in out
+    assert "reader 0: " in out and "checks of 50 anchors agreed" in out
     assert "all 6 cycles of 2 writers agreed" in out
 
 
@@ -77,3 +79,15 @@ def test_a_writer_part_is_a_residue_class_that_make_moves_values_into():
         assert np.array_equal(p.own(moved), moved)
         assert popcount64(moved ^ values).max() <= 2  # only the two low bits change
     assert soak_oracle.Part().own(values) is values
+
+
+def test_a_reader_process_reports_an_anchor_the_index_lacks(tmp_path, capsys, monkeypatch):
+    # The reader's check can fail: anchors that were never stored.
+    path = str(tmp_path / "soak.ndx")
+    Index.create(path, k=3, expected_n=1000).close()
+    np.save(tmp_path / "anchors0.npy", np.arange(1, 11, dtype=np.uint64) << np.uint64(40))
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))
+    rc = soak_oracle.main(["--reader", "0", "--writers", "1", "--path", path])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "reader 0: MISMATCH after 0 checks: 50 of 50 anchors missing" in out
