@@ -419,8 +419,10 @@ def writers_main(args, d: str, opts: dict) -> int:
             if args.dir:
                 keep_evidence(path, args, live, Part())
             return 1
-    print(f"all {args.cycles} cycles of {args.writers} writers agreed with brute force"
-          f"{f' (and {args.readers} reader processes)' if args.readers else ''}, "
+    writers = f"{args.writers} writer{'s' if args.writers > 1 else ''}"
+    readers = "" if not args.readers else \
+        f" (beside {args.readers} reader process{'es' if args.readers > 1 else ''})"
+    print(f"all {args.cycles} cycles of {writers} agreed with brute force{readers}, "
           f"and the index holds exactly their {len(live):,} fingerprints")
     return 0
 
