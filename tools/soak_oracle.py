@@ -2,7 +2,7 @@
 
 Run:  python tools/soak_oracle.py [--cycles 200] [--n 1000000] [--seed 1]
                                   [--durability full|normal] [--writers 1|2|4]
-                                  [--readers R] [--dir DIR]
+                                  [--readers R] [--k 3] [--dir DIR]
 
 The tests' oracles run on small indexes, where a table has one or two
 runs and the background lister, held runs and tombstone runs rarely come
@@ -60,6 +60,7 @@ import numpy as np
 
 from sweep_common import popcount64  # np.bitwise_count where numpy has it (2.0)
 
+#: The index's k, and the distance every check asks within (--k).
 K = 3
 
 
@@ -387,7 +388,8 @@ def writers_main(args, d: str, opts: dict) -> int:
     common = [sys.executable, os.path.abspath(__file__), "--path", path,
               "--writers", str(args.writers), "--cycles", str(args.cycles),
               "--n", str(args.n // args.writers), "--seed", str(args.seed),
-              "--durability", args.durability, "--log-limit", str(args.log_limit)] + \
+              "--durability", args.durability, "--log-limit", str(args.log_limit),
+              "--k", str(args.k)] + \
         (["--dir", args.dir] if args.dir else [])
     readers = [subprocess.Popen(common + ["--reader", str(i)], stdin=subprocess.PIPE)
                for i in range(args.readers)]
@@ -434,6 +436,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--durability", choices=["full", "normal"], default="full")
     ap.add_argument("--log-limit", type=int, default=20_000)
+    ap.add_argument("--k", type=int, default=3,
+                    help="the index's k (its plan of tables follows) and the checks' distance")
     ap.add_argument("--writers", type=int, choices=[1, 2, 4], default=1,
                     help="writer processes, each churning its own part of the index")
     ap.add_argument("--readers", type=int, default=0,
@@ -443,6 +447,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reader", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    global K
+    K = args.k
     if args.worker is not None:
         return worker_main(args)
     if args.reader is not None:

@@ -91,3 +91,12 @@ def test_a_reader_process_reports_an_anchor_the_index_lacks(tmp_path, capsys, mo
     out = capsys.readouterr().out
     assert rc == 1
     assert "reader 0: MISMATCH after 0 checks: 50 of 50 anchors missing" in out
+
+
+def test_a_bounded_soak_of_an_index_of_many_tables(tmp_path, capsys):
+    # k = 6: 28 tables, probed more than the four tables of k = 3 at a time.
+    rc = soak_oracle.main(["--k", "6", "--n", "8000", "--cycles", "4", "--log-limit", "1000",
+                           "--dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "all 4 cycles agreed with brute force" in out
