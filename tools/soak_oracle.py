@@ -437,7 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--durability", choices=["full", "normal"], default="full")
     ap.add_argument("--log-limit", type=int, default=20_000)
     ap.add_argument("--k", type=int, default=3,
-                    help="the index's k (its plan of tables follows) and the checks' distance")
+                    help="the index's k (its plan of tables follows, with --n) and the "
+                         "checks' distance")
     ap.add_argument("--writers", type=int, choices=[1, 2, 4], default=1,
                     help="writer processes, each churning its own part of the index")
     ap.add_argument("--readers", type=int, default=0,

@@ -94,7 +94,8 @@ def test_a_reader_process_reports_an_anchor_the_index_lacks(tmp_path, capsys, mo
 
 
 def test_a_bounded_soak_of_an_index_of_many_tables(tmp_path, capsys):
-    # k = 6: 28 tables, probed more than the four tables of k = 3 at a time.
+    # k = 6: seven tables at this size (the planner's choice for 8,000), more
+    # than the four of k = 3 that the kernel probes at a time.
     rc = soak_oracle.main(["--k", "6", "--n", "8000", "--cycles", "4", "--log-limit", "1000",
                            "--dir", str(tmp_path)])
     out = capsys.readouterr().out
