@@ -428,7 +428,7 @@ class Snapshot:
         if not self.tombstone_runs:
             return make()
         return self._tombstone_memo.get(self.tombstone_runs, key, make, extend,
-                                        self.state.log_first_seq)
+                                        flushed=self.state.log_first_seq)
 
     @property
     def tombstones(self) -> np.ndarray:
@@ -974,7 +974,7 @@ class TombstoneMemo:
         self._carried = False
         self._carried_upto = 0
 
-    def get(self, runs: tuple, key, make, extend=None, flushed: int = 0):
+    def get(self, runs: tuple, key, make, extend=None, *, flushed: int):
         """make() for key of runs (a tuple of Run; equal runs are the same
         run), computed once while runs are the newest asked about.
 
@@ -983,7 +983,7 @@ class TombstoneMemo:
         added since (a tuple): so a flush's new run costs its own size.
         flushed: the asking snapshot's log_first_seq (see carry)."""
         with self._lock:
-            self._drop_outflushed(flushed)
+            self._drop_carried_if_flushed(flushed)
             if self._runs != runs:
                 if self._carried:
                     # A superset, fine to hide with while the runs last, but
@@ -1036,16 +1036,16 @@ class TombstoneMemo:
                 self._runs, self._carried, self._carried_upto = new, True, flushed
             self._arrays.update(((_run_key(r), None), a) for r, a in arrays)
 
-    def _drop_outflushed(self, flushed: int) -> None:
+    def _drop_carried_if_flushed(self, flushed: int) -> None:
         """Drop carried values once a flush has passed them (see carry); the lock held."""
         if self._carried and flushed != self._carried_upto:
             self._values, self._prior, self._carried = {}, {}, False
 
-    def peek(self, runs: tuple, key, flushed: int = 0):
+    def peek(self, runs: tuple, key, flushed: int):
         """The value for key of runs if it was computed already, else None.
         flushed: the asking snapshot's log_first_seq (see carry)."""
         with self._lock:
-            self._drop_outflushed(flushed)
+            self._drop_carried_if_flushed(flushed)
             return self._values.get(key) if self._runs == runs else None
 
     def arrays(self, run, load, part=None):

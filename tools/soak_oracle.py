@@ -165,13 +165,17 @@ class Oracle:
         self.gone = np.empty(0, dtype=np.uint64)
 
 
+def anchor_keys(anchors: np.ndarray, part: Part) -> dict:
+    """Each anchor's document key."""
+    return {int(fp): part.key(f"anchor-{i}") for i, fp in enumerate(anchors.tolist())}
+
+
 def initial(rng, n: int, part: Part) -> Oracle:
     """A writer's starting content: 1,000 keyed anchors and n fingerprints."""
     anchors = np.unique(part.make(rng.integers(0, 2**64, 1000, dtype=np.uint64)))
     live = np.unique(np.concatenate([anchors, part.make(
         rng.integers(0, 2**64, n, dtype=np.uint64))]))
-    keyed = {int(fp): part.key(f"anchor-{i}") for i, fp in enumerate(anchors.tolist())}
-    return Oracle(anchors, live, keyed)
+    return Oracle(anchors, live, anchor_keys(anchors, part))
 
 
 def load_initial(ix, o: Oracle) -> None:
@@ -314,10 +318,9 @@ def worker_main(args) -> int:
     """One of --writers processes: its part's cycles on the shared index."""
     part = Part(args.worker, args.writers)
     d = os.path.dirname(args.path)
-    o = Oracle(np.load(os.path.join(d, f"anchors{part.index}.npy")),
-               np.load(os.path.join(d, f"live{part.index}.npy")),
-               {int(fp): part.key(f"anchor-{i}") for i, fp in
-                enumerate(np.load(os.path.join(d, f"anchors{part.index}.npy")).tolist())})
+    anchors = np.load(os.path.join(d, f"anchors{part.index}.npy"))
+    o = Oracle(anchors, np.load(os.path.join(d, f"live{part.index}.npy")),
+               anchor_keys(anchors, part))
     # Spawned: default_rng([seed, 0]) would replay default_rng(seed), the parent's.
     rng = np.random.default_rng(np.random.SeedSequence(args.seed).spawn(part.count)[part.index])
     rc = soak(args.path, dict(durability=args.durability, log_limit=args.log_limit), args, o,
@@ -337,9 +340,8 @@ def reader_main(args) -> int:
     d = os.path.dirname(args.path)
     keyed = {}
     for i in range(args.writers):
-        part = Part(i, args.writers)
-        keyed.update((int(fp), part.key(f"anchor-{j}")) for j, fp in
-                     enumerate(np.load(os.path.join(d, f"anchors{i}.npy")).tolist()))
+        keyed.update(anchor_keys(np.load(os.path.join(d, f"anchors{i}.npy")),
+                                 Part(i, args.writers)))
     anchors = np.fromiter(keyed, dtype=np.uint64, count=len(keyed))
     done = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
