@@ -184,6 +184,24 @@ def load_initial(ix, o: Oracle) -> None:
     ix.add(o.live[len(o.live) // 2:])
 
 
+def check_anchors(ix, anchors: np.ndarray, keyed: dict, rng) -> str | None:
+    """One round of the anchors' check (the watcher's and a reader process's):
+    50 anchors with up to K bits flipped each find their anchor (query_many),
+    and the first one's exact query gives its key; what differed, or None."""
+    a = rng.choice(anchors, 50)
+    m = ix.query_many(flip(rng, a, K), K)
+    found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
+    missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
+    if missing:
+        return (f"{len(missing)} of 50 anchors missing "
+                f"(e.g. {[hex(int(a[i])) for i in missing[:2]]})")
+    one = int(a[0])
+    got = [mt.keys for mt in ix.query(one, 0) if mt.fingerprint == one]
+    if got != [(keyed[one],)]:
+        return f"anchor {one:#x}: query(k=0, keys=True) gave {got}"
+    return None
+
+
 def soak(path: str, opts: dict, args, o: Oracle, rng, part: Part) -> int:
     """Run args.cycles cycles on the index at path (open); 0 if every one
     agreed with the oracle, else 1 (the evidence kept under args.dir)."""
@@ -196,18 +214,9 @@ def soak(path: str, opts: dict, args, o: Oracle, rng, part: Part) -> int:
         r = np.random.default_rng(args.seed + 1)
         while not stop.is_set():
             try:
-                a = r.choice(anchors, 50)
-                m = current[0].query_many(flip(r, a, K), K)
-                found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
-                missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
-                if missing:
-                    failure.append(f"anchor {int(a[missing[0]]):#x} missing "
-                                   f"({len(missing)} of 50)")
-                    return
-                one = int(a[0])
-                got = [mt.keys for mt in current[0].query(one, 0) if mt.fingerprint == one]
-                if got != [(keyed_anchor[one],)]:
-                    failure.append(f"anchor {one:#x}: query(k=0, keys=True) gave {got}")
+                problem = check_anchors(current[0], anchors, keyed_anchor, r)
+                if problem:
+                    failure.append(problem)
                     return
             except Exception as exc:  # noqa: BLE001 - reported by the main thread
                 if not stop.is_set() and not isinstance(exc, _closed_errors()):
@@ -314,6 +323,11 @@ def keep_evidence(path: str, args, live: np.ndarray, part: Part) -> None:
     print(f"  kept in {keep}", flush=True)
 
 
+def index_opts(args) -> dict:
+    """The options every process opens the index with."""
+    return dict(durability=args.durability, log_limit=args.log_limit)
+
+
 def worker_main(args) -> int:
     """One of --writers processes: its part's cycles on the shared index."""
     part = Part(args.worker, args.writers)
@@ -323,8 +337,7 @@ def worker_main(args) -> int:
                anchor_keys(anchors, part))
     # Spawned: default_rng([seed, 0]) would replay default_rng(seed), the parent's.
     rng = np.random.default_rng(np.random.SeedSequence(args.seed).spawn(part.count)[part.index])
-    rc = soak(args.path, dict(durability=args.durability, log_limit=args.log_limit), args, o,
-              rng, part)
+    rc = soak(args.path, index_opts(args), args, o, rng, part)
     np.save(os.path.join(d, f"final-live{part.index}.npy"), o.live)
     with open(os.path.join(d, f"final-keyed{part.index}.json"), "w") as fh:
         json.dump({str(fp): key for fp, key in o.keyed.items()}, fh)
@@ -349,16 +362,9 @@ def reader_main(args) -> int:
     checks, ix = 0, Index.open(args.path, readonly=True)
     try:
         while True:  # at least once
-            a = rng.choice(anchors, 50)
-            m = ix.query_many(flip(rng, a, K), K)
-            found = {(int(q), int(f)) for q, f in zip(m["query"], m["fingerprint"])}
-            missing = [i for i in range(len(a)) if (i, int(a[i])) not in found]
-            one = int(a[0])
-            keys = [mt.keys for mt in ix.query(one, 0) if mt.fingerprint == one]
-            if missing or keys != [(keyed[one],)]:
-                print(f"reader {args.reader}: MISMATCH after {checks:,} checks: "
-                      f"{len(missing)} of 50 anchors missing (e.g. "
-                      f"{[hex(int(a[i])) for i in missing[:2]]}), keys of {one:#x}: {keys}",
+            problem = check_anchors(ix, anchors, keyed, rng)
+            if problem:
+                print(f"reader {args.reader}: MISMATCH after {checks:,} checks: {problem}",
                       flush=True)
                 return 1
             checks += 1
@@ -458,7 +464,7 @@ def main(argv=None) -> int:
         return reader_main(args)
     from ndindex import Index
 
-    opts = dict(durability=args.durability, log_limit=args.log_limit)
+    opts = index_opts(args)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         if args.writers > 1 or args.readers:
             return writers_main(args, d, opts)
