@@ -185,9 +185,13 @@ class Compactor:
         #: Input chunks merged away so far (the progress of Index.compact).
         self.chunks_merged = 0
         #: Most runs below the main level any table holds, and the log's
-        #: operations, as of the last commit (for throttle).
+        #: operations, as of the last commit this process made or saw (for
+        #: throttle); the manifest generation the runs were counted in.
         self.level0_runs = 0
         self.log_ops = 0
+        self._runs_generation = None
+        #: Whether the last step found the lease taken by another process.
+        self._lease_elsewhere = False
         #: Raw merge outputs held in memory as they grow: run id -> (buffer,
         #: values in it, the cursor they reach) (see _hold).
         self._growing: dict = {}
@@ -208,7 +212,38 @@ class Compactor:
         self._last_write = time.monotonic()
         if state is not None:
             self.log_ops = state.log_ops
+            if self._thread is not None and state.manifest_generation != self._runs_generation:
+                # Another process's compaction step came between: its runs
+                # are not the ones this process last counted.
+                self._read_figures()
         self._wake.set()
+
+    def _count_runs(self, manifest: Manifest) -> None:
+        tables = range(len(self._ix.plan.tables))
+        self.level0_runs = max((sum(1 for r in manifest.of(t) if level_of(r) < MAIN_LEVEL)
+                                for t in tables), default=0)
+        self._runs_generation = manifest.generation
+
+    def _read_figures(self) -> None:
+        """Take throttle's figures from the newest commit, in a read of the
+        state and manifest alone (no snapshot of the whole index).  The
+        writer's commit is done by now: a file closed or damaged meanwhile
+        leaves the figures as they were, for the next call or query to
+        report, rather than fail an add() that committed."""
+        try:
+            txn, view = self._ix._store.snapshot()
+            try:  # the records lie in pages the snapshot pins: read them before it ends
+                records = [view.get(DB_META, key) for key in (KEY_STATE, KEY_MANIFEST)]
+                if None in records:
+                    return
+                state = State.unpack(unframe(records[0], DB_META, KEY_STATE))
+                manifest = Manifest.unpack(unframe(records[1], DB_META, KEY_MANIFEST))
+            finally:
+                txn.abort()
+        except NdindexError:
+            return
+        self.log_ops = state.log_ops
+        self._count_runs(manifest)
 
     def throttle(self, state, log_limit: int, began: float) -> None:
         """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS).
@@ -224,7 +259,13 @@ class Compactor:
         while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
                 and time.monotonic() < deadline and not self._stop.is_set():
             self._progress.clear()
-            self._progress.wait(max(0.0, deadline - time.monotonic()))
+            if not self._lease_elsewhere:
+                self._progress.wait(max(0.0, deadline - time.monotonic()))
+                continue
+            # Another process compacts: its progress sets no event here, so
+            # look at the file's figures every slice of the wait.
+            self._progress.wait(max(0.0, min(STOP_WAIT_SECONDS / 8, deadline - time.monotonic())))
+            self._read_figures()
         if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
             time.sleep(min(SLOWDOWN_SECONDS, max(0.0, deadline - time.monotonic())))
 
@@ -290,6 +331,7 @@ class Compactor:
         if self._ix.readonly:
             return False
         with self._leased(wait) as held:
+            self._lease_elsewhere = not held
             if not held:
                 return False  # another process is compacting
             snap = self._ix._compaction_snapshot()
@@ -428,8 +470,7 @@ class Compactor:
             state.txnid = wt.txnid
             wt.put_framed(KEY_MANIFEST, manifest.pack())
             wt.put_framed(KEY_STATE, state.pack())
-            self.level0_runs = max((sum(1 for r in manifest.of(t) if level_of(r) < MAIN_LEVEL)
-                                    for t in range(len(self._ix.plan.tables))), default=0)
+            self._count_runs(manifest)
             self.log_ops = state.log_ops
 
         # The step reads no more.  No reader may see the commit before this

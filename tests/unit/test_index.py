@@ -7,6 +7,8 @@ output below it); one Huffman run after a full compaction; reopened.
 
 import errno
 import os
+import subprocess
+import sys
 import time
 from unittest import mock
 
@@ -267,6 +269,76 @@ def test_backpressure_ends_its_wait_a_budget_after_the_commit_began(path, monkey
         c.throttle(state, ix.log_limit, t)
         fresh = time.monotonic() - t
         assert late < 0.5 and fresh >= 0.9, (late, fresh)
+
+
+def _hold_lease(path):
+    """Take the compaction lease as another process would: from a descriptor of our own."""
+    import fcntl
+    fd = os.open(path, os.O_RDWR)
+    assert compaction.byte_lock(fd, compaction.LEASE_BYTE, fcntl.F_WRLCK)
+    return fd
+
+
+def _level0_runs(ix):
+    man = ix._snapshot().manifest
+    return max(sum(1 for r in man.of(t) if compaction.level_of(r) < compaction.MAIN_LEVEL)
+               for t in range(len(ix.plan.tables)))
+
+
+ADD_AND_COMPACT = """
+import sys
+import numpy as np
+from ndindex import Index
+with Index.open(sys.argv[1], background_compaction=False) as ix:
+    ix.add(np.arange(5000, 6000, dtype=np.uint64))
+    ix.compact()
+"""
+
+
+def test_backpressure_counts_the_runs_another_process_merged(path, monkeypatch):
+    # A writer's backpressure figures came only from its own compaction
+    # commits.  After another process (holding the lease) merged the runs,
+    # a writer that last counted STOP_RUNS of them waited STOP_WAIT_SECONDS
+    # on every add() for as long as it did not get the lease.
+    monkeypatch.setattr(compaction, "IDLE_WAIT_SECONDS", 60.0)
+    with Index.create(path, k=3, expected_n=10_000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 3000, dtype=np.uint64))
+    with Index.open(path) as a:
+        c = a._compactor
+        c.level0_runs = compaction.STOP_RUNS  # as its last own commit counted
+        c._runs_generation = a._snapshot().state.manifest_generation
+        subprocess.run([sys.executable, "-c", ADD_AND_COMPACT, path], check=True, timeout=120)
+        fd = _hold_lease(path)
+        try:
+            a.add([7777])
+            assert c.level0_runs == _level0_runs(a) < compaction.SLOWDOWN_RUNS
+            assert c._runs_generation == a._snapshot().state.manifest_generation
+            assert c.log_ops == a._snapshot().state.log_ops
+        finally:
+            os.close(fd)
+
+
+def test_backpressure_wait_follows_another_processs_compaction(path, monkeypatch):
+    # A writer waiting at the stop line while another process holds the
+    # lease reads the file's figures as it waits: no event of its own
+    # compactor would end the wait once that process caught up.
+    monkeypatch.setattr(compaction, "IDLE_WAIT_SECONDS", 60.0)
+    monkeypatch.setattr(compaction, "STOP_WAIT_SECONDS", 8.0)
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 500, dtype=np.uint64))
+    with Index.open(path) as a:
+        c = a._compactor
+        fd = _hold_lease(path)
+        try:
+            a.add([7777])  # wakes the compactor, which finds the lease taken
+            wait_for(lambda: c._lease_elsewhere, seconds=20)
+            c.log_ops = 10**9  # as last seen, before the other process flushed
+            t = time.monotonic()
+            c.throttle(a._snapshot().state, a.log_limit, t)
+            assert time.monotonic() - t < 4.0
+            assert c.log_ops == a._snapshot().state.log_ops
+        finally:
+            os.close(fd)
 
 
 def test_background_compaction_waits_for_a_write_after_open(path, monkeypatch):
