@@ -212,9 +212,12 @@ class Compactor:
         self._last_write = time.monotonic()
         if state is not None:
             self.log_ops = state.log_ops
-            if self._thread is not None and state.manifest_generation != self._runs_generation:
+            if self._thread is not None and (self._runs_generation is None or
+                                             state.manifest_generation > self._runs_generation):
                 # Another process's compaction step came between: its runs
-                # are not the ones this process last counted.
+                # are not the ones this process last counted.  (One of this
+                # process's steps may commit after the writer's commit and
+                # before this line: its count is newer than the state's.)
                 self._read_figures()
         self._wake.set()
 
@@ -243,7 +246,8 @@ class Compactor:
         except NdindexError:
             return
         self.log_ops = state.log_ops
-        self._count_runs(manifest)
+        if self._runs_generation is None or manifest.generation >= self._runs_generation:
+            self._count_runs(manifest)  # else a step of this process committed meanwhile
 
     def throttle(self, state, log_limit: int, began: float) -> None:
         """Slow a writer down while the background compactor is behind (see SLOWDOWN_LOGS).
