@@ -52,11 +52,11 @@ import numpy as np
 from ndindex import _core, chunks as ch, codec, docstore, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
-from ndindex.records import (DB_CHUNKS, DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
+from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
-                             SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, unframe)
+                             SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
 
 #: Log operations that make a flush worth doing.
 FLUSH_OPS = 1 << 16
@@ -236,11 +236,8 @@ class Compactor:
         try:
             txn, view = self._ix._store.snapshot()
             try:  # the records lie in pages the snapshot pins: read them before it ends
-                records = [view.get(DB_META, key) for key in (KEY_STATE, KEY_MANIFEST)]
-                if None in records:
-                    return
-                state = State.unpack(unframe(records[0], DB_META, KEY_STATE))
-                manifest = Manifest.unpack(unframe(records[1], DB_META, KEY_MANIFEST))
+                state = read_meta(view, KEY_STATE, State)
+                manifest = read_meta(view, KEY_MANIFEST, Manifest)
             finally:
                 txn.abort()
         except NdindexError:
@@ -455,8 +452,7 @@ class Compactor:
         index to hold in memory at once instead of reading them back (see
         _hold)."""
         def body(wt):
-            raw = wt.view.get(DB_META, KEY_STATE)
-            state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+            state = read_meta(wt.view, KEY_STATE, State)
             if state.manifest_generation != snap.state.manifest_generation or \
                     state.log_first_seq != snap.state.log_first_seq:
                 raise _Conflict()

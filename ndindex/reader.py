@@ -34,7 +34,8 @@ from ndindex.overlay import LogOverlay, PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN, KIND_RAW,
                              MAX_TOMBSTONE_RUNS,
                              SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP, SPACE_LOOKUP,
-                             SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, unframe)
+                             SPACE_TOMBSTONES, U64_BE, LogRecord, Manifest, State, read_meta,
+                             unframe)
 from ndindex.records import DB_CHUNKS, decode_doc_key
 
 
@@ -340,10 +341,7 @@ class Snapshot:
         self.view = view
         self.plan = plan
         self.txnid = view.txnid
-        raw = view.get(DB_META, KEY_STATE)
-        if raw is None:
-            raise CorruptionError("state record is missing", database=DB_META, key=KEY_STATE)
-        self.state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+        self.state = read_meta(view, KEY_STATE, State)
         if self.state.txnid != self.txnid:
             # Every commit rewrites the state with its own transaction id: a
             # mismatch means LMDB opened a meta page that no commit of ours
@@ -599,10 +597,7 @@ class Snapshot:
                                    run.space, run.run_id, run.kind, start, prev)
 
     def _load_manifest(self) -> Manifest:
-        raw = self.view.get(DB_META, KEY_MANIFEST)
-        if raw is None:
-            raise CorruptionError("manifest record is missing", database=DB_META, key=KEY_MANIFEST)
-        return Manifest.unpack(unframe(raw, DB_META, KEY_MANIFEST))
+        return read_meta(self.view, KEY_MANIFEST, Manifest)
 
     def _read_log(self, first: int, end: int) -> list:
         if first == end:

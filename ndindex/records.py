@@ -350,6 +350,15 @@ class Manifest:
         return run_id
 
 
+def read_meta(view, key: bytes, cls):
+    """The meta record key (KEY_STATE, KEY_MANIFEST) of a page view or write
+    transaction's view, unpacked by cls (State, Manifest): CorruptionError
+    if it is missing or damaged."""
+    raw = view.get(DB_META, key)
+    if raw is None:
+        raise CorruptionError(f"{key.decode()} record is missing", database=DB_META, key=key)
+    return cls.unpack(unframe(raw, DB_META, key))
+
 # -- log records (7.5) -----------------------------------------------------------
 
 LOG_HEAD = struct.Struct("<IIIII")  # adds, removes, key puts, key deletes, records

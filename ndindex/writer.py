@@ -28,10 +28,10 @@ import numpy as np
 
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
-from ndindex.errors import ClosedError, CorruptionError
+from ndindex.errors import ClosedError
 from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
-                             frame, log_padding, unframe)
+                             frame, log_padding, read_meta, unframe)
 from ndindex.store import translate_error
 
 
@@ -45,10 +45,7 @@ def commit_record(wt, record: LogRecord, extra=(), pad: bool = False) -> State:
     extra: more (key, payload) meta records to write in the same commit;
     pad: pad the record as format 5 writers do (records.log_padding).
     """
-    raw = wt.view.get(DB_META, KEY_STATE)
-    if raw is None:
-        raise CorruptionError("state record is missing", database=DB_META, key=KEY_STATE)
-    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    state = read_meta(wt.view, KEY_STATE, State)
     key = U64_BE.pack(state.log_next_seq)
     payload = record.pack()
     if pad:
@@ -234,16 +231,14 @@ class Writer:
 def put_header(wt, header) -> None:
     """Rewrite the header record (``ndindex upgrade``'s change of block coding),
     and the state with this transaction's id ([F9])."""
-    raw = wt.view.get(DB_META, KEY_STATE)
-    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    state = read_meta(wt.view, KEY_STATE, State)
     wt.put_framed(KEY_HEADER, header.pack())
     state.txnid = wt.txnid
     wt.put_framed(KEY_STATE, state.pack())
 
 
 def _drop_meta(wt, key: bytes) -> None:
-    raw = wt.view.get(DB_META, KEY_STATE)
-    state = State.unpack(unframe(raw, DB_META, KEY_STATE))
+    state = read_meta(wt.view, KEY_STATE, State)
     wt.delete(DB_META, key)
     state.txnid = wt.txnid
     wt.put_framed(KEY_STATE, state.pack())
@@ -297,8 +292,7 @@ def replay_journals(index) -> int:
             if n:
                 commit_record(wt, record, pad=index.pads_log)
             else:
-                raw_state = wt.view.get(DB_META, KEY_STATE)
-                state = State.unpack(unframe(raw_state, DB_META, KEY_STATE))
+                state = read_meta(wt.view, KEY_STATE, State)
                 state.txnid = wt.txnid
                 wt.put_framed(KEY_STATE, state.pack())
             if raw is not None:

@@ -472,3 +472,18 @@ def test_a_write_on_a_damaged_free_list_raises_and_changes_nothing(damaged):
         with pytest.raises(CorruptionError, match="free"):
             ix.add([12345])
     assert open(path, "rb").read() == before
+
+
+def test_a_write_that_finds_no_state_record_raises_corruption_error(tmp_path):
+    # Every reading of the state and manifest records goes through
+    # records.read_meta.  Four readings on the write path (a compaction
+    # step's commit, put_header, dropping a meta record, a commit of an
+    # empty record) had no check of their own: a missing state record made
+    # them raise TypeError.
+    from ndindex.writer import put_header
+    path = str(tmp_path / "x.ndx")
+    with Index.create(path, k=3, expected_n=1000, background_compaction=False) as ix:
+        ix.add(np.arange(1, 100, dtype=np.uint64))
+        ix._store.write(lambda wt: wt.delete(rec.DB_META, rec.KEY_STATE))
+        with pytest.raises(CorruptionError, match="state record is missing"):
+            ix._store.write(lambda wt: put_header(wt, ix._header))
