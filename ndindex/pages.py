@@ -36,6 +36,26 @@ MAX_PAGE_BYTES = 65536
 #: Where a meta page keeps mm_txnid: the page header (16), magic, version,
 #: address and map size (24), two tree records (96), mm_last_pg (8).
 META_TXNID_OFFSET = 144
+#: Both meta pages of 4 KB pages (LMDB's page size is the OS's): what an
+#: open reads first.  From a cold cache 8 KB took 0.3 ms to read, 2 x
+#: MAX_PAGE_BYTES 0.85 ms, a quarter of a cold open.
+COMMON_HEAD_BYTES = 2 * 4096
+
+
+def read_head(path: str) -> bytes:
+    """The file's first bytes, enough for both meta pages: COMMON_HEAD_BYTES
+    when meta page 0 reads as a meta page of pages that small, else (larger
+    pages, or page 0 damaged) 2 x MAX_PAGE_BYTES.  Whatever lmdb_meta finds
+    in the longer read it finds in the shorter, which holds both pages."""
+    with open(path, "rb") as fh:
+        head = fh.read(COMMON_HEAD_BYTES)
+        try:
+            fits = 2 * _core.lmdb_meta(head, 0)["psize"] <= len(head)
+        except CorruptionError:
+            fits = False
+        if not fits:
+            head += fh.read(2 * MAX_PAGE_BYTES - len(head))
+    return head
 
 
 class Tree(NamedTuple):
@@ -110,8 +130,7 @@ class FileMap:
 
     def metas(self) -> list:
         """Both meta pages as dicts (lmdb_meta), or the CorruptionError each raised."""
-        with open(self.path, "rb") as fh:  # pread: the mapping may not exist yet
-            head = fh.read(2 * MAX_PAGE_BYTES)
+        head = read_head(self.path)  # read, not mapped: the mapping may not exist yet
         out = []
         psize = 0
         for slot in (0, 1):

@@ -359,8 +359,7 @@ def _looks_like_lmdb(path: str) -> bool:
     damaged index (CorruptionError from pick_meta), not a foreign file.
     """
     magic = struct.pack("<I", 0xBEEFC0DE)
-    with open(path, "rb") as fh:
-        head = fh.read(2 * pages.MAX_PAGE_BYTES + 24)
+    head = pages.read_head(path)
     return head[16:20] == magic or any(
         head[psize + 16:psize + 20] == magic and head[psize:psize + 8] == struct.pack("<Q", 1)
         for psize in (512 << i for i in range(8)))

@@ -487,3 +487,39 @@ def test_a_write_that_finds_no_state_record_raises_corruption_error(tmp_path):
         ix._store.write(lambda wt: wt.delete(rec.DB_META, rec.KEY_STATE))
         with pytest.raises(CorruptionError, match="state record is missing"):
             ix._store.write(lambda wt: put_header(wt, ix._header))
+
+
+def _metas_of(head: bytes) -> list:
+    """What FileMap.metas() makes of a head: each meta page's txnid, or its error."""
+    out, psize = [], 0
+    for slot in (0, 1):
+        try:
+            meta = _core.lmdb_meta(head, slot, psize)
+            psize = meta["psize"]
+            out.append(meta["txnid"])
+        except CorruptionError as exc:
+            out.append(str(exc))
+    return out
+
+
+@pytest.mark.parametrize("damage_page0", [False, True])
+def test_an_open_reads_both_meta_pages_in_8_kb_unless_page_0_says_otherwise(tmp_path,
+                                                                             damage_page0):
+    # A cold open read 2 x 64 KB (the largest page size) for the meta pages
+    # four times; it reads 8 KB when page 0 is a meta page of 4 KB pages,
+    # and finds in them what it finds in the longer read.
+    from ndindex import pages
+    path = str(tmp_path / "x.ndx")
+    with Index.create(path, k=3, expected_n=1000) as ix:
+        ix.add(np.arange(1, 100, dtype=np.uint64))
+    if damage_page0:
+        flip(path, 16)  # page 0's magic
+    head = pages.read_head(path)
+    with open(path, "rb") as fh:
+        full = fh.read(2 * pages.MAX_PAGE_BYTES)
+    assert len(head) == (len(full) if damage_page0 else pages.COMMON_HEAD_BYTES)
+    metas = _metas_of(head)
+    assert metas == _metas_of(full)
+    assert all(isinstance(m, int) for m in metas) != damage_page0
+    got = pages.FileMap(path).metas()
+    assert [m["txnid"] if isinstance(m, dict) else str(m) for m in got] == metas
