@@ -58,6 +58,22 @@ def read_head(path: str) -> bytes:
     return head
 
 
+def metas_of(head: bytes) -> list:
+    """Both meta pages in head (read_head) as dicts (lmdb_meta), or the
+    CorruptionError each raised; page 1 is read at the page size page 0
+    gives."""
+    out = []
+    psize = 0
+    for slot in (0, 1):
+        try:
+            meta = _core.lmdb_meta(head, slot, psize)
+            psize = meta["psize"]
+            out.append(meta)
+        except CorruptionError as exc:
+            out.append(exc)
+    return out
+
+
 class Tree(NamedTuple):
     """A B-tree's root page (None when empty), depth and LMDB flags."""
 
@@ -130,18 +146,9 @@ class FileMap:
 
     def metas(self) -> list:
         """Both meta pages as dicts (lmdb_meta), or the CorruptionError each raised."""
-        head = read_head(self.path)  # read, not mapped: the mapping may not exist yet
-        out = []
-        psize = 0
-        for slot in (0, 1):
-            try:
-                meta = _core.lmdb_meta(head, slot, psize)
-                psize = meta["psize"]
-                out.append(meta)
-            except CorruptionError as exc:
-                out.append(exc)
-        if psize:
-            self.psize = psize
+        out = metas_of(read_head(self.path))  # read, not mapped: the mapping may not exist yet
+        if isinstance(out[0], dict):  # page 1 parses only at page 0's page size
+            self.psize = out[0]["psize"]
         return out
 
 

@@ -359,6 +359,7 @@ def read_meta(view, key: bytes, cls):
         raise CorruptionError(f"{key.decode()} record is missing", database=DB_META, key=key)
     return cls.unpack(unframe(raw, DB_META, key))
 
+
 # -- log records (7.5) -----------------------------------------------------------
 
 LOG_HEAD = struct.Struct("<IIIII")  # adds, removes, key puts, key deletes, records

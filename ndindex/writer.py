@@ -228,20 +228,24 @@ class Writer:
                 raise
 
 
-def put_header(wt, header) -> None:
-    """Rewrite the header record (``ndindex upgrade``'s change of block coding),
-    and the state with this transaction's id ([F9])."""
+def _stamp_state(wt) -> None:
+    """Rewrite the state with this transaction's id ([F9]): a commit that
+    appends no log record still names itself there."""
     state = read_meta(wt.view, KEY_STATE, State)
-    wt.put_framed(KEY_HEADER, header.pack())
     state.txnid = wt.txnid
     wt.put_framed(KEY_STATE, state.pack())
+
+
+def put_header(wt, header) -> None:
+    """Rewrite the header record (``ndindex upgrade``'s change of block coding),
+    and the state with this transaction's id."""
+    wt.put_framed(KEY_HEADER, header.pack())
+    _stamp_state(wt)
 
 
 def _drop_meta(wt, key: bytes) -> None:
-    state = read_meta(wt.view, KEY_STATE, State)
     wt.delete(DB_META, key)
-    state.txnid = wt.txnid
-    wt.put_framed(KEY_STATE, state.pack())
+    _stamp_state(wt)
 
 
 def _copy_pending(p: PendingOps) -> PendingOps:
@@ -292,9 +296,7 @@ def replay_journals(index) -> int:
             if n:
                 commit_record(wt, record, pad=index.pads_log)
             else:
-                state = read_meta(wt.view, KEY_STATE, State)
-                state.txnid = wt.txnid
-                wt.put_framed(KEY_STATE, state.pack())
+                _stamp_state(wt)
             if raw is not None:
                 wt.delete(DB_META, key)
             return n
