@@ -2,22 +2,12 @@
 
 Each table is a log-structured set of sorted runs (FORMAT.md 7.4).  A
 *flush* turns the append log into one new run per table (and per record
-space), updates the tombstones and deletes the log records; a table's
-flush merges with its small level-1 run in the same commit when it can
-(``_flush_target``), else it is a level-0 run.  A *merge* combines runs
-into one run of the next level, LevelDB-style leveling: level-0 runs
-merge into level 1 at once; a level merges into the next when it
-outgrows its share (``level_capacity``), and the top raw level into the
-main level, with the table's main run, once it holds ``MAIN_FRACTION`` of
-it (one run a level, so a query probes a few runs).  Level 1 holds
-``SMALL_LEVEL_RATIO`` flushes while two raw levels do with that, then
-``LEVEL_RATIO`` (``level1_share``); the shares of the levels above grow
-geometrically to the top's, at most ``MAX_LEVEL_RATIO`` apart, and a raw
-level is added each time the main level grows that much (RocksDB's
-dynamic level sizes): two raw levels up to 33.5M entries a table, three
-up to 537M.  Each fingerprint is so rewritten at most about
-(MAX_LEVEL_RATIO + 1) / 2 times per level, O(log N) levels: work per
-added fingerprint grows with log N, not N.
+space), updates the tombstones and deletes the log records.  A *merge*
+combines runs into one run of the next level.  Which runs a flush makes
+and which merges are due is the run layout's policy, :mod:`ndindex.levels`
+(LevelDB-style leveling, RocksDB's dynamic level sizes): work per added
+fingerprint grows with log N, not N.  This module does the work, and
+holds back writers that outrun it (``Compactor.throttle``).
 
 Why steps: LMDB has one writer at a time, and a file never shrinks, so a
 merge that rewrote a large run in one transaction would stall every add()
@@ -49,7 +39,7 @@ import time
 
 import numpy as np
 
-from ndindex import _core, chunks as ch, codec, docstore, runs as rn
+from ndindex import _core, chunks as ch, codec, docstore, levels, locks, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique
 from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
@@ -58,53 +48,8 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HU
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
 
-#: Log operations that make a flush worth doing.
-FLUSH_OPS = 1 << 16
 #: A smaller log is flushed once no write came for this long.
 FLUSH_IDLE_SECONDS = 1.0
-#: Level 1 holds FLUSH_OPS * LEVEL_RATIO entries (level1_share) ...
-LEVEL_RATIO = 8
-#: ... or this many flushes, while the top raw level's share is at most
-#: MAX_LEVEL_RATIO times that (a main level of up to 16.8M entries a
-#: table).  Every flush rewrites the level-1 run in its commit: among the
-#: largest commits of a small index, which the file must hold free pages
-#: for beside its data (bench_churn_commits.py).  At 10M (with the
-#: top raw level's floor of _top_share), bench_stream's file after the
-#: stream went from 1.20-1.21x a fresh build to 1.15-1.16x, after churn
-#: from 1.33-1.42x to 1.31-1.33x (two runs each); at 30M, four flushes
-#: would take a third raw level (a slower stream), hence the switch.
-SMALL_LEVEL_RATIO = 4
-#: The levels below the main level hold raw blocks (cheap to merge and to
-#: probe; packed, about 6.4 bytes a value at level 2 of a 10M index,
-#: FORMAT.md 5.3; plain, 8.06); the main level holds Huffman-delta blocks
-#: (about 5.5 bytes a value at 10M, but several times dearer to encode).
-#: Keeping the levels that are rewritten often raw is what lets one core
-#: keep up with a million additions a second.  Every Huffman run of a table
-#: is a main-level run whatever level it carries (files written before
-#: 2026-11-27 numbered the main level 3; see level_of).
-MAIN_LEVEL = 15
-#: The top raw level merges into the main level once it holds this
-#: fraction of the main level (or LEVEL_RATIO times a small level 1, if
-#: more: _top_share).
-MAIN_FRACTION = 0.25
-#: Raw levels are added as the main level grows (RocksDB's dynamic level
-#: sizes): the sizes of levels 1 .. top grow geometrically from level 1's
-#: to the top's, at most this ratio apart.  With two raw levels whatever N,
-#: level 2 held a quarter of the main level, and each level-1 run merged
-#: into it rewrote it: at 1B, 250M entries rewritten for every 0.5M added.
-MAX_LEVEL_RATIO = 16
-#: Where the main level of record spaces was numbered before (their runs
-#: are never Huffman-coded): their runs at this level or above are main.
-RECORD_MAIN_LEVEL = 3
-#: Deletion-triggered merge (as RocksDB's compaction on deletions): once the
-#: tombstones that may hide fingerprints of a table's oldest run outnumber
-#: this fraction of its main level, every run of the table merges into the
-#: main level, so removed fingerprints leave the file and their tombstones
-#: can go (the next flush drops them) instead of piling up with churn.
-TOMBSTONE_FRACTION = 0.05
-#: Tombstone runs a file keeps before the smallest merge (format 5): each
-#: flush adds one, and a query looks each candidate it finds up in each.
-TOMBSTONE_RUNS = 4
 #: Input chunks read per input run per merge step (about 2 MB each).
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
@@ -129,11 +74,6 @@ STOP_WAIT_SECONDS = 0.04
 #: closes: otherwise the next open's first query reads the whole log (a
 #: 65,000-operation log made it 10 ms with the file cached, 25 ms cold).
 CLOSE_FLUSH_OPS = 4096
-#: Byte ranges of the index file locked (Linux OFD locks, else POSIX locks):
-#: the compaction lease, and a shared lock every open index holds so that
-#: vacuum can tell whether another process has the file open.
-LEASE_BYTE = 0
-OPEN_BYTE = 1
 
 #: Test-only (tests/crash/test_kill_compaction.py): with
 #: NDINDEX_KILL_AT_COMPACTION="before:N" or "after:N" in the environment,
@@ -146,22 +86,6 @@ _COMMITS = itertools.count()
 def _kill_if(moment: str) -> None:
     if _KILL_AT == moment:
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-_F_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
-_F_SETLKW = getattr(fcntl, "F_OFD_SETLKW", fcntl.F_SETLKW)
-
-
-def byte_lock(fd: int, byte: int, kind: int, wait: bool = False) -> bool:
-    """Lock one byte of a file (fcntl F_RDLCK/F_WRLCK/F_UNLCK); False if held elsewhere."""
-    import struct
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (Linux x86-64 layout).
-    lk = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
-    try:
-        fcntl.fcntl(fd, _F_SETLKW if wait else _F_SETLK, lk)
-        return True
-    except OSError:
-        return False
 
 
 class _Conflict(Exception):
@@ -223,7 +147,8 @@ class Compactor:
 
     def _count_runs(self, manifest: Manifest) -> None:
         tables = range(len(self._ix.plan.tables))
-        self.level0_runs = max((sum(1 for r in manifest.of(t) if level_of(r) < MAIN_LEVEL)
+        self.level0_runs = max((sum(1 for r in manifest.of(t)
+                                    if levels.level_of(r) < levels.MAIN_LEVEL)
                                 for t in tables), default=0)
         self._runs_generation = manifest.generation
 
@@ -319,13 +244,13 @@ class Compactor:
         yields False, holding nothing, when another process has the lease."""
         with self._lock:
             fd = self._ix._lock_fd
-            if not byte_lock(fd, LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
+            if not locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
                 yield False
                 return
             try:
                 yield True
             finally:
-                byte_lock(fd, LEASE_BYTE, fcntl.F_UNLCK)
+                locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_UNLCK)
 
     def step(self, force_flush: bool = False, full: bool = False, wait: bool = False) -> bool:
         """Do one unit of work if there is any; return whether something was done."""
@@ -368,19 +293,20 @@ class Compactor:
         # runs would pile up.  Merge first once they do, unless the log
         # itself has grown long.
         tables = range(len(self._ix.plan.tables))
-        level0 = max((sum(1 for r in snap.manifest.of(t) if level_of(r) == 0) for t in tables),
-                     default=0)
+        level0 = max((sum(1 for r in snap.manifest.of(t) if levels.level_of(r) == 0)
+                      for t in tables), default=0)
         # A level-1 run past its share, with nothing else merging in its
         # table, starts its merge up first: the flush would otherwise be a
-        # second level-1 run beside it (_flush_target) and one more input
+        # second level-1 run beside it (levels.flush_target) and one more input
         # of that merge.
-        level1_full = any(_level1_full(snap.manifest, t, self._ix.log_limit) for t in tables)
-        if log_due and ((level0 < MERGE_FIRST_RUNS and not level1_full) or
+        level1_over = any(levels.level1_full(snap.manifest, t, self._ix.log_limit)
+                          for t in tables)
+        if log_due and ((level0 < MERGE_FIRST_RUNS and not level1_over) or
                         st.log_ops >= STOP_LOGS * self._ix.log_limit):
             self._flush(snap)
             return True
         # A few tombstone runs at most: a query looks a candidate up in each.
-        if len(snap.tombstone_runs) > TOMBSTONE_RUNS and self._ix.levels_tombstones and \
+        if len(snap.tombstone_runs) > levels.TOMBSTONE_RUNS and self._ix.levels_tombstones and \
                 self._tombstone_round(snap):
             return True
         if self._merge_round(snap, full):
@@ -412,13 +338,13 @@ class Compactor:
             if snap.tombstone_runs else None
         spaces = list(range(len(self._ix.plan.tables))) + list(RECORD_SPACES)
         merges = [(space, m) for space in spaces
-                  for m in _choose_merges(snap.manifest, space, full, self._ix.log_limit, stamps,
-                                          self._ix.coding)]
+                  for m in levels.choose_merges(snap.manifest, space, full, self._ix.log_limit,
+                                                stamps, self._ix.coding)]
         for space, (output, inputs, level) in merges:
             inputs = [_find(man, r.run_id) for r in inputs]
             if output is None:
                 rid = man.new_run_id()
-                kind = KIND_RECORDS if space in RECORD_SPACES else kind_of(level)
+                kind = KIND_RECORDS if space in RECORD_SPACES else levels.kind_of(level)
                 output = Run(space, kind, level, rid, 0, 0, flags=RUN_MERGE_OUTPUT, merge_into=rid)
                 man.runs.insert(min(man.runs.index(r) for r in inputs), output)
                 for r in inputs:
@@ -543,7 +469,7 @@ class Compactor:
         puts, deletes = [], []
         adds = log.adds
         first_new = man.next_run_id
-        main = max((_main_entries(man.of(t)) for t in range(len(ix.plan.tables))), default=0)
+        main = levels.largest_main_level(man, len(ix.plan.tables))
         # Tombstones: the log's removals join them, its additions leave them
         # (searched among the additions, fewer than the tombstones).
         t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
@@ -566,10 +492,10 @@ class Compactor:
             if len(back):
                 newer = newer[~isin_sorted(newer, back)]
             return merge_unique([newer, log.removes])
-        # A flush goes to level 1 or level 0 (_flush_target), unless it is
+        # A flush goes to level 1 or level 0 (levels.flush_target), unless it is
         # larger than any raw level may hold: then it is a main run of its own.
-        level = 0 if len(adds) <= _top_share(main, ix.log_limit) else MAIN_LEVEL
-        kind = kind_of(level)
+        level = 0 if len(adds) <= levels.top_share(main, ix.log_limit) else levels.MAIN_LEVEL
+        kind = levels.kind_of(level)
 
         def table_run(job):
             """A table's new run: (chunk pairs, entries, first value, last value, code).
@@ -592,7 +518,7 @@ class Compactor:
         # of the compaction thread's 3,432 samples in a 30M stream went to
         # building them one after another), then put into the manifest in
         # table order.
-        jobs = [(t, design, *_flush_target(man, t, level, ix.log_limit), man.new_run_id())
+        jobs = [(t, design, *levels.flush_target(man, t, level, ix.log_limit), man.new_run_id())
                 for t, design in enumerate(ix.plan.tables)] if len(adds) else []
         pool = self._pool if len(jobs) > 1 else None
         built = list(pool.map(table_run, jobs)) if pool is not None else \
@@ -682,16 +608,15 @@ class Compactor:
         return puts, deletes
 
     def _tombstone_round(self, snap) -> bool:
-        """Merge, rewrite or drop tombstone runs when _tombstone_inputs says so,
+        """Merge, rewrite or drop tombstone runs when levels.tombstone_inputs says so,
         in one commit; whether it did."""
         runs = list(snap.tombstone_runs)
         arrays = [snap.tombstone_run_arrays(r) for r in runs]
         man = _copy_manifest(snap.manifest)
         floor = _min_fp_run_id(man)
-        main = max((_main_entries(man.of(t)) for t in range(len(self._ix.plan.tables))),
-                   default=0)
-        chosen = _tombstone_inputs(runs, [a[1] for a in arrays], floor,
-                                   tombstone_cap(main, self._ix.log_limit))
+        main = levels.largest_main_level(man, len(self._ix.plan.tables))
+        chosen = levels.tombstone_inputs(runs, [a[1] for a in arrays], floor,
+                                         levels.tombstone_cap(main, self._ix.log_limit))
         if not chosen:
             return False
         fps, stamps = rn.union_tombstones([arrays[i] for i in chosen])
@@ -885,277 +810,6 @@ def _last_chunk_marked(snap, key: bytes) -> tuple:
         raise CorruptionError("a merge output's last chunk is missing", database=DB_CHUNKS,
                               key=key)
     return key, ch.marked_last(key, value)
-
-
-# -- policy ------------------------------------------------------------------------
-
-
-def _level1_full(man: Manifest, space: int, flush_ops: int = FLUSH_OPS) -> bool:
-    """Whether a table's free level-1 run is past its share while no merge
-    runs in the table: the next merge round starts its merge up."""
-    runs = man.of(space)
-    share = level1_share(_main_entries(runs), flush_ops)
-    return not any(r.merge_into for r in runs) and any(
-        level_of(r) == 1 and r.entries > share for r in runs)
-
-
-def _flush_target(man: Manifest, space: int, level: int, flush_ops: int = FLUSH_OPS):
-    """Where a table's flush (of a run at level) goes: (1, run) to merge
-    with a free small run of the table in the flush's own commit, (1, None)
-    to be a level-1 run of its own, or (level, None) to be a level-0 run
-    merged up in steps (or a main run, for a flush larger than the raw
-    levels).
-
-    A free small run is a level-0 or level-1 run no merge has.  The flush
-    merges into the smallest one within level 1's share (the commit then
-    writes at most that share and the log, a few megabytes a table); past
-    it, the run's merge up is due, and while it waits for a busy merge of
-    its table, one more level-1 run takes the flushes.  A level-0 run merged
-    up in steps was two or three more runs for every query to probe
-    meanwhile.  (Flushes then go as soon as the log is due, each rewriting
-    the level-1 run, and a commit holds the whole run: write amplification
-    and the file's growth come more from flushes than they did.)"""
-    if level != 0:
-        return level, None
-    runs = man.of(space)
-    share = level1_share(_main_entries(runs), flush_ops)
-    free = [r for r in runs if level_of(r) <= 1 and not r.merge_into]
-    room = [r for r in free if r.entries <= share]
-    if room:
-        return 1, min(room, key=lambda r: r.entries)
-    return (1, None) if len(free) < 2 else (level, None)
-
-
-def level_of(run: Run) -> int:
-    """A run's level as the policy sees it: MAIN_LEVEL for every run of the
-    main level (a table's Huffman runs; a record space's runs at
-    RECORD_MAIN_LEVEL or above, as files before 2026-11-27 numbered them)."""
-    if run.kind == KIND_HUFFMAN or (run.space in RECORD_SPACES and
-                                    run.level >= RECORD_MAIN_LEVEL):
-        return MAIN_LEVEL
-    return run.level
-
-
-def _main_entries(runs) -> int:
-    return sum(r.entries for r in runs if level_of(r) >= MAIN_LEVEL)
-
-
-def level1_share(main_entries: int, flush_ops: int) -> int:
-    """Entries level 1 may hold: SMALL_LEVEL_RATIO flushes while the top
-    raw level's share is within MAX_LEVEL_RATIO of that, else LEVEL_RATIO
-    flushes (the top's share then sets how many raw levels there are)."""
-    small = flush_ops * SMALL_LEVEL_RATIO
-    if _top_share(main_entries, flush_ops) <= small * MAX_LEVEL_RATIO:
-        return small
-    return flush_ops * LEVEL_RATIO
-
-
-def _top_share(main_entries: int, flush_ops: int) -> int:
-    """Entries the top raw level may hold: MAIN_FRACTION of the main level,
-    at least LEVEL_RATIO times a level 1 of SMALL_LEVEL_RATIO flushes."""
-    return max(flush_ops * SMALL_LEVEL_RATIO * LEVEL_RATIO, int(main_entries * MAIN_FRACTION))
-
-
-def top_raw_level(main_entries: int = 0, flush_ops: int = FLUSH_OPS) -> int:
-    """The top raw level of a space whose main level holds main_entries: 2
-    until the top's share is MAX_LEVEL_RATIO times level 1's, then one more
-    level for every MAX_LEVEL_RATIO times (at FLUSH_OPS: 2 up to a main
-    level of 33.5M entries, 3 up to 537M, 4 up to 8.6G)."""
-    ratio = _top_share(main_entries, flush_ops) / level1_share(main_entries, flush_ops)
-    top = 2
-    while ratio > MAX_LEVEL_RATIO ** (top - 1) and top < MAIN_LEVEL - 1:
-        top += 1
-    return top
-
-
-def level_capacity(level: int, main_entries: int = 0, flush_ops: int = FLUSH_OPS,
-                   records: bool = False) -> int:
-    """Entries a run of this level may hold before it merges into the next.
-
-    Level 0 holds a flush, level 1 level1_share, the top raw level
-    _top_share (MAIN_FRACTION of the main level),
-    the levels between them sizes in geometric progression.  A raw level
-    above the top (the main level shrank) holds nothing: it is due.
-    Record spaces keep two raw levels (records: their level 3 is main in
-    files before 2026-11-27, see level_of)."""
-    if level >= MAIN_LEVEL:
-        return 1 << 63
-    if level == 0:
-        return flush_ops
-    top = 2 if records else top_raw_level(main_entries, flush_ops)
-    if level > top:
-        return 0
-    base, share = level1_share(main_entries, flush_ops), _top_share(main_entries, flush_ops)
-    if level == top:
-        return share
-    return int(base * (share / base) ** ((level - 1) / (top - 1)))
-
-
-def level_for(entries: int, at_least: int = 0, main_entries: int = 0,
-              flush_ops: int = FLUSH_OPS, records: bool = False) -> int:
-    """The lowest level, at least at_least, whose runs may hold this many entries."""
-    level = at_least
-    while level < MAIN_LEVEL and entries > level_capacity(level, main_entries, flush_ops,
-                                                          records):
-        level += 1
-    return level
-
-
-def kind_of(level: int) -> int:
-    return KIND_HUFFMAN if level >= MAIN_LEVEL else KIND_RAW
-
-
-def _choose_merges(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
-                   stamps: np.ndarray | None = None, coding: int | None = None) -> list:
-    """The merges to advance in a space this round (see _choose_merge).
-
-    Beside a merge of the large levels (level 2 and the main level), which
-    takes hundreds of steps at 10M, the runs below it merge among themselves
-    as they would alone, into a level below the busy merge's (as LevelDB
-    compacts different levels at once): full level-1 runs into level 2,
-    level-0 runs into level 1 even past its capacity.  Otherwise they pile
-    up (at 30M, four level-1 runs beside a merge into the main level), and
-    every query probes each of them.  Record spaces, whose runs are ordered
-    (newest wins), keep one merge at a time.
-    """
-    runs = man.of(space)
-    busy = [(r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], level_of(r))
-            for r in runs if r.merge_output]
-    if not busy:
-        first = _choose_merge(man, space, full, flush_ops, stamps, coding)
-        return [] if first is None else [first]
-    if space in RECORD_SPACES or full or len(busy) > 1 or \
-            any(level_of(r) < 2 for r in busy[0][1]):
-        return busy
-    main = _main_entries(runs)
-    rest = Manifest(man.generation, man.next_run_id,
-                    [r for r in man.runs if r.space != space or not r.merge_into])
-    side = _choose_merge(rest, space, False, flush_ops, None, coding, main)
-    if side is not None and side[2] <= min(level_of(r) for r in busy[0][1]):
-        return busy + [side]
-    level0 = [r for r in runs if not r.merge_into and level_of(r) == 0]
-    if not level0:
-        return busy
-    # Into level 1 even past its capacity: a second run at a busy level
-    # would be one more run for every query to probe.
-    return busy + [(None, level0 + [r for r in runs if not r.merge_into and level_of(r) == 1][:1],
-                    1)]
-
-
-def _choose_merge(man: Manifest, space: int, full: bool, flush_ops: int = FLUSH_OPS,
-                  stamps: np.ndarray | None = None, coding: int | None = None,
-                  main: int | None = None):
-    """The merge to advance in a space: (output or None, inputs newest first, level) or None.
-
-    stamps: the tombstones' stamps, sorted (for the deletion trigger).
-    coding: the file's block coding; a full merge rewrites a lone Huffman
-    run of another (an upgraded file's, FORMAT.md 7.2).  main: the
-    table's main-level entries, when man leaves out a busy merge's runs.
-    """
-    runs = man.of(space)
-    for r in runs:  # a merge in progress goes first
-        if r.merge_output:
-            return r, [i for i in runs if i.merge_into == r.run_id and i.merge_input], level_of(r)
-    free = [r for r in runs if not r.merge_into]
-    if not free:
-        return None
-    record = space in RECORD_SPACES
-    if full:
-        if len(free) > 1 or (not record and (free[0].kind != KIND_HUFFMAN or (
-                coding is not None and free[0].coding != coding))):
-            return None, free, MAIN_LEVEL
-        return None
-    if main is None:
-        main = _main_entries(runs)
-    if not record and stamps is not None and main and len(free) == len(runs):
-        # A tombstone stamped s hides fingerprints of runs older than s.
-        oldest = min(r.run_id for r in free)
-        # (A stamp's own dtype: a Python int made numpy cast all the stamps first.)
-        hiding = len(stamps) - int(np.searchsorted(stamps, stamps.dtype.type(oldest),
-                                                   side="right"))
-        if hiding > TOMBSTONE_FRACTION * main:
-            return None, free, MAIN_LEVEL
-    # Level-0 runs (flushes) merge up at once, with the free level-1 runs.
-    level0 = [r for r in free if level_of(r) == 0]
-    if level0:
-        inputs = level0 + [r for r in free if level_of(r) == 1]
-        return _leveled(inputs, free, level_for(sum(r.entries for r in inputs), 1, main,
-                                                flush_ops, record), main, flush_ops, record)
-    for level in sorted({level_of(r) for r in free}):
-        here = [r for r in free if level_of(r) == level]
-        if level >= MAIN_LEVEL:
-            if len(here) > 1:
-                return None, here, level
-            continue
-        total = sum(r.entries for r in here)
-        if total > level_capacity(level, main, flush_ops, record):
-            return _leveled(here, free, level_for(total, level + 1, main, flush_ops, record),
-                            main, flush_ops, record)
-        if len(here) > 1:  # a level holds one run; two appear while one was busy
-            return None, here, level
-    return None
-
-
-def _leveled(inputs: list, free: list, level: int, main: int, flush_ops: int,
-             records: bool = False):
-    """The merge of inputs into level, leveled as LevelDB: with the free run
-    already at the level (each run at a level is one more probe per query),
-    and into the next level if together they outgrow it.  When that run is
-    due into the main level, it goes there alone: the small runs then merge
-    beside the long merge (_choose_merges) instead of waiting as its inputs."""
-    if 1 < level < MAIN_LEVEL:
-        here = [r for r in free if level_of(r) == level and r not in inputs][:1]
-        up = level_for(sum(r.entries for r in inputs + here), level, main, flush_ops, records)
-        if here and up >= MAIN_LEVEL:
-            return None, _with_main(here, free, up), up
-        inputs, level = inputs + here, up
-    return None, _with_main(inputs, free, level), level
-
-
-def _with_main(inputs: list, free: list, level: int) -> list:
-    """A merge's inputs, with every free main-level run of the table when it
-    goes into the main level: leveled there too, one main run a table.  (A
-    merge of the small levels that outgrew level 2 used to become a main run
-    beside the others; at 30M a table held five of them, each one more probe
-    for every query, and their number grows with N.)"""
-    if level < MAIN_LEVEL:
-        return inputs
-    return inputs + [r for r in free if level_of(r) >= MAIN_LEVEL and r not in inputs]
-
-
-def tombstone_cap(main_entries: int, flush_ops: int = FLUSH_OPS) -> int:
-    """The most tombstones a merge of tombstone runs writes: a 16th of the
-    main level's entries (at 10M, 625,000 tombstones, 115 chunks, less
-    than a flush puts), at least eight flushes'.  Tombstones beyond it stay
-    in several runs.  (A 32nd made twice the merges, and the churned 10M
-    file 1.17x its size before churn against 1.06x in two runs with a
-    16th: bench_churn_commits.py.)"""
-    return max(8 * flush_ops, main_entries // 16)
-
-
-def _tombstone_inputs(runs: list, stamps: list, floor: int, cap: int) -> list:
-    """Which tombstone runs (indexes into runs, newest first) one commit
-    merges into one, or [] for none: every run half or more outdated
-    (stamps at or below floor, [F15]) -- rewritten without them, or
-    dropped when nothing is left -- and, while more than TOMBSTONE_RUNS
-    remain, the smallest runs whose entries together fit cap (at least two;
-    past 4 * TOMBSTONE_RUNS runs, the two smallest whatever their size).
-    Each merge writes at most about cap tombstones, so no commit rewrites
-    them all; runs at the cap stay apart (a 16th of the main level's
-    entries each: a few, while merges into the main level drop what they
-    hide)."""
-    chosen = [i for i, s in enumerate(stamps) if 2 * int((s <= floor).sum()) >= len(s)]
-    rest = sorted((i for i in range(len(runs)) if i not in chosen), key=lambda i: runs[i].entries)
-    if len(rest) > TOMBSTONE_RUNS:
-        take, total = [], 0
-        for i in rest:
-            if total + runs[i].entries > cap and len(take) >= 2:
-                break
-            take.append(i)
-            total += runs[i].entries
-        if total <= cap or len(rest) > 4 * TOMBSTONE_RUNS:
-            chosen += take
-    return sorted(chosen)
 
 
 #: A flush's tombstones, one a fingerprint (a name of its own: a test

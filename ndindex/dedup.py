@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import os

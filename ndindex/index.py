@@ -1,17 +1,22 @@
 """Index: the single-file near-duplicate index (add, query, remove, compact).
 
-An index file (format v2, FORMAT.md) holds, for each of t permuted tables,
+An index file (format-spec/FORMAT.md) holds, for each of t permuted tables,
 a few sorted runs of 1 KB Huffman-delta blocks; an append log of the
 operations since the last flush; tombstones of removed fingerprints; and
 the document keys of each fingerprint as sorted record runs.  This class is
-the public face; the work is done by:
+the public face: opening, queries and writes are here, and its other
+methods in three mixins — :mod:`ndindex.index_documents` (documents),
+:mod:`ndindex.index_contents` (fingerprints, items, iter_chunks) and
+:mod:`ndindex.index_maintenance` (compact, vacuum, stats, verify).  The work
+is done by:
 
 - :mod:`ndindex.reader` — snapshots and queries (the C kernel probes every
   table's runs in place in the mapped file);
 - :mod:`ndindex.writer` — add/remove, transactions, durability, the journal;
-- :mod:`ndindex.compaction` — flushes and merges, in a background thread;
-- :mod:`ndindex.index_documents` — the document methods (a mixin);
+- :mod:`ndindex.compaction` — flushes and merges, in a background thread,
+  by the run layout of :mod:`ndindex.levels`;
 - :mod:`ndindex.checker` — verify();
+- :mod:`ndindex.locks` — the compaction lease and the open lock;
 - :mod:`ndindex.store` — the LMDB file, read through our own page reader.
 """
 
@@ -25,12 +30,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import _core, checked_add, codec, compaction, docstore, pages, plan as plans, \
-    records as rec, removal, store as st, validate
-from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
-from ndindex.index_documents import DocumentMethods
+from ndindex import _core, checked_add, codec, compaction, docstore, levels, locks, pages, \
+    plan as plans, records as rec, removal, store as st, validate
+from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
-from ndindex.errors import BusyError, CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.index_contents import ContentMethods
+from ndindex.index_documents import DocumentMethods
+from ndindex.index_maintenance import MaintenanceMethods
 from ndindex.overlay import RecordOps
 from ndindex.reader import (REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot,
                             TombstoneMemo)
@@ -48,10 +55,6 @@ UNIFORM_FLIP_PROBABILITY = 0.25
 #: buffer (128 MiB), and at about a microsecond a probe more would take
 #: minutes per query.
 MAX_PROBES = 1 << 24
-
-
-#: items() and fingerprints() read table 0 about this many values a run at a time.
-ORDER_SLICE_VALUES = 1 << 20
 
 
 class Match(NamedTuple):
@@ -74,7 +77,7 @@ COLD_QUERIES = 8
 MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
 
 
-class Index(DocumentMethods):
+class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
     """A near-duplicate index in one file.  Open with :meth:`create` or :meth:`open`.
 
     Use it as a context manager, or call :meth:`close`.  Any number of
@@ -98,11 +101,11 @@ class Index(DocumentMethods):
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
         self._pool = None
         self._psize = store.filemap.psize
-        self._meta = _meta_words(store.filemap.buffer(2 * self._psize))
+        self._meta = pages.meta_words(store.filemap.buffer(2 * self._psize))
         # Where each meta page's txnid lies, as a word of _meta.
         self._txnid_words = (pages.META_TXNID_OFFSET // 8,
                              (self._psize + pages.META_TXNID_OFFSET) // 8)
-        self._lock_fd = lock_fd  # holds the shared open lock (_open_locked)
+        self._lock_fd = lock_fd  # holds the shared open lock (locks.open_locked)
         if not store.readonly:
             # What a killed build (create, vacuum, recover, dedup) left
             # would stay for ever.
@@ -124,7 +127,7 @@ class Index(DocumentMethods):
                plan: plans.Plan | str | None = None,
                coding: int = CODING_RESTARTS, fingerprinter=None,
                exist_ok: bool = False, durability: str = "full",
-               background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS) -> "Index":
+               background_compaction: bool = True, log_limit: int = levels.FLUSH_OPS) -> "Index":
         """Create a new index file at path and open it for writing.
 
         Parameters: k, the largest Hamming distance queries may ask for
@@ -188,7 +191,7 @@ class Index(DocumentMethods):
 
     @classmethod
     def open(cls, path, *, readonly: bool = False, durability: str = "full",
-             background_compaction: bool = True, log_limit: int = compaction.FLUSH_OPS,
+             background_compaction: bool = True, log_limit: int = levels.FLUSH_OPS,
              timeout: float | None = None) -> "Index":
         """Open an existing index file.
 
@@ -220,7 +223,7 @@ class Index(DocumentMethods):
         _check_durability(durability)
         log_limit = validate.positive_int(log_limit, "log_limit")
         path = os.fspath(path)
-        lock_fd = _open_locked(path, readonly, validate.timeout(timeout))
+        lock_fd = locks.open_locked(path, readonly, validate.timeout(timeout))
         try:
             store = st.Store.open(path, readonly=readonly, durability=durability)
         except BaseException:
@@ -231,7 +234,7 @@ class Index(DocumentMethods):
     @classmethod
     def _from_store(cls, store, lock_fd, durability, background_compaction,
                     log_limit) -> "Index":
-        """The Index over an open store; lock_fd as _open_locked gave it (both
+        """The Index over an open store; lock_fd as locks.open_locked gave it (both
         are closed if this fails)."""
         try:
             st.check_commit_records(store)
@@ -296,7 +299,7 @@ class Index(DocumentMethods):
             # closed index left bound to a name (after a with block) kept
             # the file mapped, and a deleted file's space in use.  Zeros
             # read as txnid 0, so a late _snapshot() gets ClosedError.
-            self._meta = _meta_words(bytes(2 * self._psize))
+            self._meta = pages.meta_words(bytes(2 * self._psize))
             # The open lock goes last: a vacuum in another process, which
             # waits for it, must find this process's LMDB environment closed.
             self._store.close()
@@ -822,316 +825,6 @@ class Index(DocumentMethods):
         self._check_writable()
         self._writer.sync()
 
-    # -- compaction ---------------------------------------------------------
-
-    def compact(self, full: bool = False, progress=None) -> dict:
-        """Flush the log into the runs and do every merge that is due, now.
-
-        full=True merges each table (and each key space) into one run and
-        drops every tombstone; then, if no other process has the file open,
-        gives the free space back to the disk (:meth:`vacuum`).  Returns a
-        summary: steps done, seconds, runs per table, file bytes.
-        Compaction also runs by itself in the background unless the index
-        was opened with background_compaction=False.  progress(phase, done,
-        total), if given, is called after each step: done counts the chunks
-        merged so far against the chunks the file holds (an estimate: a
-        merge that is not due leaves its chunks, a chunk may merge twice).
-        """
-        self._check_writable()
-        import time
-        t0 = time.perf_counter()
-        if self._writer.durability == "normal":
-            self._writer.checkpoint()
-        comp = self._compactor
-        total = max(1, sum(r.chunks for r in self._snapshot().manifest.runs))
-        start = comp.chunks_merged
-
-        def step():
-            if progress is not None:
-                progress("compact", min(comp.chunks_merged - start, total - 1), total)
-        steps = comp.run(force_flush=True, full=False, wait=True, on_step=step)
-        if full:
-            steps += comp.run(force_flush=True, full=True, wait=True, on_step=step)
-        if comp.error is not None:
-            err, comp.error = comp.error, None
-            raise err
-        if progress is not None:
-            progress("compact", total, total)
-        vacuumed = False
-        if full:
-            vacuumed = self._vacuum_if_alone()
-        snap = self._snapshot()
-        return dict(steps=steps, seconds=time.perf_counter() - t0, vacuumed=vacuumed,
-                    runs=[len(r) for r in snap.table_runs], file_bytes=self._store.file_bytes())
-
-    def _vacuum_if_alone(self) -> bool:
-        try:
-            self.vacuum()
-            return True
-        except _NotAlone:  # raised before any work
-            return False
-
-    @contextlib.contextmanager
-    def _alone(self, advice: str):
-        """Hold the open lock exclusively while the block runs: no other process
-        has the file open, and one that opens it meanwhile waits (see
-        _open_locked).  Raises ReadOnlyError, ending in advice, otherwise."""
-        import fcntl
-        if not compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK):
-            raise _NotAlone(f"{self.path}: another process has the index open; close it "
-                            f"first, {advice}")
-        try:
-            yield
-        finally:
-            # On the descriptor of the day: vacuum replaces it with the new file's.
-            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_RDLCK)
-
-    def vacuum(self) -> int:
-        """Rewrite the file with only its live pages, giving free space back to the disk.
-
-        LMDB never shrinks a file: compaction reuses freed pages, but a file
-        that once held more keeps its size.  This writes a compact copy
-        beside the file and renames it over the original, so no other
-        process may have the index open: raises ReadOnlyError naming that
-        otherwise (use :meth:`vacuum_into` then); one that opens it
-        meanwhile waits for the new file.  Returns the new size.
-        """
-        import fcntl
-        self._check_writable()
-        with self._alone("or use vacuum_into() and replace the file yourself"), \
-                self._writer.lock, self._compactor._lock:
-            self._writer.checkpoint()
-            # One fixed name, held (flock) while the copy is built: an
-            # open that finds it free deletes a killed vacuum's copy.
-            tmp = st.build_path(self.path, "vacuum")
-            build = st.claim_build(tmp, self.path)
-            try:
-                os.ftruncate(build, 0)  # a killed vacuum's copy, if any
-                self._copy_compacted(tmp, build)
-                size = os.path.getsize(tmp)
-                self._directories.reopen()  # they point into the old file
-                with self._snap_lock:
-                    snap, self._snap, self._lineage = self._snap, None, None
-                if snap is not None:
-                    snap.close()
-                path = self.path
-                self._store.close()
-                os.replace(tmp, path)
-            finally:
-                st.release_build(build, tmp)  # deletes the copy unless renamed
-            st._fsync_path(os.path.dirname(os.path.abspath(path)))
-            fresh = st.Store.open(path, durability=self._store.durability)
-            self._store.__dict__.update(fresh.__dict__)
-            self._meta = _meta_words(self._store.filemap.buffer(2 * self._psize))
-            os.close(self._lock_fd)
-            self._lock_fd = _open_locked(path, readonly=False)
-            compaction.byte_lock(self._lock_fd, compaction.OPEN_BYTE, fcntl.F_WRLCK)
-        return size
-
-    def vacuum_into(self, dest) -> int:
-        """Write a compacted copy of the index to a new file; return its size in bytes.
-
-        Only live pages are copied, like SQLite's VACUUM INTO; the copy is a
-        complete index (it appears atomically).  Replace the original with it
-        while no process has the index open.  Raises FileExistsError if dest
-        exists.
-        """
-        dest = os.fspath(dest)
-        if os.path.lexists(dest):
-            raise FileExistsError(f"{dest}: already exists")
-        tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
-                           f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
-        try:
-            self._copy_compacted(tmp)
-            st.publish(tmp, dest)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        return os.path.getsize(dest)
-
-    def _copy_compacted(self, tmp: str, fd: int | None = None) -> None:
-        """Write the live pages to tmp (a new name, or fd open on it, empty) as a
-        complete, synced index."""
-        self._store.copy_to(tmp, fd)
-        st.restamp_commits(tmp)
-
-    # -- inspection ---------------------------------------------------------
-
-    def stats(self) -> dict:
-        """Return counts, sizes and bits per fingerprint per table, runs, log size and the plan.
-
-        Also the open reads on the file, from every process (``readers``:
-        pid and the transaction each reads), and ``oldest_reader_lag``, how
-        many commits the oldest of them is behind the newest: pages freed
-        since it began are not reused until it ends; and ``held_runs``,
-        ``held_bytes``: the small runs this index holds in memory (a warm
-        index's newest, at most reader.MEMORY_RUN_MAX_ENTRIES values each).
-        """
-        snap = self._snapshot()
-        n = snap.count()
-        per_table = []
-        for i, (design, runs) in enumerate(zip(self.plan.tables, snap.table_runs)):
-            value_bytes = sum(r.value_bytes for r in runs)
-            per_table.append(dict(
-                table=i, prefix_bits=design.prefix_bits, entries=n, runs=len(runs),
-                run_entries=[r.entries for r in runs], bytes=value_bytes,
-                bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
-                coding=codec.CODING_NAMES[self.coding]))
-        key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
-        file_bytes = self._store.file_bytes()
-        # LMDB reuses no page freed after the oldest open read began: a long
-        # read (a parked reader, a long items() loop) lets the file grow.
-        readers = self._store.readers()
-        newest = self._latest_txnid()
-        held = self._directories.held_sizes()
-        return dict(
-            path=self.path, k=self.k, format=self._header.read_version,
-            coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
-            log_records=snap.state.log_next_seq - snap.state.log_first_seq,
-            removed_pending=sum(r.entries for r in snap.tombstone_runs),
-            tables=per_table,
-            key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
-            file_bytes=file_bytes,
-            file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
-            entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
-            compaction_steps=self._compactor.steps if self._compactor else 0,
-            readers=[dict(pid=pid, txnid=txnid) for pid, txnid in readers],
-            held_runs=len(held), held_bytes=sum(nbytes for _, nbytes in held),
-            oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),
-            plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
-
-    def verify(self, progress=None) -> dict:
-        """Check every LMDB page, checksum, ordering and run; raise on the first problem.
-
-        Raises CorruptionError naming the first problem; returns a summary
-        otherwise.  Cost: a full read of the file; memory beyond the mapped
-        file stays at a few MB a run, whatever N.  progress(phase, done,
-        total), if given, is called as the tables are read.
-        """
-        from ndindex import checker
-        return checker.verify(self, progress)
-
-    def fingerprints(self) -> np.ndarray:
-        """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""
-        snap, new, gone = self._pending_view()
-        return np.concatenate(list(self._in_order(snap, new, gone)) + [EMPTY_U64])
-
-    def items(self, chunk: int = 65536):
-        """Yield (fingerprints, keys) chunks of every live fingerprint, in order.
-
-        One snapshot serves the whole iteration.  Memory stays bounded (a few
-        MB a run) when the plan's first table keeps the fingerprints' order,
-        as every plan the planner makes does; otherwise the fingerprints are
-        sorted whole first.
-        """
-        snap, pend = self._view()
-        new, gone = self._pending_changes(snap, pend)
-        held = []   # sorted pieces not yet given out, in order
-        count = 0
-        for values in self._in_order(snap, new, gone):
-            held.append(values)
-            count += len(values)
-            if count < chunk:
-                continue
-            run = np.concatenate(held)   # once a piece: the parts below are views
-            whole = len(run) - len(run) % chunk
-            for start in range(0, whole, chunk):
-                part = run[start:start + chunk]
-                yield part, snap.keys_of(part.tolist(), pend)
-            held, count = [run[whole:]], len(run) - whole
-        if count:
-            part = np.concatenate(held)
-            yield part, snap.keys_of(part.tolist(), pend)
-
-    def _in_order(self, snap, new: np.ndarray, gone: np.ndarray):
-        """Yield snap's live fingerprints with new added and gone taken out, in ascending
-        order, in sorted pieces (all of them at once unless table 0 keeps the order)."""
-        design = self.plan.tables[0]
-        if not design.keeps_order:
-            values = np.sort(np.concatenate([design.invert(v) for v in snap.table_values(0)]
-                                            + [new]))
-            yield values[~isin_sorted(values, gone)] if len(gone) else values
-            return
-        taken = 0   # new[:taken] are given out
-        for values in snap.table_values(0, ORDER_SLICE_VALUES):
-            upto = int(np.searchsorted(new, values[-1], side="right"))
-            if upto > taken:
-                values = np.sort(np.concatenate([values, new[taken:upto]]))
-                taken = upto
-            yield values[~isin_sorted(values, gone)] if len(gone) else values
-        if taken < len(new):
-            yield new[taken:]
-
-    def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
-        """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
-
-        Each array is sorted and the arrays together hold every live
-        fingerprint exactly once (not ordered among themselves).  part/parts
-        yield only share `part` of `parts`, so processes can split one index.
-        One snapshot serves the whole iteration.
-        """
-        if not 0 <= part < parts:
-            raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
-        snap, new, gone = self._pending_view()
-        design = self.plan.tables[0]
-        for i, values in enumerate(snap.table_values(0, chunk_size)):
-            if i % parts == part:
-                values = np.sort(design.invert(values))
-                yield values[~np.isin(values, gone)] if len(gone) else values
-        if part == parts - 1 and len(new):
-            yield new
-
-
-class _NotAlone(ReadOnlyError):
-    """Another process has the file open (Index._alone)."""
-
-
-#: How often an open with a timeout looks whether a vacuum let the file go.
-OPEN_POLL_SECONDS = 0.02
-
-
-def _open_locked(path: str, readonly: bool, timeout: float | None = None) -> int:
-    """Open path and take the shared open lock on the file it names; return the descriptor.
-
-    Every open index holds this lock (compaction.OPEN_BYTE); vacuum (and the
-    in-place upgrade) hold it exclusively while they copy the file and
-    rename the copy over it.  It is taken before LMDB opens the file: an
-    open that went ahead meanwhile would keep the replaced file, and
-    whatever it then committed was lost with it.  So this waits while
-    another process vacuums (at most timeout seconds, then BusyError; None:
-    no limit), then makes sure the file it locked is still the one at path
-    (if not, it locks the new one).  Write locks need a descriptor open for
-    writing.
-    """
-    import fcntl
-    import time
-    st.check_access(path, readonly)
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | getattr(os, "O_CLOEXEC", 0)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(path, flags)
-        except OSError as exc:
-            raise st.translate_error(exc, path) from exc
-        try:
-            if deadline is None:
-                compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK, wait=True)
-            else:
-                # fcntl has no timed wait: look again every OPEN_POLL_SECONDS.
-                while not compaction.byte_lock(fd, compaction.OPEN_BYTE, fcntl.F_RDLCK):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise BusyError(f"{path}: another process is vacuuming or upgrading "
-                                        f"this index; still busy after {timeout:g} s")
-                    time.sleep(min(OPEN_POLL_SECONDS, left))
-            if st.same_inode(fd, path):
-                return fd
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)  # replaced while this waited: lock the file now at path
-
-
 def _check_durability(durability) -> None:
     if durability not in (st.DURABILITY_FULL, st.DURABILITY_NORMAL):
         raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
@@ -1141,12 +834,6 @@ def _close_quietly(writer, compactor) -> None:
     with contextlib.suppress(Exception):
         if compactor is not None:
             compactor.close()
-
-
-def _meta_words(buf) -> memoryview:
-    """Both meta pages (or zeros after close) as 64-bit words (LMDB writes
-    them in native order)."""
-    return memoryview(buf).cast("B").cast("Q")
 
 
 def _float_array(values, shape: tuple, name: str) -> np.ndarray:

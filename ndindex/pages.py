@@ -211,3 +211,9 @@ def named_trees(buf, psize: int, npages: int, main: Tree, names) -> dict:
         rec = _core.lmdb_tree(buf, psize, npages, bytes(memoryview(buf)[off:off + length]))
         trees[name] = Tree.from_record(rec)
     return trees
+
+
+def meta_words(buf) -> memoryview:
+    """Both meta pages (or zeros after close) as 64-bit words (LMDB writes
+    them in native order)."""
+    return memoryview(buf).cast("B").cast("Q")

@@ -14,7 +14,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def level0_flush_target(man, space, level, *args, **kwargs):
-    """compaction._flush_target of a writer whose every flush is a run of its
+    """levels.flush_target of a writer whose every flush is a run of its
     own (level 0: merged up in steps, as when the level-1 run is busy or
     full), never merged into level 1 in its commit: for tests of the merges
     that follow a flush, and of states with several runs."""
@@ -24,8 +24,8 @@ def level0_flush_target(man, space, level, *args, **kwargs):
 @pytest.fixture
 def level0_flushes(monkeypatch):
     """Every flush a level-0 run (level0_flush_target)."""
-    from ndindex import compaction
-    monkeypatch.setattr(compaction, "_flush_target", level0_flush_target)
+    from ndindex import levels
+    monkeypatch.setattr(levels, "flush_target", level0_flush_target)
 
 
 def wait_for(condition, seconds=30.0):

@@ -206,10 +206,10 @@ def written_by_an_older_writer(path, monkeypatch, chunk_blocks: str, parts, gone
     writers before compaction._last_chunk_marked did: a merge whose final
     step found every value left removed ended with no chunk flagged last.
     check(ix) runs on the index before it closes."""
-    from ndindex import chunks as ch, compaction
+    from ndindex import chunks as ch, compaction, levels
     monkeypatch.setattr(compaction, "STEP_CHUNKS", 1)
     monkeypatch.setattr(ch, chunk_blocks, 1)
-    monkeypatch.setattr(compaction, "_flush_target", level0_flush_target)  # as they flushed
+    monkeypatch.setattr(levels, "flush_target", level0_flush_target)  # as they flushed
     monkeypatch.setattr(compaction, "_last_chunk_marked",
                         lambda snap, key: (key, bytes(snap.view.get(rec.DB_CHUNKS, key))))
     with Index.create(path, k=3, background_compaction=False) as ix:

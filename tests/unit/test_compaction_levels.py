@@ -1,7 +1,7 @@
 """Merges at different levels of one table run side by side, and answers stay exact.
 
 A merge into the main level takes many steps; flushes that arrive meanwhile
-are merged among the small levels beside it (compaction._choose_merges)
+are merged among the small levels beside it (levels.choose_merges)
 instead of piling up as level-0 runs.  Checked against a brute-force oracle
 at every step.
 """
@@ -12,7 +12,7 @@ import contextlib
 
 import numpy as np
 
-from ndindex import chunks as ch, compaction, records as rec
+from ndindex import chunks as ch, compaction, levels, records as rec
 from ndindex.index import Index
 
 
@@ -104,7 +104,7 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path, monkeyp
     # after each flush a table holds its level-1 run and its main run, no
     # merge is left to do, and answers equal brute force.  Level 1 holds
     # eight flushes, as it does past a main level of 16.8M entries.
-    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", compaction.LEVEL_RATIO)
+    monkeypatch.setattr(levels, "SMALL_LEVEL_RATIO", levels.LEVEL_RATIO)
     rng = np.random.default_rng(8)
     fps = np.unique(rng.integers(0, 2**64, 13000, dtype=np.uint64))[:12000]
     with Index.create(tmp_path / "f.ndx", k=3, expected_n=12000, background_compaction=False,
@@ -127,7 +127,7 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path, monkeyp
             ix._compactor.step(force_flush=True)
             man = ix._snapshot().manifest
             for t in range(len(ix.plan.tables)):
-                assert [r.level for r in man.of(t)] == [1, compaction.MAIN_LEVEL]
+                assert [r.level for r in man.of(t)] == [1, levels.MAIN_LEVEL]
                 assert not any(r.merge_into for r in man.of(t))
             fp_runs = [r for r in man.runs if r.space < rec.SPACE_TOMBSTONES]
             while ix._compactor.step():   # tombstone runs may merge (format 5), nothing else
@@ -145,13 +145,13 @@ def test_a_flush_merges_into_the_level_1_run_in_its_own_commit(tmp_path, monkeyp
         ix.add(more[:3000])
         ix._compactor.step(force_flush=True)
         runs = ix._snapshot().manifest.of(0)
-        assert [r.level for r in runs] == [1, compaction.MAIN_LEVEL] and runs[0].entries > 8000
+        assert [r.level for r in runs] == [1, levels.MAIN_LEVEL] and runs[0].entries > 8000
         ix.add(more[3000:])
         while ix._snapshot().manifest.of(0)[0].level == 1:
             assert ix._compactor.step(force_flush=True)
             assert ix._snapshot().state.log_ops == 100       # merging first
         ix._compactor.step(force_flush=True)
-        assert [r.level for r in ix._snapshot().manifest.of(0)] == [1, 2, compaction.MAIN_LEVEL]
+        assert [r.level for r in ix._snapshot().manifest.of(0)] == [1, 2, levels.MAIN_LEVEL]
         live |= set(more.tolist())
         assert_settles(ix, live)
 
@@ -205,7 +205,7 @@ def test_full_level_1_runs_merge_into_level_2_beside_a_main_merge(tmp_path, monk
                 ix._compactor.step()
                 outputs = [r for r in ix._snapshot().manifest.of(0) if r.merge_output]
                 side += any(r.level == 2 for r in outputs) and \
-                    any(r.level == compaction.MAIN_LEVEL for r in outputs)
+                    any(r.level == levels.MAIN_LEVEL for r in outputs)
                 assert_answers(ix, live, queries[:6])
         assert side, "no merge into level 2 ran beside the main merge"
         assert_settles(ix, live)
@@ -225,7 +225,7 @@ def test_a_growing_table_keeps_one_main_run(tmp_path):
                       log_limit=50) as ix:
         main_ids = set()
         for t, runs in grown(ix, fps, parts=300, steps=2, every=60, flip=3, stride=997):
-            main = [r for r in runs if r.level >= compaction.MAIN_LEVEL]
+            main = [r for r in runs if r.level >= levels.MAIN_LEVEL]
             assert len([r for r in main if not r.merge_into]) <= 1, runs
             assert len(main) <= 2, runs   # a merge's output and its main input
             main_ids |= {r.run_id for r in main} if t == 0 else set()
@@ -292,18 +292,18 @@ def test_a_read_stops_at_the_first_chunk_past_stop(tmp_path, monkeypatch):
 
 
 def test_levels_grow_geometrically_and_are_added_as_the_main_level_grows():
-    f = compaction.FLUSH_OPS
+    f = levels.FLUSH_OPS
     for main in (0, 10**7, 3 * 10**7, 10**8, 10**9, 10**10):
-        top = compaction.top_raw_level(main)
-        caps = [compaction.level_capacity(level, main) for level in range(top + 1)]
+        top = levels.top_raw_level(main)
+        caps = [levels.level_capacity(level, main) for level in range(top + 1)]
         # Level 1: four flushes while two raw levels do with that (a main
         # level of up to 16.8M entries), then eight.
         assert caps[0] == f and caps[1] == f * (4 if main <= 16 * 4 * f * 4 else 8)
-        assert caps[top] == max(f * 4 * compaction.LEVEL_RATIO, main // 4)
+        assert caps[top] == max(f * 4 * levels.LEVEL_RATIO, main // 4)
         ratios = [b / a for a, b in zip(caps[1:], caps[2:])]
-        assert all(1 < r <= compaction.MAX_LEVEL_RATIO for r in ratios), (main, caps)
-        assert compaction.level_capacity(top + 1, main) == 0  # above the top: due
-    assert [compaction.top_raw_level(m) for m in (10**7, 3 * 10**7, 10**8, 10**9, 10**10)] == \
+        assert all(1 < r <= levels.MAX_LEVEL_RATIO for r in ratios), (main, caps)
+        assert levels.level_capacity(top + 1, main) == 0  # above the top: due
+    assert [levels.top_raw_level(m) for m in (10**7, 3 * 10**7, 10**8, 10**9, 10**10)] == \
         [2, 2, 3, 4, 5]
 
 
@@ -313,15 +313,15 @@ def test_a_huffman_run_is_main_whatever_level_it_carries():
     from ndindex.records import KIND_HUFFMAN, KIND_RAW, Manifest, Run
     old_main = Run(0, KIND_HUFFMAN, 3, 1, 10**8, 100)
     level2 = Run(0, KIND_RAW, 2, 2, 4 * 10**6, 10)
-    assert compaction.level_of(old_main) == compaction.MAIN_LEVEL
-    assert compaction.level_of(Run(0, KIND_RAW, 3, 3, 10, 1)) == 3
+    assert levels.level_of(old_main) == levels.MAIN_LEVEL
+    assert levels.level_of(Run(0, KIND_RAW, 3, 3, 10, 1)) == 3
     # Level 2 past its share of a 100M main level (3.6M) goes to raw level 3, not main.
-    output, inputs, level = compaction._choose_merge(Manifest(1, 4, [level2, old_main]), 0, False)
+    output, inputs, level = levels.choose_merge(Manifest(1, 4, [level2, old_main]), 0, False)
     assert (output, inputs, level) == (None, [level2], 3)
     # Once level 3 outgrows a quarter of the main level, it merges with the main run.
     level3 = Run(0, KIND_RAW, 3, 3, 26 * 10**6, 10)
-    output, inputs, level = compaction._choose_merge(Manifest(1, 4, [level3, old_main]), 0, False)
-    assert level == compaction.MAIN_LEVEL and inputs == [level3, old_main]
+    output, inputs, level = levels.choose_merge(Manifest(1, 4, [level3, old_main]), 0, False)
+    assert level == levels.MAIN_LEVEL and inputs == [level3, old_main]
 
 
 def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
@@ -335,7 +335,7 @@ def test_a_table_that_outgrows_two_raw_levels_gets_a_third(tmp_path):
     with Index.create(tmp_path / "d.ndx", k=3, expected_n=40000, background_compaction=False,
                       log_limit=20) as ix:
         for _, runs in grown(ix, fps, parts=400, steps=3, every=100, flip=5, stride=1999):
-            main = [r for r in runs if compaction.level_of(r) == compaction.MAIN_LEVEL]
+            main = [r for r in runs if levels.level_of(r) == levels.MAIN_LEVEL]
             assert len([r for r in main if not r.merge_into]) <= 1, runs
             levels_seen |= {r.level for r in runs if r not in main}
         assert 3 in levels_seen, levels_seen
@@ -346,7 +346,7 @@ def test_record_spaces_keep_two_raw_levels():
     # A record space's runs at level 3 are its main level (level_of): a third
     # raw level there would be taken for main runs.
     big = 10**9
-    assert compaction.level_capacity(3, big, records=True) == 0
-    assert compaction.level_capacity(2, big, records=True) == big // 4
-    assert compaction.level_for(big // 8, 1, big, records=True) == 2
-    assert compaction.level_for(big // 8, 1, big) == 4  # tables: 4.1M, 32M, 250M above level 1
+    assert levels.level_capacity(3, big, records=True) == 0
+    assert levels.level_capacity(2, big, records=True) == big // 4
+    assert levels.level_for(big // 8, 1, big, records=True) == 2
+    assert levels.level_for(big // 8, 1, big) == 4  # tables: 4.1M, 32M, 250M above level 1

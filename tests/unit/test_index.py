@@ -15,7 +15,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from ndindex import chunks as ch, codec, compaction, plan as plans, records as rec, runs as rn
+from ndindex import chunks as ch, codec, compaction, levels, locks, plan as plans, records as rec, \
+    runs as rn
 from ndindex.errors import ClosedError, FormatError
 from ndindex.index import Index, Match
 from tests.conftest import level0_flush_target, wait_for
@@ -37,7 +38,7 @@ def small_steps(monkeypatch):
 
 def flush(ix):
     """Turn the log into one new run per table, merging nothing."""
-    with mock.patch.object(compaction, "_flush_target", level0_flush_target):
+    with mock.patch.object(levels, "flush_target", level0_flush_target):
         ix._compactor._flush(ix._snapshot())
 
 
@@ -140,8 +141,8 @@ def test_every_compaction_step_keeps_answers(path, small_steps, monkeypatch, lis
     # Listed, a merge output's directory is extended step by step (chunks
     # of two blocks: one block would fit inside a leaf page, and a directory
     # of such chunks serves one snapshot only).
-    monkeypatch.setattr(compaction, "LEVEL_RATIO", 2)
-    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", 2)
+    monkeypatch.setattr(levels, "LEVEL_RATIO", 2)
+    monkeypatch.setattr(levels, "SMALL_LEVEL_RATIO", 2)
     monkeypatch.setattr(ch, "CHUNK_MAX_BLOCKS", 2)
     from ndindex import _core
     extended = []
@@ -275,13 +276,13 @@ def _hold_lease(path):
     """Take the compaction lease as another process would: from a descriptor of our own."""
     import fcntl
     fd = os.open(path, os.O_RDWR)
-    assert compaction.byte_lock(fd, compaction.LEASE_BYTE, fcntl.F_WRLCK)
+    assert locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK)
     return fd
 
 
 def _level0_runs(ix):
     man = ix._snapshot().manifest
-    return max(sum(1 for r in man.of(t) if compaction.level_of(r) < compaction.MAIN_LEVEL)
+    return max(sum(1 for r in man.of(t) if levels.level_of(r) < levels.MAIN_LEVEL)
                for t in range(len(ix.plan.tables)))
 
 
@@ -1035,8 +1036,8 @@ def test_items_and_fingerprints_stream_in_order_with_pending_operations(path, st
     # Read in one-chunk slices (table 0 keeps the fingerprints' order in
     # every planned index), with a transaction's adds and removes pending;
     # a plan whose first table is permuted sorts the values whole instead.
-    import ndindex.index as index_module
-    monkeypatch.setattr(index_module, "ORDER_SLICE_VALUES", 1)
+    from ndindex import index_contents
+    monkeypatch.setattr(index_contents, "ORDER_SLICE_VALUES", 1)
     rng = np.random.default_rng(16)
     fps = np.unique(rng.integers(0, 2**64, 3000, dtype=np.uint64))
     plan = plans.choose_plan(3000, 3)
@@ -1209,7 +1210,6 @@ def test_len_of_a_compacted_index_reads_no_table(path, monkeypatch):
 def test_a_file_says_the_format_version_its_coding_needs(path, coding):
     # FORMAT.md section 2, [F6]: coding 2 (restart tables) makes a version-4
     # file; codings 0 and 1 a version-2 file, which readers of version 2 open.
-    from ndindex import records as rec
     fps = np.random.default_rng(4).integers(0, 2**64, 5000, dtype=np.uint64)
     with Index.create(path, k=3, expected_n=5000, coding=coding) as ix:
         ix.add(fps)

@@ -9,7 +9,7 @@ runs, merges and log the records sit in.
 import numpy as np
 import pytest
 
-from ndindex import chunks, compaction
+from ndindex import chunks, compaction, levels
 from ndindex.documents import near_duplicate_pairs
 from ndindex.errors import NdindexError
 from ndindex.fingerprint import Fingerprinter
@@ -85,7 +85,7 @@ def test_pairs_and_similar_equal_the_in_memory_pipeline(tmp_path, texts, small_s
     # log_limit=4 and level 1 of eight flushes: it holds 32 entries, so each
     # flush of 50 is a level-0 run merged up in steps (a smaller one merges
     # into level 1 in its commit).
-    monkeypatch.setattr(compaction, "SMALL_LEVEL_RATIO", compaction.LEVEL_RATIO)
+    monkeypatch.setattr(levels, "SMALL_LEVEL_RATIO", levels.LEVEL_RATIO)
     ix = Index.create(tmp_path / "d.ndx", k=3, fingerprinter=Fingerprinter(),
                       background_compaction=False, log_limit=4)
     with ix:

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from ndindex import Index, compaction, records as rec
+from ndindex import Index, compaction, levels, records as rec
 from ndindex.errors import CorruptionError
 from ndindex.upgrade import upgrade
 from ndindex.writer import put_header
@@ -144,22 +144,22 @@ def test_tombstone_inputs():
     alive = lambda n: np.full(n, 100, np.uint32)  # noqa: E731
     # Few runs, none outdated: nothing to do.
     runs = [run(10), run(20), run(30), run(40)]
-    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    assert levels.tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
     # Half or more outdated: rewritten, whatever the count.
     stamps = [alive(10), np.array([1] * 10 + [100] * 10, np.uint32), alive(30), alive(40)]
-    assert compaction._tombstone_inputs(runs, stamps, 50, 1000) == [1]
+    assert levels.tombstone_inputs(runs, stamps, 50, 1000) == [1]
     # More than TOMBSTONE_RUNS: the smallest that fit the cap.
     runs = [run(n) for n in (5, 600, 10, 500, 20, 700)]
     stamps = [alive(r.entries) for r in runs]
-    assert compaction._tombstone_inputs(runs, stamps, 50, 1000) == [0, 2, 3, 4]
+    assert levels.tombstone_inputs(runs, stamps, 50, 1000) == [0, 2, 3, 4]
     # Not even the two smallest fit: left as they are ...
     runs = [run(n) for n in (900, 800, 950, 990, 999)]
-    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    assert levels.tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
     # ... unless they are too many.
-    runs = [run(900 + n) for n in range(4 * compaction.TOMBSTONE_RUNS)]
-    assert compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
-    runs = [run(900 + n) for n in range(4 * compaction.TOMBSTONE_RUNS + 1)]
-    chosen = compaction._tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000)
+    runs = [run(900 + n) for n in range(4 * levels.TOMBSTONE_RUNS)]
+    assert levels.tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000) == []
+    runs = [run(900 + n) for n in range(4 * levels.TOMBSTONE_RUNS + 1)]
+    chosen = levels.tombstone_inputs(runs, [alive(r.entries) for r in runs], 50, 1000)
     assert chosen == [0, 1]
 
 

@@ -42,7 +42,7 @@ def p50_us(ix, queries: list) -> float:
 
 
 def main(argv=None) -> int:
-    from ndindex import Index, compaction
+    from ndindex import Index, levels
     from ndindex.reader import TombstoneMemo
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000_000)
@@ -82,12 +82,12 @@ def main(argv=None) -> int:
                 ix._let_go_of_snapshot()
                 figures[label, "writer"] = p50_us(ix, queries)
             measure(runs)
-            before, compaction.TOMBSTONE_RUNS = compaction.TOMBSTONE_RUNS, 0
+            before, levels.TOMBSTONE_RUNS = levels.TOMBSTONE_RUNS, 0
             try:
                 while len(ix._snapshot().tombstone_runs) > 1:
                     ix._compactor._tombstone_round(ix._snapshot())
             finally:
-                compaction.TOMBSTONE_RUNS = before
+                levels.TOMBSTONE_RUNS = before
             measure(1)
     finally:
         bs.remove_index(path)

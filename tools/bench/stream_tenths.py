@@ -16,9 +16,10 @@ the index's writes timed, and prints for each tenth of the stream:
   commit), in its puts, its commit and its sync; the rest of the tenth is
   the throttle (the compactor behind) and Python.
 
---set NAME=VALUE sets a constant of ndindex.compaction for the run (e.g.
-MAIN_FRACTION=0.5), to try a policy without editing it.  A diagnostic,
-not a benchmark: no pass/fail, no peer; run it on an idle machine.
+--set NAME=VALUE sets a constant of ndindex.levels or ndindex.compaction
+for the run (e.g. MAIN_FRACTION=0.5), to try a policy without editing it.
+A diagnostic, not a benchmark: no pass/fail, no peer; run it on an idle
+machine.
 """
 
 from __future__ import annotations
@@ -107,11 +108,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default="/work/benchdata", help="where the index goes (deleted)")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE")
     args = ap.parse_args(argv)
-    from ndindex import compaction
+    from ndindex import compaction, levels
     from ndindex.index import Index
     for item in args.set:
         name, value = item.split("=")
-        setattr(compaction, name, type(getattr(compaction, name))(value))
+        module = levels if hasattr(levels, name) else compaction
+        setattr(module, name, type(getattr(module, name))(value))
     acc: dict = {}
     path = os.path.join(args.dir, f"tenths-{args.n}.ndx")
     bs.remove_index(path)

@@ -1,0 +1,91 @@
+"""The methods of Index that read its whole contents: fingerprints, items, iter_chunks.
+
+A mixin of :class:`ndindex.index.Index`, kept apart so that each reads in
+one sitting.  They read table 0's runs in order, a slice at a time
+(Snapshot.table_values), with this writer's pending operations applied, so
+that memory stays bounded whatever N when table 0 keeps the fingerprints'
+order, as every planned table design does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ndindex.arrays import EMPTY_U64, isin_sorted
+
+#: items() and fingerprints() read table 0 about this many values a run at a time.
+ORDER_SLICE_VALUES = 1 << 20
+
+
+class ContentMethods:
+    """fingerprints, items, iter_chunks."""
+
+    def fingerprints(self) -> np.ndarray:
+        """Return every live fingerprint, sorted.  Cost: O(N log N), O(N) memory."""
+        snap, new, gone = self._pending_view()
+        return np.concatenate(list(self._in_order(snap, new, gone)) + [EMPTY_U64])
+
+    def items(self, chunk: int = 65536):
+        """Yield (fingerprints, keys) chunks of every live fingerprint, in order.
+
+        One snapshot serves the whole iteration.  Memory stays bounded (a few
+        MB a run) when the plan's first table keeps the fingerprints' order,
+        as every plan the planner makes does; otherwise the fingerprints are
+        sorted whole first.
+        """
+        snap, pend = self._view()
+        new, gone = self._pending_changes(snap, pend)
+        held = []   # sorted pieces not yet given out, in order
+        count = 0
+        for values in self._in_order(snap, new, gone):
+            held.append(values)
+            count += len(values)
+            if count < chunk:
+                continue
+            run = np.concatenate(held)   # once a piece: the parts below are views
+            whole = len(run) - len(run) % chunk
+            for start in range(0, whole, chunk):
+                part = run[start:start + chunk]
+                yield part, snap.keys_of(part.tolist(), pend)
+            held, count = [run[whole:]], len(run) - whole
+        if count:
+            part = np.concatenate(held)
+            yield part, snap.keys_of(part.tolist(), pend)
+
+    def _in_order(self, snap, new: np.ndarray, gone: np.ndarray):
+        """Yield snap's live fingerprints with new added and gone taken out, in ascending
+        order, in sorted pieces (all of them at once unless table 0 keeps the order)."""
+        design = self.plan.tables[0]
+        if not design.keeps_order:
+            values = np.sort(np.concatenate([design.invert(v) for v in snap.table_values(0)]
+                                            + [new]))
+            yield values[~isin_sorted(values, gone)] if len(gone) else values
+            return
+        taken = 0   # new[:taken] are given out
+        for values in snap.table_values(0, ORDER_SLICE_VALUES):
+            upto = int(np.searchsorted(new, values[-1], side="right"))
+            if upto > taken:
+                values = np.sort(np.concatenate([values, new[taken:upto]]))
+                taken = upto
+            yield values[~isin_sorted(values, gone)] if len(gone) else values
+        if taken < len(new):
+            yield new[taken:]
+
+    def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
+        """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
+
+        Each array is sorted and the arrays together hold every live
+        fingerprint exactly once (not ordered among themselves).  part/parts
+        yield only share `part` of `parts`, so processes can split one index.
+        One snapshot serves the whole iteration.
+        """
+        if not 0 <= part < parts:
+            raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
+        snap, new, gone = self._pending_view()
+        design = self.plan.tables[0]
+        for i, values in enumerate(snap.table_values(0, chunk_size)):
+            if i % parts == part:
+                values = np.sort(design.invert(values))
+                yield values[~np.isin(values, gone)] if len(gone) else values
+        if part == parts - 1 and len(new):
+            yield new

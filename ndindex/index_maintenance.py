@@ -1,0 +1,204 @@
+"""The upkeep methods of Index: compact, vacuum, vacuum_into, stats, verify.
+
+A mixin of :class:`ndindex.index.Index`, kept apart so that each reads in
+one sitting.  compact() runs the compactor's steps (:mod:`ndindex.compaction`)
+now rather than in the background; vacuum() and vacuum_into() give free
+pages back to the disk by copying the live ones (LMDB never shrinks a
+file); stats() and verify() (:mod:`ndindex.checker`) look at the file.  The
+methods use Index's writer, compactor, store and snapshots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+
+from ndindex import codec, locks, pages, records as rec, store as st
+
+
+class MaintenanceMethods:
+    """compact, vacuum, vacuum_into, stats, verify."""
+
+    def compact(self, full: bool = False, progress=None) -> dict:
+        """Flush the log into the runs and do every merge that is due, now.
+
+        full=True merges each table (and each key space) into one run and
+        drops every tombstone; then, if no other process has the file open,
+        gives the free space back to the disk (:meth:`vacuum`).  Returns a
+        summary: steps done, seconds, runs per table, file bytes.
+        Compaction also runs by itself in the background unless the index
+        was opened with background_compaction=False.  progress(phase, done,
+        total), if given, is called after each step: done counts the chunks
+        merged so far against the chunks the file holds (an estimate: a
+        merge that is not due leaves its chunks, a chunk may merge twice).
+        """
+        self._check_writable()
+        t0 = time.perf_counter()
+        if self._writer.durability == "normal":
+            self._writer.checkpoint()
+        comp = self._compactor
+        total = max(1, sum(r.chunks for r in self._snapshot().manifest.runs))
+        start = comp.chunks_merged
+
+        def step():
+            if progress is not None:
+                progress("compact", min(comp.chunks_merged - start, total - 1), total)
+        steps = comp.run(force_flush=True, full=False, wait=True, on_step=step)
+        if full:
+            steps += comp.run(force_flush=True, full=True, wait=True, on_step=step)
+        if comp.error is not None:
+            err, comp.error = comp.error, None
+            raise err
+        if progress is not None:
+            progress("compact", total, total)
+        vacuumed = False
+        if full:
+            vacuumed = self._vacuum_if_alone()
+        snap = self._snapshot()
+        return dict(steps=steps, seconds=time.perf_counter() - t0, vacuumed=vacuumed,
+                    runs=[len(r) for r in snap.table_runs], file_bytes=self._store.file_bytes())
+
+    def _vacuum_if_alone(self) -> bool:
+        try:
+            self.vacuum()
+            return True
+        except locks.NotAlone:  # raised before any work
+            return False
+
+    @contextlib.contextmanager
+    def _alone(self, advice: str):
+        """Hold the open lock exclusively while the block runs: no other process
+        has the file open, and one that opens it meanwhile waits (see
+        locks.open_locked).  Raises ReadOnlyError, ending in advice, otherwise."""
+        if not locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
+            raise locks.NotAlone(f"{self.path}: another process has the index open; close it "
+                            f"first, {advice}")
+        try:
+            yield
+        finally:
+            # On the descriptor of the day: vacuum replaces it with the new file's.
+            locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_RDLCK)
+
+    def vacuum(self) -> int:
+        """Rewrite the file with only its live pages, giving free space back to the disk.
+
+        LMDB never shrinks a file: compaction reuses freed pages, but a file
+        that once held more keeps its size.  This writes a compact copy
+        beside the file and renames it over the original, so no other
+        process may have the index open: raises ReadOnlyError naming that
+        otherwise (use :meth:`vacuum_into` then); one that opens it
+        meanwhile waits for the new file.  Returns the new size.
+        """
+        self._check_writable()
+        with self._alone("or use vacuum_into() and replace the file yourself"), \
+                self._writer.lock, self._compactor._lock:
+            self._writer.checkpoint()
+            # One fixed name, held (flock) while the copy is built: an
+            # open that finds it free deletes a killed vacuum's copy.
+            tmp = st.build_path(self.path, "vacuum")
+            build = st.claim_build(tmp, self.path)
+            try:
+                os.ftruncate(build, 0)  # a killed vacuum's copy, if any
+                self._copy_compacted(tmp, build)
+                size = os.path.getsize(tmp)
+                self._directories.reopen()  # they point into the old file
+                with self._snap_lock:
+                    snap, self._snap, self._lineage = self._snap, None, None
+                if snap is not None:
+                    snap.close()
+                path = self.path
+                self._store.close()
+                os.replace(tmp, path)
+            finally:
+                st.release_build(build, tmp)  # deletes the copy unless renamed
+            st._fsync_path(os.path.dirname(os.path.abspath(path)))
+            fresh = st.Store.open(path, durability=self._store.durability)
+            self._store.__dict__.update(fresh.__dict__)
+            self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))
+            os.close(self._lock_fd)
+            self._lock_fd = locks.open_locked(path, readonly=False)
+            locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
+        return size
+
+    def vacuum_into(self, dest) -> int:
+        """Write a compacted copy of the index to a new file; return its size in bytes.
+
+        Only live pages are copied, like SQLite's VACUUM INTO; the copy is a
+        complete index (it appears atomically).  Replace the original with it
+        while no process has the index open.  Raises FileExistsError if dest
+        exists.
+        """
+        dest = os.fspath(dest)
+        if os.path.lexists(dest):
+            raise FileExistsError(f"{dest}: already exists")
+        tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
+                           f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
+        try:
+            self._copy_compacted(tmp)
+            st.publish(tmp, dest)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return os.path.getsize(dest)
+
+    def _copy_compacted(self, tmp: str, fd: int | None = None) -> None:
+        """Write the live pages to tmp (a new name, or fd open on it, empty) as a
+        complete, synced index."""
+        self._store.copy_to(tmp, fd)
+        st.restamp_commits(tmp)
+
+    def stats(self) -> dict:
+        """Return counts, sizes and bits per fingerprint per table, runs, log size and the plan.
+
+        Also the open reads on the file, from every process (``readers``:
+        pid and the transaction each reads), and ``oldest_reader_lag``, how
+        many commits the oldest of them is behind the newest: pages freed
+        since it began are not reused until it ends; and ``held_runs``,
+        ``held_bytes``: the small runs this index holds in memory (a warm
+        index's newest, at most reader.MEMORY_RUN_MAX_ENTRIES values each).
+        """
+        snap = self._snapshot()
+        n = snap.count()
+        per_table = []
+        for i, (design, runs) in enumerate(zip(self.plan.tables, snap.table_runs)):
+            value_bytes = sum(r.value_bytes for r in runs)
+            per_table.append(dict(
+                table=i, prefix_bits=design.prefix_bits, entries=n, runs=len(runs),
+                run_entries=[r.entries for r in runs], bytes=value_bytes,
+                bits_per_fingerprint=(value_bytes * 8 / n) if n else 0.0,
+                coding=codec.CODING_NAMES[self.coding]))
+        key_runs = [r for r in snap.manifest.runs if r.space in rec.RECORD_SPACES]
+        file_bytes = self._store.file_bytes()
+        # LMDB reuses no page freed after the oldest open read began: a long
+        # read (a parked reader, a long items() loop) lets the file grow.
+        readers = self._store.readers()
+        newest = self._latest_txnid()
+        held = self._directories.held_sizes()
+        return dict(
+            path=self.path, k=self.k, format=self._header.read_version,
+            coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
+            log_records=snap.state.log_next_seq - snap.state.log_first_seq,
+            removed_pending=sum(r.entries for r in snap.tombstone_runs),
+            tables=per_table,
+            key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
+            file_bytes=file_bytes,
+            file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
+            entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
+            compaction_steps=self._compactor.steps if self._compactor else 0,
+            readers=[dict(pid=pid, txnid=txnid) for pid, txnid in readers],
+            held_runs=len(held), held_bytes=sum(nbytes for _, nbytes in held),
+            oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),
+            plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
+
+    def verify(self, progress=None) -> dict:
+        """Check every LMDB page, checksum, ordering and run; raise on the first problem.
+
+        Raises CorruptionError naming the first problem; returns a summary
+        otherwise.  Cost: a full read of the file; memory beyond the mapped
+        file stays at a few MB a run, whatever N.  progress(phase, done,
+        total), if given, is called as the tables are read.
+        """
+        from ndindex import checker
+        return checker.verify(self, progress)
