@@ -39,8 +39,9 @@ from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
 from ndindex.overlay import RecordOps
-from ndindex.reader import (REAPER, WARM_QUERIES, CountMemo, DirectoryCache, Snapshot,
-                            TombstoneMemo)
+from ndindex.dircache import DirectoryCache
+from ndindex.reader import WARM_QUERIES, CountMemo, Snapshot, TombstoneMemo
+from ndindex.reaper import REAPER
 from ndindex.records import Header, LogRecord, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
@@ -95,7 +96,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         self._lineage = None   # the last snapshot's, once let go of (_let_go_of_snapshot)
         self._snap_lock = threading.Lock()
         self._uses = 0   # snapshot requests, for the idle-snapshot reaper
-        self._directories = DirectoryCache()  # run id -> run directory capsule (see reader)
+        self._directories = DirectoryCache()  # run id -> run directory capsule (see dircache)
         self._counts = CountMemo()  # the newest count, for len() to start from
         self._tombstones = TombstoneMemo()  # the tombstone run's arrays, across snapshots
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed

@@ -157,7 +157,7 @@ class MaintenanceMethods:
         many commits the oldest of them is behind the newest: pages freed
         since it began are not reused until it ends; and ``held_runs``,
         ``held_bytes``: the small runs this index holds in memory (a warm
-        index's newest, at most reader.MEMORY_RUN_MAX_ENTRIES values each).
+        index's newest, at most dircache.MEMORY_RUN_MAX_ENTRIES values each).
         """
         snap = self._snapshot()
         n = snap.count()

@@ -9,6 +9,8 @@ by the kernel in the chunks tree at query time.  A new snapshot reuses
 what did not change since the previous one (the manifest by generation,
 the tombstone arrays, when read, by run, the log by extending it with only
 the new records).
+What outlives snapshots for as long as a run lasts (its directory, or its
+values held in memory) is kept in :mod:`ndindex.dircache`.
 
 Concurrency follows LMDB: any number of reader threads and processes, one
 writer at a time; each call works on the snapshot current when it starts.
@@ -18,15 +20,12 @@ from __future__ import annotations
 
 import functools
 import heapq
-import os
 import threading
-import time
-import weakref
 from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import _core, chunks as ch, runs as rn
+from ndindex import _core, chunks as ch, dircache, runs as rn
 from ndindex.arrays import (EMPTY_U64, add_recent, insert_sorted, isin_sorted, merge_unique,
                             sorted_unique)
 from ndindex.errors import CorruptionError
@@ -74,247 +73,9 @@ WARM_QUERIES = 256
 #: us where the tree costs 9.6; listing its four main runs on the query
 #: path stalled one query 42 ms with the file cached, 0.4 s cold.
 DIRECTORY_MAX_CHUNKS_BACKGROUND = 1 << 14
-#: Raw runs of at most this many entries (a table's level-0 and level-1
-#: runs, merge inputs and outputs among them) are held in memory once the
-#: index is warm: the values a flush or a merge step wrote, kept by the
-#: compactor (Compactor._hold; a merge output as it grows), or read once,
-#: checked, by the background lister (DirectoryCache.hold_later); and
-#: probed as the log is -- the search aid and one or two lines of values --
-#: where a listed run's probe reads a dozen lines (directory, the block's
-#: header and its lines around the range).  At most 4 MB a run; a table
-#: holds two to four such runs at a busy moment.
-MEMORY_RUN_MAX_ENTRIES = 1 << 19
-#: The background lister's thread ends after this long without work.
-LISTER_IDLE_SECONDS = 1.0
 #: A flush first counts from the newest count when at most this many log
 #: operations came since it (one k = 0 probe each, about 1-2 us).
 COUNT_BEFORE_FLUSH_OPS = 1 << 14
-
-
-#: An index whose snapshot no call has used for about this long lets it go
-#: once the file has moved on (see SnapshotReaper).
-IDLE_SNAPSHOT_SECONDS = 2.0
-
-
-class SnapshotReaper:
-    """Makes idle indexes let go of old snapshots, so that they do not pin old pages.
-
-    A snapshot holds an LMDB read transaction, and LMDB reuses no page a
-    reader can still reach.  An index opened, asked once and then left
-    idle (a viewer, a reader process) kept its snapshot for as long as it
-    stayed open: every page a writer freed after it stayed unusable, and
-    the writer's file grew with each compaction (7x in 12 churn cycles).
-    One daemon thread for the process looks at every open index twice per
-    IDLE_SNAPSHOT_SECONDS; one whose use count did not move between two
-    looks, and whose file has newer commits, drops its snapshot.  A call
-    in flight keeps its own reference, and the next call takes a fresh
-    snapshot, as it would anyway.
-    """
-
-    def __init__(self):
-        self._indexes = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._thread = None
-
-    def watch(self, index) -> None:
-        """Look after index (held weakly) from now on."""
-        with self._lock:
-            self._indexes.add(index)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="ndindex-idle",
-                                                daemon=True)
-                self._thread.start()
-
-    def _loop(self) -> None:
-        seen = weakref.WeakKeyDictionary()   # index -> its use count at the last look
-        while True:
-            time.sleep(IDLE_SNAPSHOT_SECONDS / 2)
-            self._look(seen)
-
-    def _look(self, seen) -> None:
-        with self._lock:
-            indexes = list(self._indexes)
-        for index in indexes:
-            uses = index._uses
-            if seen.get(index) == uses:
-                try:
-                    index._let_go_of_snapshot(if_moved_on=True)
-                except Exception:  # noqa: BLE001 - a closing index; never let the thread die
-                    pass
-            seen[index] = uses
-
-    def _forked(self) -> None:
-        # A forked child has none of the parent's threads (and must not use
-        # its open indexes): start afresh.
-        self.__init__()
-
-
-REAPER = SnapshotReaper()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=REAPER._forked)
-
-
-class HeldRun(NamedTuple):
-    """A run's values held in memory (DirectoryCache.held)."""
-    start: int               # the first value they may hold (a merge input's live start)
-    aid: object              # _core.log_aid capsule over the values: what the kernel takes
-    nbytes: int
-    upto: bytes | None       # a merge output's cursor they reach; None: the whole run
-
-
-class DirectoryCache(dict):
-    """Run directories by run id, kept across snapshots; warm once the index
-    has answered WARM_QUERIES queries (then larger runs are listed too, and
-    small ones held in memory).  outputs: merge outputs' directories by run
-    id, with the cursor each was listed at (see Snapshot._output_directory).
-    held: runs held in memory by run id (HeldRun).
-
-    Large runs are listed, small ones read into memory, by a background
-    thread (list_later, hold_later); version counts what it added, so that
-    the index can rebuild a kernel built without them.  close() stops the
-    thread: before the file it reads is closed."""
-
-    warm = False
-
-    def __init__(self):
-        super().__init__()
-        self.outputs = {}
-        self.held = {}
-        self.lock = threading.Lock()
-        self.version = 0
-        self._asked: set = set()   # (run id, job) queued, being done, or failed
-        self._jobs: list = []
-        self._busy = False  # a job taken off _jobs and not yet done
-        self._wake = threading.Condition(self.lock)
-        self._thread = None
-        self._closed = False
-
-    def drop_stale(self, live: set) -> None:
-        """Forget the directories of runs not in live."""
-        with self.lock:
-            for stale in [rid for rid in self if rid not in live]:
-                del self[stale]
-            for stale in [rid for rid in self.held if rid not in live]:
-                del self.held[stale]
-            # And that they were asked for: an index open for months sees
-            # run ids come and go without end.
-            keep = live | {run.run_id for _, run, _ in self._jobs}
-            self._asked = {a for a in self._asked if a[0] in keep}
-
-    def list_later(self, snap: "Snapshot", run) -> None:
-        """List run in the background (once; it holds snap's pages meanwhile)."""
-        self._later(snap, run, "list")
-
-    def hold_later(self, snap: "Snapshot", run) -> None:
-        """Read run's live values into memory in the background (once)."""
-        self._later(snap, run, "hold")
-
-    def idle(self) -> bool:
-        """Whether the background lister has nothing queued or under way."""
-        with self.lock:
-            return not self._jobs and not self._busy
-
-    def held_sizes(self) -> list:
-        """(run id, bytes) of the runs held in memory."""
-        with self.lock:
-            return [(rid, h.nbytes) for rid, h in self.held.items()]
-
-    def hold_values(self, run_id: int, values: np.ndarray, upto: bytes | None = None) -> bool:
-        """Hold a run just written, from its values (sorted, as written), if
-        the index is warm and the run small; upto: for a merge output, the
-        cursor up to which values holds it (None: the whole run).  Returns
-        whether it is held; a run past the limit loses what was held of it
-        (a merge output that grew past it)."""
-        if not self.warm:
-            return False
-        aid = _core.log_aid(values) if 0 < len(values) <= MEMORY_RUN_MAX_ENTRIES else None
-        with self.lock:
-            if aid is None or self._closed:
-                self.held.pop(run_id, None)
-                return False
-            self._asked.add((run_id, "hold"))
-            self.held[run_id] = HeldRun(0, aid, values.nbytes, upto)
-            self.version += 1
-            return True
-
-    def let_go(self, run_id: int) -> None:
-        """Hold the run's values no more (they may be asked for again)."""
-        with self.lock:
-            self.held.pop(run_id, None)
-            self._asked.discard((run_id, "hold"))
-
-    def _later(self, snap: "Snapshot", run, job: str) -> None:
-        with self.lock:
-            if self._closed or (run.run_id, job) in self._asked:
-                return
-            self._asked.add((run.run_id, job))
-            self._jobs.append((snap, run, job))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._list_loop, name="ndindex-lister",
-                                                daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def _list_loop(self) -> None:
-        while True:
-            with self.lock:
-                if not self._jobs and not self._closed:
-                    self._wake.wait(LISTER_IDLE_SECONDS)
-                if self._closed or not self._jobs:
-                    # Idle: the thread ends (list_later starts another), so
-                    # an index dropped without close() leaves none behind.
-                    self._jobs.clear()
-                    if self._thread is threading.current_thread():
-                        self._thread = None
-                    return
-                snap, run, job = self._jobs.pop(0)
-                self._busy = True
-            try:
-                self._do(snap, run, job)
-            finally:
-                with self.lock:
-                    self._busy = False
-            del snap
-
-    def _do(self, snap: "Snapshot", run, job: str) -> None:
-        """List run (job "list") or read its values into memory ("hold")."""
-        start = rn.live_start(run) or 0
-        try:
-            # The kernel releases the GIL while it reads the chunks.
-            if job == "list":
-                cap, _, inline, _ = snap._list_chunks(run, start)
-                done = None if inline else cap
-            else:
-                values = rn.read_values(snap.view, run).values
-                done = HeldRun(start, _core.log_aid(values), values.nbytes, None) \
-                    if len(values) else None
-        except Exception:  # noqa: BLE001 - damage: the tree path reports it to the query
-            done = None
-        with self.lock:
-            if done is not None and not self._closed:
-                (self if job == "list" else self.held)[run.run_id] = done
-                self.version += 1
-
-    def close(self) -> None:
-        """Stop the background lister and wait for it; it may start again after reopen()."""
-        with self.lock:
-            self._closed = True
-            thread, self._thread = self._thread, None
-            self._wake.notify()
-        if thread is not None:
-            thread.join()
-        with self.lock:
-            # The directories point into the file's mapping and keep it.
-            self.clear()
-            self.outputs.clear()
-            self.held.clear()
-
-    def reopen(self) -> None:
-        """Forget everything (the file was replaced) and accept work again."""
-        self.close()
-        with self.lock:
-            self._asked.clear()
-            self._closed = False
 
 
 class Lineage(NamedTuple):
@@ -460,7 +221,7 @@ class Snapshot:
         for i, (log, recent, aid) in enumerate(log_tables):
             if aid is None and len(log):
                 log_tables[i] = (log, recent, _core.log_aid(log))
-        if isinstance(self._directories, DirectoryCache) and self._directories.held:
+        if isinstance(self._directories, dircache.DirectoryCache) and self._directories.held:
             # Values held for runs merged away go (each up to 4 MB).
             self._directories.drop_stale({r.run_id for r in self.manifest.runs})
         view, plan = self.view, self.plan
@@ -500,13 +261,13 @@ class Snapshot:
     def _held(self, run):
         """The run's values held in memory (a log_aid capsule) or None; asks
         the background lister for them if the index is warm and the run small
-        (MEMORY_RUN_MAX_ENTRIES).  Values read for a later snapshot, from
+        (dircache.MEMORY_RUN_MAX_ENTRIES).  Values read for a later snapshot, from
         further into a merge input, do not serve this one; a merge output's
         serve snapshots whose cursor they reach (the compactor holds them as
         they grow: Compactor._hold)."""
         cache = self._directories
-        if not isinstance(cache, DirectoryCache) or not cache.warm or run.kind != KIND_RAW \
-                or run.entries > MEMORY_RUN_MAX_ENTRIES:
+        if not isinstance(cache, dircache.DirectoryCache) or not cache.warm or \
+                run.kind != KIND_RAW or run.entries > dircache.MEMORY_RUN_MAX_ENTRIES:
             return None
         hit = cache.held.get(run.run_id)
         if run.merge_output:
@@ -532,7 +293,7 @@ class Snapshot:
         else:
             limit = DIRECTORY_COLD_CHUNKS
         if run.chunks > limit:
-            if warm and isinstance(cache, DirectoryCache) and not run.merge_output and \
+            if warm and isinstance(cache, dircache.DirectoryCache) and not run.merge_output and \
                     run.chunks <= DIRECTORY_MAX_CHUNKS_BACKGROUND:
                 cap = cache.get(run.run_id)
                 if cap is None:
@@ -548,7 +309,7 @@ class Snapshot:
         cap, _, inline, _ = self._finished_output(run) or \
             self._list_chunks(run, rn.live_start(run) or 0)
         if not inline:
-            if isinstance(cache, DirectoryCache):
+            if isinstance(cache, dircache.DirectoryCache):
                 cache.drop_stale({r.run_id for r in self.manifest.runs})
                 with cache.lock:
                     cache[run.run_id] = cap

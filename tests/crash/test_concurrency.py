@@ -409,13 +409,13 @@ def test_an_idle_reader_process_does_not_make_the_writers_file_grow(tmp_path):
     # snapshot (an LMDB read transaction) for as long as it stayed open,
     # so no page a compaction freed after it could be reused: the file grew
     # by about a third of its size with every churn cycle.  Idle, it lets
-    # the snapshot go (reader.SnapshotReaper) and the file holds steady.
+    # the snapshot go (reaper.SnapshotReaper) and the file holds steady.
     path = str(tmp_path / "idle.ndx")
     rng, live = _compacted_index(path, 18)
     reader = textwrap.dedent("""
         import sys
-        from ndindex import Index, reader
-        reader.IDLE_SNAPSHOT_SECONDS = 0.1
+        from ndindex import Index, reaper
+        reaper.IDLE_SNAPSHOT_SECONDS = 0.1
         ix = Index.open(sys.argv[1], readonly=True)
         ix.query(1)
         print("ready", flush=True)
@@ -450,8 +450,8 @@ def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_p
     rng, live = _compacted_index(path, 19)
     reader = textwrap.dedent("""
         import sys
-        from ndindex import Index, reader
-        reader.IDLE_SNAPSHOT_SECONDS = 1e9   # it would hold its snapshot: then it dies
+        from ndindex import Index, reaper
+        reaper.IDLE_SNAPSHOT_SECONDS = 1e9   # it would hold its snapshot: then it dies
         ix = Index.open(sys.argv[1], readonly=True)
         ix.query(1)
         print("ready", flush=True)

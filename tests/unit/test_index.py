@@ -88,15 +88,15 @@ def listing(request, monkeypatch):
     directories listed at once, or (raw runs) held in memory, read as soon
     as a snapshot's kernel asks for them (the kernel's three probe paths;
     Huffman runs are listed in the third)."""
-    from ndindex import reader
+    from ndindex import dircache, reader
     monkeypatch.setattr(reader, "DIRECTORY_COLD_CHUNKS", 0 if request.param == "tree" else 1 << 30)
     monkeypatch.setattr(reader, "DIRECTORY_MAX_CHUNKS", 0 if request.param == "tree" else 1 << 30)
     if request.param == "memory":
-        monkeypatch.setattr(reader.DirectoryCache, "warm", True)
-        monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+        monkeypatch.setattr(dircache.DirectoryCache, "warm", True)
+        monkeypatch.setattr(dircache.DirectoryCache, "hold_later",
                             lambda cache, snap, run: cache._do(snap, run, "hold"))
     else:
-        monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)
+        monkeypatch.setattr(dircache, "MEMORY_RUN_MAX_ENTRIES", 0)
     return request.param
 
 

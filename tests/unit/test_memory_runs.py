@@ -1,4 +1,4 @@
-"""Small raw runs held in memory (reader.MEMORY_RUN_MAX_ENTRIES): exact
+"""Small raw runs held in memory (dircache.MEMORY_RUN_MAX_ENTRIES): exact
 answers, only from values read for the snapshot asking, never hiding damage.
 
 Once an index is warm, the kernel asks the background lister to read a
@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from ndindex import _core, chunks as ch, compaction, reader
+from ndindex import _core, chunks as ch, compaction, dircache, reader
 from ndindex.errors import CorruptionError
 from ndindex.index import Index
 from ndindex.records import KIND_RAW
@@ -27,7 +27,7 @@ from tests.oracle import brute_force, check_queries, near
 def small_raw_runs(snap) -> set:
     return {r.run_id for runs in snap.table_runs for r in runs
             if r.kind == KIND_RAW and not r.merge_output and r.chunks
-            and r.entries <= reader.MEMORY_RUN_MAX_ENTRIES}
+            and r.entries <= dircache.MEMORY_RUN_MAX_ENTRIES}
 
 
 @pytest.fixture
@@ -118,7 +118,7 @@ def test_a_damaged_small_run_is_not_held_and_queries_report_it(tmp_path, monkeyp
         byte = fh.read(1)
         fh.seek(offset + 600)
         fh.write(bytes([byte[0] ^ 0x10]))
-    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+    monkeypatch.setattr(dircache.DirectoryCache, "hold_later",
                         lambda cache, snap, run: cache._do(snap, run, "hold"))
     with Index.open(path, readonly=True) as ix:
         ix._directories.warm = True
@@ -129,7 +129,7 @@ def test_a_damaged_small_run_is_not_held_and_queries_report_it(tmp_path, monkeyp
 
 
 def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes):
-    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+    monkeypatch.setattr(dircache.DirectoryCache, "hold_later",
                         lambda cache, snap, run: cache._do(snap, run, "hold"))
     rng = np.random.default_rng(44)
     fps = np.unique(rng.integers(0, 2**64, 6000, dtype=np.uint64))
@@ -138,7 +138,7 @@ def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes)
         for part in np.split(rng.permutation(fps), [500, 4000]):
             ix.add(part)
             ix._compactor._flush(ix._snapshot())    # runs of 500, 3500 and 2000, unmerged
-        monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 2000)
+        monkeypatch.setattr(dircache, "MEMORY_RUN_MAX_ENTRIES", 2000)
         ix._directories.warm = True
         stored = np.unique(ix.fingerprints())
         check_queries(ix, stored, near(rng, stored, 30, 3), 3)
@@ -152,7 +152,7 @@ def test_runs_past_the_limit_stay_on_disk(tmp_path, monkeypatch, level0_flushes)
 def test_a_warm_index_holds_the_runs_its_flushes_write_without_reading_them(tmp_path,
                                                                           monkeypatch):
     asked = []
-    monkeypatch.setattr(reader.DirectoryCache, "hold_later",
+    monkeypatch.setattr(dircache.DirectoryCache, "hold_later",
                         lambda cache, snap, run: asked.append(run.run_id))
     rng = np.random.default_rng(45)
     fps = np.unique(rng.integers(0, 2**64, 12000, dtype=np.uint64))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ndindex import _core, chunks as ch, compaction, reader, runs as rn
+from ndindex import _core, chunks as ch, compaction, dircache, runs as rn
 from ndindex.errors import CorruptionError
 from ndindex.index import Index
 from ndindex.reader import WARM_QUERIES, Snapshot
@@ -59,7 +59,7 @@ def test_compaction_checks_what_it_wrote_once_the_index_is_warm(tmp_path, small_
                                                                  monkeypatch):
     # Raw runs on disk too: small ones would be held in memory instead
     # (test_memory_runs.py), their values checked as they are read.
-    monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)
+    monkeypatch.setattr(dircache, "MEMORY_RUN_MAX_ENTRIES", 0)
     finished, checks = [], []
     extend, verify = Snapshot._finished_output, Snapshot.verify_listed
 
@@ -132,7 +132,7 @@ def same_blocks(snap) -> int:
 
 def test_a_finished_merge_lists_the_blocks_a_fresh_listing_finds(tmp_path, small_steps,
                                                                    monkeypatch):
-    monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)  # raw outputs listed, not held
+    monkeypatch.setattr(dircache, "MEMORY_RUN_MAX_ENTRIES", 0)  # raw outputs listed, not held
     ways = []
     extend = Snapshot._finished_output
 
@@ -217,7 +217,7 @@ def test_a_merge_input_is_listed_afresh_not_from_its_output_days(tmp_path, small
     # CorruptionError on a sound file (`ndindex verify`: ok).  The entry can
     # outlive the run's first listing: the run is listed only where no
     # directory of it is cached, and one held in memory is not listed.
-    monkeypatch.setattr(reader, "MEMORY_RUN_MAX_ENTRIES", 0)
+    monkeypatch.setattr(dircache, "MEMORY_RUN_MAX_ENTRIES", 0)
     rng = np.random.default_rng(33)
     stored = np.unique(rng.integers(0, 2**64, 9000, dtype=np.uint64))
     with Index.create(tmp_path / "s.ndx", k=3, expected_n=len(stored),

@@ -11,7 +11,7 @@ right after its query, inside its read.  LMDB reuses no page a reader can
 still reach, so an index that kept its snapshot while idle, or the slot a
 dead reader left in the lock file, would make the writer's file grow with
 every cycle; ndindex lets an idle snapshot go after about
-reader.IDLE_SNAPSHOT_SECONDS (--idle sets it in the reader) and the writer
+reaper.IDLE_SNAPSHOT_SECONDS (--idle sets it in the reader) and the writer
 clears dead readers' slots.  Prints the file size after each cycle of the
 three runs and the ratios of the final sizes; the run without a reader is
 the peer.
@@ -30,8 +30,8 @@ import numpy as np
 
 READER = """
 import sys
-from ndindex import Index, reader
-reader.IDLE_SNAPSHOT_SECONDS = float(sys.argv[2])
+from ndindex import Index, reaper
+reaper.IDLE_SNAPSHOT_SECONDS = float(sys.argv[2])
 ix = Index.open(sys.argv[1], readonly=True)
 ix.query(1)
 print("ready", flush=True)
@@ -90,8 +90,8 @@ def main(argv=None) -> int:
                     help="the reader's IDLE_SNAPSHOT_SECONDS (default: the library's)")
     ap.add_argument("--out", help="also write the report here")
     args = ap.parse_args(argv)
-    from ndindex import reader
-    idle = reader.IDLE_SNAPSHOT_SECONDS if args.idle is None else args.idle
+    from ndindex import reaper
+    idle = reaper.IDLE_SNAPSHOT_SECONDS if args.idle is None else args.idle
     with tempfile.TemporaryDirectory() as d:
         alone = churn(os.path.join(d, "alone.ndx"), args.n, args.cycles, args.gap, None)
         beside = churn(os.path.join(d, "beside.ndx"), args.n, args.cycles, args.gap, idle)
