@@ -433,8 +433,19 @@ def test_choose_plan_budgets():
     (dict(expected_n=10, k=3, max_probe_entries=0), "must be > 0"),
 ])
 def test_choose_plan_errors(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        choose_plan(**kwargs)
+    # Twice: the planner's cache keeps answers, never errors.
+    for _ in range(2):
+        with pytest.raises(ValueError, match=message):
+            choose_plan(**kwargs)
+
+
+def test_choose_plan_answers_repeated_arguments_from_its_cache():
+    # check_and_add_many plans a self-join per call; the answer is the same
+    # immutable Plan each time, and arguments that differ get their own.
+    assert choose_plan(1000, 3) is choose_plan(1000, 3)
+    assert choose_plan(1000, 3) == choose_plan(1000.0, 3)
+    assert choose_plan(8_000_000_000, 3) is not choose_plan(1000, 3)
+    assert choose_plan(8_000_000_000, 3, max_tables=4) != choose_plan(8_000_000_000, 3)
 
 
 def test_block_design_rejects_impossible_splits():
