@@ -7,7 +7,6 @@ import json
 import os
 import random
 
-import numpy as np
 import pytest
 
 import ndindex

@@ -1,4 +1,4 @@
-"""ndindex/__init__.py and cli.py import lazily: what loads with `import ndindex` and `ndindex query`.
+"""ndindex/__init__.py and the cli modules import lazily: what loads with `import ndindex` and `ndindex query`.
 
 Each check runs in a fresh interpreter, since this test process has
 imported everything already.  Speed is measured by tools/bench/bench_open.py;
@@ -73,7 +73,7 @@ def test_star_import_gives_every_public_name():
 
 
 @pytest.mark.parametrize("first", ["import importlib; importlib.import_module('ndindex.dedup')",
-                                   "import ndindex.dedup", "import ndindex.cli; ndindex.cli._dedup.dedup",
+                                   "import ndindex.dedup", "import ndindex.cli; ndindex.cli_common.dedup_module.dedup",
                                    "from ndindex import dedup"])
 def test_dedup_attribute_stays_the_function_however_the_module_loads(first):
     out = subprocess.run([sys.executable, "-c", f"{first}\nimport ndindex, inspect\n"

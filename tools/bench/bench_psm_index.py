@@ -169,7 +169,7 @@ def online(fps, stored, queries, qprobs, workdir, sweep: list, log) -> None:
             if sweeping:
                 continue
             fit = [r for r in rows if r[2] <= t["p50"]]
-            print(f"  recall in the tables' time: "
+            print("  recall in the tables' time: "
                   + (f"{max(r[1] for r in fit):.4f}" if fit else "none (one probe is slower)"))
             got = found_pairs(queries, ix.query_many(queries, k))      # no probabilities
             us = p50_us(lambda q: ix.query(q, k, keys=False), timed)

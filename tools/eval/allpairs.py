@@ -12,8 +12,6 @@ exactly.  Independent of ndindex's own sketches and kernels.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from scipy import sparse
 

@@ -1,0 +1,353 @@
+"""The ``ndindex`` subcommands on index files: add, query, remove, compact,
+stats, verify, recover, export, import, upgrade (see :mod:`ndindex.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+# cli_common first: it readies numpy's import.
+from ndindex.cli_common import (EXIT_ERROR, EXIT_NONE, EXIT_OK, FileError, Progress,
+                                document_text, error_line, fingerprinter_of, hex_fp, key_json,
+                                key_text, open_index, parse_fingerprint, plural, prefix_range,
+                                print_json, read_lines, textfile_module, upgrade_module)
+
+import numpy as np  # noqa: E402, I001 - after cli_common
+
+from ndindex.errors import CorruptionError, NdindexError
+from ndindex.plan import psm_max_probes
+
+#: Fingerprints per index.add call of ``ndindex add`` (one transaction each).
+ADD_BATCH_LINES = 100_000
+
+
+def _parse_line(raw: bytes):
+    """Return (fingerprint, key or None), or None for a blank or comment line.
+
+    Raises ValueError saying what is wrong with the line.
+    """
+    try:
+        line = raw.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column "
+                         f"{exc.start + 1})") from None
+    if not line or line.startswith("#"):
+        return None
+    parts = line.split(None, 1)
+    try:
+        fp = parse_fingerprint(parts[0])
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+    return fp, (parts[1] if len(parts) > 1 else None)
+
+
+def _read_fingerprint_lines(source: str, skip_invalid: bool):
+    """Return (fingerprints, keys, invalid count) of a fingerprint list (see read_lines)."""
+    items, invalid = read_lines(source, skip_invalid, _parse_line)
+    return [fp for fp, _ in items], [key for _, key in items], invalid
+
+
+def cmd_add(args) -> int:
+    fps, keys, invalid = _read_fingerprint_lines(args.source, args.skip_invalid)
+    added = 0
+    progress = Progress(not args.json, interval=1.0)
+    try:
+        with open_index(args.index) as ix:
+            for start in range(0, len(fps), ADD_BATCH_LINES):
+                added += ix.add(np.array(fps[start:start + ADD_BATCH_LINES], dtype=np.uint64),
+                                keys=keys[start:start + ADD_BATCH_LINES])
+                progress("add", min(start + ADD_BATCH_LINES, len(fps)), len(fps))
+            total = len(ix)
+    finally:
+        progress.clear()
+    if args.json:
+        print_json(dict(added=added, skipped=0, invalid=invalid, fingerprints=total))
+    else:
+        print(f"added {added:,} fingerprints ({total:,} distinct in the index)"
+              + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+                 if invalid else ""))
+    return EXIT_OK
+
+
+def cmd_query(args) -> int:
+    with open_index(args.index, readonly=True) as ix:
+        k = ix.k if args.k is None else args.k
+        if args.fingerprint is not None:
+            q = args.fingerprint
+            matches = ix.query(q, k, max_probes=args.max_probes)
+        else:
+            if args.text is not None:
+                text = args.text
+            else:
+                try:
+                    text = document_text(args.file)
+                except textfile_module.NotText as exc:
+                    raise FileError(args.file, f"{exc}; documents must be text") from None
+            q, margins = fingerprinter_of(ix).simhash_with_weights(text)
+            # A probabilistic query orders its probes by the text's own margins
+            # (Index.query_text's rule; the text is fingerprinted once here).
+            probabilistic = ix.plan.probabilistic or args.max_probes is not None
+            matches = ix.query(q, k, margins=margins if probabilistic else None,
+                               max_probes=args.max_probes)
+    if args.json:
+        print_json(dict(query=q, query_hex=hex_fp(q), k=k, matches=[
+            dict(fingerprint=m.fingerprint, fingerprint_hex=hex_fp(m.fingerprint),
+                 distance=m.distance, keys=[key_json(key) for key in m.keys])
+            for m in matches]))
+    else:
+        print(f"query {hex_fp(q)} k={k}: {len(matches)} match{'es' if len(matches) != 1 else ''}")
+        for m in matches:
+            keys = ", ".join(key_text(key) for key in m.keys)
+            print(f"  {hex_fp(m.fingerprint)}  distance {m.distance:2d}  {keys}".rstrip())
+    return EXIT_OK if matches else EXIT_NONE
+
+
+def cmd_remove(args) -> int:
+    if not args.fingerprint and not args.key:
+        raise ValueError("remove needs --fingerprint FP... or --key KEY...")
+    with open_index(args.index) as ix:
+        removed = 0
+        if args.fingerprint:
+            removed += ix.remove(fingerprints=args.fingerprint)
+        if args.key:
+            removed += ix.remove(keys=args.key)
+        total = len(ix)
+    if args.json:
+        print_json(dict(removed=removed, fingerprints=total))
+    else:
+        print(f"removed {removed:,} fingerprints ({total:,} left)")
+    return EXIT_OK
+
+
+def cmd_compact(args) -> int:
+    progress = Progress(not args.json, interval=1.0)
+    try:
+        with open_index(args.index) as ix:
+            report = ix.compact(full=args.full, progress=progress)
+    finally:
+        progress.clear()
+    if args.json:
+        print_json(report)
+    else:
+        runs = report["runs"]
+        print(f"compacted: {report['steps']:,} steps, {max(runs) if runs else 0} run(s) per "
+              f"table, {report['file_bytes']:,} bytes"
+              + (" (free space given back)" if report.get("vacuumed") else "")
+              + f", {report['seconds']:.3f} s")
+    return EXIT_OK
+
+
+def cmd_stats(args) -> int:
+    with open_index(args.index, readonly=True) as ix:
+        info = ix.stats()
+    if args.json:
+        print_json(info)
+        return EXIT_OK
+    for line in _stats_lines(info, args.tables):
+        print(line)
+    return EXIT_OK
+
+
+def _stats_lines(info: dict, per_table: bool) -> list[str]:
+    """The text of ``ndindex stats``: a summary, then a line per table if asked.
+
+    Sizes per fingerprint count only what the runs hold: fingerprints still
+    in the log (not yet compacted) are named apart, not averaged in.
+    """
+    tables = info["tables"]
+    prefixes = sorted({t["prefix_bits"] for t in tables})
+    in_runs = sum(tables[0]["run_entries"]) if tables else 0
+    table_bytes = sum(t["bytes"] for t in tables)
+    lines = [f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
+             f"{info['file_bytes']:,} bytes"]
+    summary = (f"  {plural(len(tables), 'table')} ({prefix_range(prefixes[0], prefixes[-1])}): "
+               f"{in_runs:,} fingerprints each in runs, {table_bytes:,} bytes")
+    if in_runs:
+        bits = 8 * table_bytes / in_runs / len(tables)
+        summary += (f", {bits:.2f} bits per fingerprint per table "
+                    f"(bound {info['entropy_bound_bits']:.2f})")
+    if info["log_entries"]:
+        summary += f"; {info['log_entries']:,} operations in the log, not yet compacted"
+    lines.append(summary)
+    if info.get("coding") == "delta":
+        lines.append("  format 2, delta coding: `ndindex upgrade` adds restart tables "
+                     "(format 5: faster queries)")
+    elif info.get("format") == 3:
+        lines.append("  format 3: `ndindex upgrade` packs raw blocks and lets tombstones "
+                     "form several runs (format 5: smaller files and commits)")
+    elif info.get("format") == 4:
+        lines.append("  format 4: `ndindex upgrade` lets tombstones form several runs "
+                     "(format 5: smaller commits as fingerprints are removed)")
+    if info.get("key_bytes"):
+        lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
+                     f"{plural(info['key_runs'], 'run')}")
+    if info.get("oldest_reader_lag"):
+        oldest = min(info["readers"], key=lambda r: r["txnid"])
+        lines.append(f"  a read open in process {oldest['pid']} is "
+                     f"{plural(info['oldest_reader_lag'], 'commit')} behind: pages freed "
+                     "since it began are not reused (the file grows) until it ends")
+    if info.get("probabilistic"):
+        lines.append(f"  probabilistic plan: a query probes the flip sets of table 0's "
+                     f"{prefixes[0]}-bit prefix, most likely first "
+                     f"({psm_max_probes(info['k'])} at k={info['k']} by default)")
+    if per_table:
+        for t in tables:
+            entries = sum(t["run_entries"])
+            bits = f"{8 * t['bytes'] / entries:.2f}" if entries else "-"
+            lines.append(f"  table {t['table']:3d}: p={t['prefix_bits']:2d}  {entries:,} "
+                         f"entries in {plural(t['runs'], 'run')}  {t['bytes']:,} bytes  "
+                         f"{bits} bits/fingerprint")
+    return lines
+
+
+def cmd_verify(args) -> int:
+    if args.output is not None and not args.repair:
+        raise ValueError("-o is for --repair")
+    progress = Progress(not args.json, interval=1.0)
+    try:
+        try:
+            with open_index(args.index, readonly=True) as ix:
+                report = ix.verify(progress=progress)
+        finally:
+            progress.clear()
+    except NdindexError as exc:
+        hint = "" if args.repair else repair_hint(exc, args)
+        print(error_line(_damage_text(exc), args.index) + hint, file=sys.stderr)
+        if not args.repair:
+            return EXIT_ERROR
+        out = args.output if args.output is not None else args.index + ".recovered"
+        return _recover_into(args.index, out, args.json)
+    if args.json:
+        print_json(dict(ok=True, **report))
+    else:
+        print(f"{args.index}: ok ({report['tables']} tables, {report['runs']} runs, "
+              f"{report['chunks']:,} chunks, {report['table_entries']:,} fingerprints in the "
+              f"runs, {report['log_entries']:,} operations in the log)"
+              + ("; nothing to repair" if args.repair else ""))
+    return EXIT_OK
+
+
+#: Commands whose INDEX is an existing index file the error may be about.
+_READS_INDEX = {"add", "query", "remove", "compact", "stats", "verify", "export", "similar",
+                "pairs", "clusters"}
+
+
+def repair_hint(exc: BaseException, args) -> str:
+    """For damage found in the command's index: the command that salvages it
+    (appended to the error's one line)."""
+    index = getattr(args, "index", None)
+    if isinstance(exc, CorruptionError) and index and \
+            getattr(args, "command", None) in _READS_INDEX:
+        return f"; `ndindex verify --repair {index}` salvages what it can"
+    return ""
+
+
+def _damage_text(exc: NdindexError) -> str:
+    """The error's message, naming a record whose key is plain text by that text too."""
+    key = getattr(exc, "key", None)
+    text = str(exc)
+    if key and all(0x20 < b < 0x7F for b in key):
+        text += f" (the {getattr(exc, 'database', None) or ''} record {key.decode()!r})"
+    return text
+
+
+def cmd_recover(args) -> int:
+    return _recover_into(args.index, args.output, args.json)
+
+
+def _recover_into(damaged: str, out: str, as_json: bool) -> int:
+    """Run ndindex.recover and report it: 0 complete, 1 partial, 2 nothing recoverable."""
+    salvage = importlib.import_module("ndindex.recover")
+    progress = Progress(not as_json, interval=1.0)
+    try:
+        report = salvage.recover(damaged, out, progress=progress)
+    finally:
+        progress.clear()
+    if as_json:
+        print_json(report)
+    for problem in report["problems"]:
+        print(error_line(problem, damaged), file=sys.stderr)
+    if report["output"] is None:
+        print(f"ndindex: {damaged}: nothing recoverable", file=sys.stderr)
+    elif not as_json:
+        c = report["counts"]
+        lost = [f"{c[k]:,} {what}" for k, what in (
+            ("table_chunks_lost", "table chunks"), ("table_blocks_lost", "table blocks"),
+            ("log_records_lost", "log records"),
+            ("documents_maybe_lost", "documents")) if c.get(k)]
+        docs = f", {report['documents']:,} documents" if report.get("documents") else ""
+        print(f"recovered {report['fingerprints']:,} fingerprints and {report['keys']:,} "
+              f"document keys{docs} from {damaged} into {out}: "
+              + ("complete" if report["complete"] else
+                 f"partial ({len(report['problems'])} problems, listed on stderr)")
+              + (f"; could not read {', '.join(lost)}" if lost else ""))
+    return report["status"]
+
+
+def cmd_export(args) -> int:
+    from ndindex.dump import export_index
+    with open_index(args.index, readonly=True) as ix:
+        if args.output == "-":
+            counts = export_index(ix, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+        else:
+            if os.path.exists(args.output):
+                raise FileExistsError(17, "already exists", args.output)
+            try:
+                with open(args.output, "wb") as fh:
+                    counts = export_index(ix, fh)
+            except BaseException:
+                os.unlink(args.output)
+                raise
+    print(f"exported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys to "
+          f"{'stdout' if args.output == '-' else args.output}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_import(args) -> int:
+    from ndindex.dump import import_index
+    if args.dump == "-":
+        counts = import_index(sys.stdin.buffer, args.index, name="<stdin>")
+    else:
+        with open(args.dump, "rb") as fh:
+            counts = import_index(fh, args.index, name=args.dump)
+    if args.json:
+        print_json(dict(index=args.index, **counts))
+    else:
+        print(f"imported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys "
+              f"into {args.index}")
+    return EXIT_OK
+
+
+def cmd_upgrade(args) -> int:
+    if args.output is not None and args.no_backup:
+        raise ValueError("--no-backup is for in-place upgrades; with -o the original is "
+                         "left as it is")
+    progress = Progress(not args.json, interval=1.0)
+    try:
+        report = upgrade_module.upgrade(args.index, args.output, backup=not args.no_backup,
+                                  progress=progress)
+    finally:
+        progress.clear()
+    if args.json:
+        print_json(report)
+    elif not report["upgraded"]:
+        print(f"{args.index}: already format {report['format']}, nothing to do")
+    else:
+        where = (f"original kept as {report['backup']}" if report["backup"]
+                 else "its tables rewritten in place" if args.output is None
+                 and not report["rebuilt"]
+                 else "original deleted" if args.output is None
+                 else f"written to {report['output']}, {args.index} left as it is")
+        keys = "" if report["keys"] is None else f"{report['keys']:,} document keys, "
+        print(f"upgraded {args.index} to format {report['format']}: "
+              f"{report['fingerprints']:,} fingerprints, {keys}{report['tables']} tables; {where} "
+              f"({report['source_bytes']:,} -> {report['output_bytes']:,} bytes, "
+              f"{report['seconds']['total']:.2f} s)")
+        if report["orphan_keys"]:
+            print(f"ndindex: {args.index}: {report['orphan_keys']:,} document keys of removed "
+                  "fingerprints were not copied", file=sys.stderr)
+    return EXIT_OK
