@@ -15,6 +15,7 @@ from ndindex.fingerprint import Fingerprinter
 from tests.killing import killed_at
 
 dedup_module = importlib.import_module("ndindex.dedup")
+dedup_files = importlib.import_module("ndindex.dedup_files")
 
 WORDS = ("river stone market paper garden window silver engine letter season harbor "
          "village signal lantern pocket thunder violet meadow copper ribbon castle "
@@ -96,8 +97,8 @@ def test_second_run_reads_nothing_and_sees_changes(tree, tmp_path, monkeypatch):
     ix = tmp_path / "ix.ndx"
     first = ndindex.dedup([tree], index=ix)
     reads = []
-    real = dedup_module._read_file
-    monkeypatch.setattr(dedup_module, "_read_file", lambda p, *a: reads.append(p) or real(p, *a))
+    real = dedup_files._read_file
+    monkeypatch.setattr(dedup_files, "_read_file", lambda p, *a: reads.append(p) or real(p, *a))
     second = ndindex.dedup([tree], index=ix)
     assert reads == [] and second.files_read == 0
     assert second.files_unchanged == first.files_scanned
@@ -197,8 +198,8 @@ def test_unreadable_files_are_reported_and_skipped(tmp_path):
 
 def test_file_changing_while_read_is_skipped(tree, tmp_path, monkeypatch):
     def always_changing(path, *a):
-        raise dedup_module._Changed("changed while being read")
-    monkeypatch.setattr(dedup_module, "_read_file", always_changing)
+        raise dedup_files._Changed("changed while being read")
+    monkeypatch.setattr(dedup_files, "_read_file", always_changing)
     result = ndindex.dedup([tree], index=tmp_path / "ix.ndx")
     assert result.clusters == [] and result.files_read == 0
     assert all(e == "changed while being read" for _, e in result.errors)
@@ -384,7 +385,7 @@ def test_interrupted_run_keeps_what_it_stored_each_second(tree, tmp_path, monkey
     ticks = iter(range(0, 10**6, 2))          # every look at the clock: two seconds later
     monkeypatch.setattr(dedup_module, "_clock", lambda: next(ticks), raising=False)
     examined = []
-    real = dedup_module._examine
+    real = dedup_files._examine
 
     def examine_then_interrupt(item, opts):
         if len(examined) == 5:
@@ -392,7 +393,7 @@ def test_interrupted_run_keeps_what_it_stored_each_second(tree, tmp_path, monkey
         examined.append(item)
         return real(item, opts)
 
-    monkeypatch.setattr(dedup_module, "_examine", examine_then_interrupt)
+    monkeypatch.setattr(dedup_files, "_examine", examine_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         ndindex.dedup([tree], index=ix)           # BATCH_FILES (2048) is far away
     monkeypatch.undo()
@@ -468,8 +469,8 @@ def test_decompression_is_bounded_by_max_size(tmp_path, monkeypatch):
     write(root / "bomb.txt.gz", gzip.compress(b"a " * (8 << 20)))       # 16 MiB of text
     write(root / "small.txt.gz", gzip.compress(text(41).encode()))
     sizes = []
-    real = dedup_module.textfile.decode
-    monkeypatch.setattr(dedup_module.textfile, "decode",
+    real = dedup_files.textfile.decode
+    monkeypatch.setattr(dedup_files.textfile, "decode",
                         lambda data: sizes.append(len(data)) or real(data))
     result = ndindex.dedup([root], index=tmp_path / "ix.ndx", max_size=1 << 20)
     assert result.skipped == {"too large": 1} and result.files_read == 1
@@ -693,7 +694,7 @@ def test_text_without_a_word_is_compared_exactly(tmp_path, monkeypatch):
     write(root / "a.txt", "---- ==== ----\n")
     write(root / "b.txt", "---- ==== ----\n")
     write(root / "c.txt", text(80))
-    monkeypatch.setattr(dedup_module, "_WORD_CHAR", __import__("re").compile(r"."))
+    monkeypatch.setattr(dedup_files, "_WORD_CHAR", __import__("re").compile(r"."))
     result = ndindex.dedup([root], index=tmp_path / "ix.ndx")
     [cluster] = result.clusters
     assert names(cluster) == ["a.txt", "b.txt"] and cluster.kind == "exact"
