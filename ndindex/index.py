@@ -780,7 +780,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         it was also added once without a key.  Space is reclaimed as
         compaction merges the runs.  Returns the number of fingerprints that
         were live and are now removed.  Unknown fingerprints or keys are
-        ignored.
+        ignored.  Atomic among the threads of this process; it removes what
+        is live in the newest commit it reads, so a fingerprint that another
+        process adds while the call runs may stay (as in check_and_add).
         """
         self._check_writable()
         if fingerprints is None and keys is None:
