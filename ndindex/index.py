@@ -34,12 +34,12 @@ from ndindex import _core, checked_add, codec, compaction, docstore, levels, loc
     plan as plans, records as rec, removal, store as st, validate
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
+from ndindex.dircache import DirectoryCache
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
 from ndindex.overlay import RecordOps
-from ndindex.dircache import DirectoryCache
 from ndindex.reader import WARM_QUERIES, CountMemo, Snapshot, TombstoneMemo
 from ndindex.reaper import REAPER
 from ndindex.records import Header, LogRecord, Manifest, State
