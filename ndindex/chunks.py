@@ -139,7 +139,9 @@ def pack_fp_chunks(space: int, run_id: int, kind: int, enc: codec.EncodedTable, 
         body = head[4:] + keys.astype("<u8").tobytes()
         key = fp_chunk_key(space, run_id, last)
         crc = _core.crc32c(key + body)
-        out.append((key, struct.pack("<I", crc) + body + blocks[a:b].tobytes()))
+        # One copy of the blocks (join reads the array's buffer), where
+        # tobytes() and + made two: a sixth of the GIL's time in a stream.
+        out.append((key, b"".join((struct.pack("<I", crc), body, blocks[a:b]))))
         low_fence = last
     return out
 
