@@ -864,7 +864,7 @@ static PyObject *py_run_read(PyObject *self, PyObject *args) {
             PyObject *values = keys ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n) : NULL;
             char *dst = values ? PyBytes_AS_STRING(values) : NULL;
             Py_BEGIN_ALLOW_THREADS
-            if (dst)
+            if (dst && n) /* n = 0: the shared empty bytes, and values may be NULL */
                 memcpy(dst, sl.values, n);
             run_slice_free(&sl); /* clears sl */
             Py_END_ALLOW_THREADS
