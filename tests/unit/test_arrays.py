@@ -46,3 +46,19 @@ def test_merge_unique_and_isin_sorted(existing, new, gone):
     values = np.concatenate([new, existing[:5]])
     assert np.array_equal(arrays.isin_sorted(values, existing), np.isin(values, existing))
     assert np.array_equal(arrays.sorted_unique(np.concatenate([new, new[::-1]])), new)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3000), st.integers(1, 2**64 - 1)), min_size=1, max_size=6),
+       st.integers(0, 2**32))
+def test_merge_unique_of_long_overlapping_runs(shapes, seed):
+    # Runs past merge2's two-chain threshold (64 values), drawn from ranges
+    # of every width: from a few hundred values (most of them in several
+    # runs, equal pairs on both sides of the split) to the whole 64 bits.
+    rng = np.random.default_rng(seed)
+    parts = [as_sorted(rng.integers(0, width, n, dtype=np.uint64, endpoint=True))
+             for n, width in shapes]
+    hidden = as_sorted(np.concatenate(parts)[::7]) if seed % 2 else arrays.EMPTY_U64
+    want = np.setdiff1d(np.unique(np.concatenate(parts)), hidden)
+    assert np.array_equal(arrays.merge_unique(parts, hidden), want)
+    assert np.array_equal(arrays.merge_unique(parts[::-1], hidden), want)
