@@ -16,6 +16,10 @@ the index's writes timed, and prints for each tenth of the stream:
   commit), in its puts, its commit and its sync; the rest of the tenth is
   the throttle (the compactor behind) and Python.
 
+At the end, the compactor's bytes put per fingerprint added and per
+table, by source: flushes (each rewrites its table's level-1 run), and
+merges into each level (tombstone and record runs, small, are left out).
+
 --set NAME=VALUE sets a constant of ndindex.levels or ndindex.compaction
 for the run (e.g. MAIN_FRACTION=0.5), to try a policy without editing it.
 A diagnostic, not a benchmark: no pass/fail, no peer; run it on an idle
@@ -101,6 +105,26 @@ def instrument(acc: dict, store) -> None:
 
     compaction.Compactor.step = timed_step
 
+    # Bytes put by source: flush commits (log_done given), and merge steps
+    # of fingerprint runs by the level they write into.
+    from ndindex import levels
+    commit, merge_step = compaction.Compactor._commit, compaction.Compactor._fp_merge_step
+
+    def counted_commit(self, snap, puts, *a, log_done=None, **kw):
+        if log_done is not None:
+            add("by flushes", sum(len(v) for _, v in puts))
+        return commit(self, snap, puts, *a, log_done=log_done, **kw)
+
+    def counted_merge_step(self, snap, man, space, output, inputs):
+        out = merge_step(self, snap, man, space, output, inputs)
+        level = levels.level_of(output)
+        name = "the main level" if level == levels.MAIN_LEVEL else f"level {level}"
+        add(f"by merges into {name}", sum(len(v) for _, v in out[0]))
+        return out
+
+    compaction.Compactor._commit = counted_commit
+    compaction.Compactor._fp_merge_step = counted_merge_step
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -140,6 +164,11 @@ def main(argv=None) -> int:
                       f"{d.get('w_lockwait', 0):>9.2f} {d.get('w_body', 0):>5.2f} "
                       f"{d.get('w_commit', 0):>6.2f} {d.get('w_sync', 0):>5.2f}", flush=True)
                 last, t_last = dict(acc), now
+        tables = len(ix.plan.tables)
+        sources = sorted(k for k in acc if k.startswith("by "))
+        total = sum(acc[k] for k in sources) or 1
+        print("compactor's bytes put per fingerprint added, per table: " + "; ".join(
+            f"{k} {acc[k] / args.n / tables:.1f} ({100 * acc[k] / total:.0f}%)" for k in sources))
     finally:
         ix.close()
         bs.remove_index(path)
