@@ -36,18 +36,6 @@ static size_t merge2_chain(const uint64_t *a, size_t na, const uint64_t *b, size
     return m + nb - j;
 }
 
-static size_t lower_bound_u64(const uint64_t *a, size_t n, uint64_t v) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* merge2_chain in two halves at once: the values below the longer array's
  * middle value v, and those from v on (equal values fall on one side).
  * The halves' chains are independent, so the CPU overlaps them: 2.0x as

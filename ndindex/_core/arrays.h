@@ -1,10 +1,24 @@
-/* Whole-array kernels used when tables are built: permute, histogram. */
+/* Whole-array kernels: permute, histogram, the k-way merge of compaction
+ * steps, and the lower bound the query kernels share. */
 #ifndef NDINDEX_ARRAYS_H
 #define NDINDEX_ARRAYS_H
 #include <stddef.h>
 #include <stdint.h>
 
 #include "query.h"
+
+/* First index i in a[0..n) (sorted) with a[i] >= v (n if none). */
+static inline size_t lower_bound_u64(const uint64_t *a, size_t n, uint64_t v) {
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < v)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
 
 /* out[i] = the permutation of in[i] (in and out may alias). */
 void permute_u64(const perm_runs *r, const uint64_t *in, uint64_t *out, size_t n);

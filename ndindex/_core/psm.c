@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "arrays.h"
 #include "codec.h" /* HOT_KERNEL */
 
 /* Headers probed together, their directory slots prefetched first. */
@@ -175,19 +176,6 @@ void psm_results_free(psm_results *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* First index i in a[0..n) with a[i] >= v (n if none). */
-static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return x < y ? -1 : x > y;
@@ -244,7 +232,7 @@ static inline int probe_one(const psm_table *t, uint64_t q, int k, uint64_t h, u
     uint64_t bucket = t->b ? h >> (t->p - t->b) : 0;
     size_t i = t->dir[bucket], end = t->dir[bucket + 1];
     if (t->b < t->p) /* the bucket holds several headers: find ours */
-        i += lower_bound(t->vals + i, end - i, lo);
+        i += lower_bound_u64(t->vals + i, end - i, lo);
     for (; i < end && t->vals[i] <= hi; i++) {
         if (popcount64(t->vals[i] ^ q) <= k) {
             if (reserve(out, 1) < 0)

@@ -63,19 +63,6 @@ static inline void chunk_key(uint8_t key[CHUNK_KEY_BYTES], uint8_t space, uint32
     store_be64(key + 5, value);
 }
 
-/* First index i with a[i] >= v (n if none). */
-static inline size_t lower_bound(const uint64_t *a, size_t n, uint64_t v) {
-    size_t lo = 0, hi = n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (a[mid] < v)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 int search_aid_build(search_aid *aid, const uint64_t *a, size_t n) {
     memset(aid, 0, sizeof *aid);
     aid->ntop = (n + DIRECTORY_GROUP - 1) / DIRECTORY_GROUP;
@@ -134,7 +121,7 @@ static inline void aid_search_guide(const search_aid *aid, aid_search *a) {
 /* Step 3: the first group whose top is >= v (ntop if none): the guide's
  * range for v's top bits holds it, or it is the first group past it. */
 static inline size_t aid_search_group(const search_aid *aid, const aid_search *a) {
-    return a->g + lower_bound(aid->top + a->g, a->end - a->g, a->v);
+    return a->g + lower_bound_u64(aid->top + a->g, a->end - a->g, a->v);
 }
 
 /* The three steps at once. */
@@ -163,7 +150,7 @@ static inline size_t log_lower_bound(const query_table *tb, uint64_t v) {
 }
 
 static int contains(const uint64_t *a, size_t n, uint64_t v) {
-    size_t i = lower_bound(a, n, v);
+    size_t i = lower_bound_u64(a, n, v);
     return i < n && a[i] == v;
 }
 
@@ -563,7 +550,7 @@ static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, ui
     int done = 0;
     if (run->mem)
         return scan_candidates(s, t, &s->tables[t], jq->q, qp, run->mem, run->nmem,
-                               at != NOT_LOCATED ? at : lower_bound(run->mem, run->nmem, lo), hi,
+                               at != NOT_LOCATED ? at : lower_bound_u64(run->mem, run->nmem, lo), hi,
                                k, jq->out);
     if (run->dir)
         return probe_directory(jq, t, run, qp, lo, hi, k, at);
@@ -628,7 +615,7 @@ void run_directory_free(run_directory *d) {
 }
 
 size_t run_directory_verify(run_directory *d, uint8_t kind, uint64_t start) {
-    size_t b = lower_bound(d->last, d->nblocks, start), n = 0;
+    size_t b = lower_bound_u64(d->last, d->nblocks, start), n = 0;
     for (; b < d->nblocks; b++) {
         if (d->verified[b])
             continue;
@@ -886,7 +873,7 @@ static int log_candidates(const query_snapshot *s, int t, const query_table *tb,
                         at != NOT_LOCATED ? at : log_lower_bound(tb, lo), hi, k, out) < 0)
         return QUERY_NOMEM;
     return scan_candidates(s, t, tb, q, qp, tb->log_recent, tb->nlog_recent,
-                           lower_bound(tb->log_recent, tb->nlog_recent, lo), hi, k, out);
+                           lower_bound_u64(tb->log_recent, tb->nlog_recent, lo), hi, k, out);
 }
 
 /* Keep out[from:] entries not in the sorted set a[0:n]. */
@@ -1288,7 +1275,7 @@ static int index_candidates(const query_snapshot *s, int t, const uint64_t *cons
                             uint64_t hi, int k, query_results *out) {
     for (int j = 0; j < 2; j++)
         if (scan_candidates(s, t, &s->tables[t], q, qp, part[j], npart[j],
-                            lower_bound(part[j], npart[j], lo), hi, k, out) < 0)
+                            lower_bound_u64(part[j], npart[j], lo), hi, k, out) < 0)
             return QUERY_NOMEM;
     return 0;
 }
