@@ -28,9 +28,10 @@ void permute_u64(const perm_runs *r, const uint64_t *in, uint64_t *out, size_t n
  * Equal neighbours are not counted. */
 void delta_histogram(const uint64_t *a, size_t n, int coding, uint64_t counts[64]);
 
-/* Merge k sorted arrays (each strictly increasing) into out, dropping
- * repeats and every value of the sorted array hide; returns the count.
- * out must hold the sum of the lengths. */
+/* Merge k <= 64 sorted arrays (each strictly increasing) into out,
+ * dropping repeats and every value of the sorted array hide; returns the
+ * count, or (size_t)-1 when k > 64 or memory runs out.  out must hold the
+ * sum of the lengths. */
 size_t merge_unique_u64(const uint64_t *const *runs, const size_t *lens, int k,
                         const uint64_t *hide, size_t nhide, uint64_t *out);
 

@@ -550,8 +550,8 @@ static int probe_run(job_queue *jq, int t, const query_run *run, uint64_t qp, ui
     int done = 0;
     if (run->mem)
         return scan_candidates(s, t, &s->tables[t], jq->q, qp, run->mem, run->nmem,
-                               at != NOT_LOCATED ? at : lower_bound_u64(run->mem, run->nmem, lo), hi,
-                               k, jq->out);
+                               at != NOT_LOCATED ? at : lower_bound_u64(run->mem, run->nmem, lo),
+                               hi, k, jq->out);
     if (run->dir)
         return probe_directory(jq, t, run, qp, lo, hi, k, at);
     uint8_t key[CHUNK_KEY_BYTES];
