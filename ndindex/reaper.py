@@ -41,9 +41,9 @@ class SnapshotReaper:
         with self._lock:
             self._indexes.add(index)
             if self._thread is None:
-                # A bare thread (daemon-like): threading.Thread.start() waits
-                # for the new thread to run, about a third of a millisecond
-                # of a cold open's 2.7 ms (bench_open.py) here; nothing
+                # A bare thread (daemon-like; held here by its ident):
+                # threading.Thread.start() waits for the new thread to run,
+                # a fraction of a millisecond in every open, and nothing
                 # needs this one before its first look, a second later.
                 self._thread = _thread.start_new_thread(self._loop, ())
 
