@@ -69,7 +69,7 @@ def main(argv=None) -> int:
           + f" {'numpy ms':>10} {'x numpy':>8}")
     for name, sizes in SHAPES.items():
         parts = [numpy_union([rng.integers(0, 2**64, n, dtype=np.uint64)]) for n in sizes]
-        parts[-1] = np.union1d(parts[-1], parts[0][::1000])  # a few values in two runs
+        parts[-1] = numpy_union([parts[-1], parts[0][::1000]])  # a few values in two runs
         want = numpy_union(parts)
         out = np.empty(sum(map(len, parts)), np.uint64)
         times = []
