@@ -18,10 +18,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import platform
+import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import bench_stream as bs  # noqa: E402
 
 SHAPES = {
     "level 2 + three level-1 runs": [3_000_000, 600_000, 550_000, 170_000],
@@ -62,9 +66,8 @@ def main(argv=None) -> int:
                                        if args.against else [])
     rng = np.random.default_rng(5)
     hide = np.empty(0, np.uint64)
-    print(f"# bench_merge  {time.strftime('%Y-%m-%d')}  {platform.machine()}  "
-          f"python {platform.python_version()}  numpy {np.__version__}  load {os.getloadavg()[0]:.2f}"
-          + (f"  --against {os.path.basename(args.against)}" if args.against else ""))
+    print("\n".join(bs.header("bench_merge", argv if argv is not None else sys.argv[1:],
+                               f"numpy {np.__version__}")))
     print(f"{'shape':32} {'values':>10} " + " ".join(f"{n + ' ms':>14}" for n, _ in cores)
           + f" {'numpy ms':>10} {'x numpy':>8}")
     for name, sizes in SHAPES.items():
