@@ -38,8 +38,8 @@ static size_t merge2_chain(const uint64_t *a, size_t na, const uint64_t *b, size
 
 /* merge2_chain in two halves at once: the values below the longer array's
  * middle value v, and those from v on (equal values fall on one side).
- * The halves' chains are independent, so the CPU overlaps them: 2.0x as
- * fast on random values (tools/bench/bench_merge.py, two equal runs).
+ * The halves' chains are independent, so the CPU overlaps them: 1.7-1.9x
+ * as fast on random values (tools/bench/bench_merge.py, two equal runs).
  * The upper half is written where it would start were there no equal
  * pairs below v, and moved down if there were. */
 static size_t merge2(const uint64_t *a, size_t na, const uint64_t *b, size_t nb, uint64_t *out) {
