@@ -3,7 +3,7 @@
 This module parses the command line and maps errors to exit statuses; each
 subcommand is a function ``cmd_<name>(args) -> int`` registered in
 ``_build_parser``: in :mod:`ndindex.cli_index` (add, query, remove,
-compact, stats, verify, recover, export, import, upgrade),
+compact, vacuum, stats, verify, recover, export, import, upgrade),
 :mod:`ndindex.cli_documents` (create, add --docs, similar, pairs,
 clusters), :mod:`ndindex.cli_dedup` (dedup), and here (plan); what they
 share is in :mod:`ndindex.cli_common`.  Errors are one line on stderr, with
@@ -214,12 +214,32 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = subcommand(commands, "compact", "merge the append log and removals into the tables",
-                    "Compact the index in one transaction (rewriting only touched blocks "
-                    "unless --full).",
+                    "Flush the append log into the tables' runs and do every merge that is "
+                    "due, now, in steps of one commit each (an interrupted compaction keeps "
+                    "the steps it finished).  --full merges each table into one run, drops "
+                    "every tombstone and, when no other process has the index open, gives "
+                    "the free space back to the disk as `ndindex vacuum` does.",
                     ["ndindex compact pages.ndx", "ndindex compact pages.ndx --full --json"],
                     cli_index.cmd_compact)
     p.add_argument("index", metavar="INDEX")
-    p.add_argument("--full", action="store_true", help="rebuild every table and its code")
+    p.add_argument("--full", action="store_true",
+                   help="one run a table, no tombstones, free space given back")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = subcommand(commands, "vacuum", "give an index's free space back to the disk",
+                    "Rewrite INDEX with only its live pages, like SQLite's VACUUM: the file "
+                    "keeps the pages that compaction and removals freed (later commits reuse "
+                    "them) until this gives them back.  INDEX must not be open in another "
+                    "process; one that opens it meanwhile waits for the new file.  With -o, "
+                    "write the compacted copy to OUT instead and leave INDEX as it is "
+                    "(VACUUM INTO), which works while other processes use INDEX.  Runs are "
+                    "not merged: `ndindex compact --full` merges them and then vacuums.",
+                    ["ndindex vacuum pages.ndx", "ndindex vacuum pages.ndx -o pages-small.ndx",
+                     "ndindex vacuum pages.ndx --json"],
+                    cli_index.cmd_vacuum)
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("-o", "--output", metavar="OUT",
+                   help="write the copy here (must not exist) and leave INDEX as it is")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = subcommand(commands, "stats", "print counts, sizes and the plan",

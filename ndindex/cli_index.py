@@ -1,5 +1,5 @@
 """The ``ndindex`` subcommands on index files: add, query, remove, compact,
-stats, verify, recover, export, import, upgrade (see :mod:`ndindex.cli`).
+vacuum, stats, verify, recover, export, import, upgrade (see :mod:`ndindex.cli`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ndindex.cli_common import (EXIT_ERROR, EXIT_NONE, EXIT_OK, FileError, Progr
 import numpy as np  # noqa: E402, I001 - after cli_common
 
 from ndindex.errors import CorruptionError, NdindexError
+from ndindex.locks import NotAlone
 from ndindex.plan import psm_max_probes
 
 #: Fingerprints per index.add call of ``ndindex add`` (one transaction each).
@@ -137,6 +138,29 @@ def cmd_compact(args) -> int:
               f"table, {report['file_bytes']:,} bytes"
               + (" (free space given back)" if report.get("vacuumed") else "")
               + f", {report['seconds']:.3f} s")
+    return EXIT_OK
+
+
+def cmd_vacuum(args) -> int:
+    before = os.path.getsize(args.index) if os.path.exists(args.index) else None
+    if args.output is not None:
+        with open_index(args.index, readonly=True) as ix:
+            after = ix.vacuum_into(args.output)
+        target = args.output
+    else:
+        with open_index(args.index) as ix:
+            try:
+                after = ix.vacuum()
+            except NotAlone:
+                raise FileError(args.index, "another process has the index open; close it "
+                                "first, or write a compacted copy with -o OUT") from None
+        target = args.index
+    if args.json:
+        print_json(dict(path=target, bytes_before=before, bytes_after=after))
+    else:
+        print(f"{target}: {after:,} bytes, {before - after:,} given back to the disk"
+              if args.output is None else
+              f"{target}: {after:,} bytes, a compacted copy of {args.index} ({before:,} bytes)")
     return EXIT_OK
 
 

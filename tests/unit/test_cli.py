@@ -449,3 +449,73 @@ def test_stats_says_what_a_format_2_delta_file_gains_from_upgrade(tmp_path, caps
     assert status == 0 and hint not in out.splitlines()
     with ndindex.open(path, readonly=True) as index:
         assert (index.stats()["format"], index.stats()["coding"]) == (5, "delta+restarts")
+
+
+# -- issue 9: ndindex vacuum ------------------------------------------------------------------
+
+
+def _shrunk_content(ix, capsys, monkeypatch) -> list[int]:
+    """Add 20,000 fingerprints, compact, remove all but 500 and compact
+    --full while another process has the index open (so no vacuum): the
+    file keeps the pages the removed ones held.  Returns the ones left."""
+    fps = [(i * 0x9E3779B97F4A7C15) % (1 << 64) for i in range(1, 20_001)]
+    run(capsys, "add", ix, stdin="".join(f"{fp}\n" for fp in fps), monkeypatch=monkeypatch)
+    assert run(capsys, "compact", ix)[0] == 0
+    gone = fps[500:]
+    for start in range(0, len(gone), 5000):
+        assert run(capsys, "remove", ix, "--fingerprint",
+                   *map(str, gone[start:start + 5000]))[0] == 0
+    with reader_parked(ix):
+        status, out, _ = run(capsys, "compact", ix, "--full", "--json")
+        assert status == 0 and json.loads(out)["vacuumed"] is False
+    return fps[:500]
+
+
+def _fingerprints(capsys, path) -> int:
+    status, out, _ = run(capsys, "verify", path, "--json")
+    doc = json.loads(out)
+    assert status == 0 and doc["ok"] is True
+    return json.loads(run(capsys, "stats", path, "--json")[1])["fingerprints"]
+
+
+def test_vacuum_gives_the_free_space_back_and_keeps_the_content(ix, capsys, monkeypatch):
+    left = _shrunk_content(ix, capsys, monkeypatch)
+    before = os.path.getsize(ix)
+    status, out, _ = run(capsys, "vacuum", ix, "--json")
+    doc = json.loads(out)
+    assert status == 0 and doc == dict(path=ix, bytes_before=before,
+                                       bytes_after=os.path.getsize(ix))
+    assert doc["bytes_after"] < before / 2, doc
+    assert _fingerprints(capsys, ix) == len(left)
+    status, out, _ = run(capsys, "query", ix, hex(left[7]), "-k", "0")
+    assert status == 0 and hex(left[7])[2:] in out
+    status, out, _ = run(capsys, "vacuum", ix)
+    assert status == 0 and out == f"{ix}: {os.path.getsize(ix):,} bytes, 0 given back to the disk\n"
+
+
+def test_vacuum_into_a_copy_leaves_the_index_as_it_is(ix, tmp_path, capsys, monkeypatch):
+    left = _shrunk_content(ix, capsys, monkeypatch)
+    before = os.path.getsize(ix)
+    out_path = str(tmp_path / "copy.ndx")
+    status, out, _ = run(capsys, "vacuum", ix, "-o", out_path)
+    assert status == 0 and out.startswith(f"{out_path}: {os.path.getsize(out_path):,} bytes, "
+                                          f"a compacted copy of {ix} ({before:,} bytes)")
+    assert os.path.getsize(ix) == before and os.path.getsize(out_path) < before / 2
+    assert _fingerprints(capsys, out_path) == _fingerprints(capsys, ix) == len(left)
+    status, _, err = run(capsys, "vacuum", ix, "-o", out_path)   # never over a file
+    assert status == 2 and err.startswith(f"ndindex: {out_path}: ") and "exists" in err
+
+
+def test_vacuum_in_place_waits_for_no_one_and_names_the_way_out(ix, tmp_path, capsys,
+                                                                monkeypatch):
+    _shrunk_content(ix, capsys, monkeypatch)
+    before = os.path.getsize(ix)
+    with reader_parked(ix):   # another process has the index open
+        status, out, err = run(capsys, "vacuum", ix)
+        assert status == 2 and out == ""
+        assert err == (f"ndindex: {ix}: another process has the index open; close it first, "
+                       "or write a compacted copy with -o OUT\n")
+        assert os.path.getsize(ix) == before
+        status, _, _ = run(capsys, "vacuum", ix, "-o", str(tmp_path / "copy.ndx"))
+        assert status == 0
+    assert run(capsys, "vacuum", ix)[0] == 0 and os.path.getsize(ix) < before
