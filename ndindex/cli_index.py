@@ -208,6 +208,11 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     if info.get("key_bytes"):
         lines.append(f"  document keys: {info['key_bytes']:,} bytes in "
                      f"{plural(info['key_runs'], 'run')}")
+    # Worth a vacuum: a tenth of the file and a megabyte (a small index's
+    # commits keep a few pages free as they go).
+    if info.get("free_bytes", 0) >= max(1 << 20, info["file_bytes"] // 10):
+        lines.append(f"  {info['free_bytes']:,} bytes free: later commits reuse them, "
+                     "`ndindex vacuum` gives them back to the disk")
     if info.get("oldest_reader_lag"):
         oldest = min(info["readers"], key=lambda r: r["txnid"])
         lines.append(f"  a read open in process {oldest['pid']} is "

@@ -158,6 +158,8 @@ class MaintenanceMethods:
         since it began are not reused until it ends; and ``held_runs``,
         ``held_bytes``: the small runs this index holds in memory (a warm
         index's newest, at most dircache.MEMORY_RUN_MAX_ENTRIES values each).
+        ``free_bytes``: the file's pages on LMDB's free list, which later
+        commits reuse and :meth:`vacuum` gives back to the disk.
         """
         snap = self._snapshot()
         n = snap.count()
@@ -183,7 +185,7 @@ class MaintenanceMethods:
             removed_pending=sum(r.entries for r in snap.tombstone_runs),
             tables=per_table,
             key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),
-            file_bytes=file_bytes,
+            file_bytes=file_bytes, free_bytes=self._free_bytes(snap, file_bytes),
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
             entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
             compaction_steps=self._compactor.steps if self._compactor else 0,
@@ -191,6 +193,14 @@ class MaintenanceMethods:
             held_runs=len(held), held_bytes=sum(nbytes for _, nbytes in held),
             oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),
             plan=self.plan.describe(), probabilistic=self.plan.probabilistic)
+
+    def _free_bytes(self, snap, file_bytes: int) -> int:
+        """Bytes of the file that snap's free list holds (LMDB may list pages
+        past the end of a file it has not grown yet: those take no space)."""
+        file_pages = file_bytes // self._psize
+        return self._psize * sum(
+            1 for _, value in snap.view.scan("free") for page in st._core_idl(value)
+            if page < file_pages)
 
     def verify(self, progress=None) -> dict:
         """Check every LMDB page, checksum, ordering and run; raise on the first problem.
