@@ -136,7 +136,9 @@ def cmd_compact(args) -> int:
         runs = report["runs"]
         print(f"compacted: {report['steps']:,} steps, {max(runs) if runs else 0} run(s) per "
               f"table, {report['file_bytes']:,} bytes"
-              + (" (free space given back)" if report.get("vacuumed") else "")
+              + (" (free space given back)" if report.get("vacuumed") else
+                 " (another process has the index open: its free space stays until "
+                 "`ndindex vacuum`)" if args.full else "")
               + f", {report['seconds']:.3f} s")
     return EXIT_OK
 
