@@ -180,18 +180,19 @@ class InvalidInput(Exception):
     """Lines of an input file that are not valid; the message lists them."""
 
 
-def read_lines(source: str, skip_invalid: bool, parse) -> tuple[list, int]:
+def read_lines(source: str, skip_invalid: bool, parse, items=None) -> tuple:
     """Return (the parsed items, invalid count) of an input file (or - for stdin).
 
     parse(raw line) returns an item, None for a line to skip, or raises
-    ValueError.  Every line is checked before anything is added: the first
+    ValueError; each item is appended to items (default: a new list).
+    Every line is checked before anything is added: the first
     MAX_REPORTED_LINES invalid lines are printed on stderr as
     ``ndindex: FILE:LINE: problem``, and without skip_invalid any invalid
-    line raises InvalidInput.  Memory: the whole list.
+    line raises InvalidInput.  Memory: every item, as items holds them.
     """
     name = "<stdin>" if source == "-" else source
     fh = sys.stdin.buffer if source == "-" else open(source, "rb")
-    items, invalid = [], 0
+    items, invalid = ([] if items is None else items), 0
     try:
         for number, raw in enumerate(fh, 1):
             try:
