@@ -654,6 +654,20 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                 snap.__dict__.pop("kernel", None)
         return snap, pend
 
+    def _warm_kernel(self):
+        """(snapshot, kernel) when the newest snapshot's kernel is built and
+        current and the index warm -- a busy index's steady state, which
+        _view() reaches in more steps -- else None (then _view() does them)."""
+        snap = self._snap
+        if snap is None or self._latest_txnid() != snap.txnid:
+            return None
+        kernel = snap.__dict__.get("kernel")
+        dirs = self._directories
+        if kernel is None or not dirs.warm or snap.kernel_version != dirs.version:
+            return None
+        self._uses += 1
+        return snap, kernel
+
     def _pending_view(self):
         """The snapshot, and what this writer's pending operations change in it.
 
@@ -718,6 +732,15 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         k = validate.query_k(k, self._header.k)
         self._check_writable()
         writer = self._writer
+        if key is None and writer.in_transaction and not self.plan.probabilistic:
+            # The crawler's loop: only the kernel and the pending additions.
+            with writer.lock:
+                ready = self._warm_kernel()
+                if ready is not None:
+                    snap, kernel = ready
+                    pend = writer.pending
+                    found = pend.check_and_add(self.plan, kernel, fp, k)
+                    return _matches(snap, pend, found, True) if found else []
         pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
         # query() and add() without their batch-shaped validation: this is
         # the per-item call, 100,000 a second inside a transaction.

@@ -1228,13 +1228,17 @@ def test_a_file_says_the_format_version_its_coding_needs(path, coding):
 
 
 @pytest.mark.parametrize("durability", ["full", "normal"])
-def test_a_long_transaction_indexes_its_pending_additions_and_stays_exact(path, durability):
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_long_transaction_indexes_its_pending_additions_and_stays_exact(path, durability,
+                                                                         warm):
     # Past overlay.PENDING_SCAN_MAX pending additions, queries find them
     # through a per-table index, not a scan of all (a transaction of n
     # check_and_add calls was O(n^2)).  Every answer still equals brute
     # force over what is stored plus what the transaction did so far,
-    # removals of its own additions and additions again included.
-    from ndindex import overlay
+    # removals of its own additions and additions again included.  A warm
+    # index answers most calls by check_and_add's short path
+    # (Index._warm_kernel, PendingOps.check_and_add).
+    from ndindex import overlay, reader
     rng = np.random.default_rng(31)
     stored = np.unique(clustered(rng, 300, 4, 2))
     items = clustered(rng, 600, 6, 3)
@@ -1242,11 +1246,16 @@ def test_a_long_transaction_indexes_its_pending_additions_and_stays_exact(path, 
                       background_compaction=False) as ix:
         ix.add(stored)
         ix.compact()
+        if warm:
+            for q in rng.integers(0, 2**64, reader.WARM_QUERIES, dtype=np.uint64).tolist():
+                ix.query(q)
+            wait_for(ix._directories.idle)
         live = set(stored.tolist())
-        folds = 0
+        folds = short = 0
         with ix.transaction():
             for i, fp in enumerate(items.tolist()):
                 want = brute_force(np.array(sorted(live), dtype=np.uint64), fp, 3)
+                short += ix._warm_kernel() is not None
                 got = ix.check_and_add(fp)
                 assert [(m.fingerprint, m.distance) for m in got] == want
                 if not want:
@@ -1264,6 +1273,8 @@ def test_a_long_transaction_indexes_its_pending_additions_and_stays_exact(path, 
                 folds += ix._writer.pending._index[0] > 0
             assert len(live) - len(stored) > 2 * overlay.PENDING_SCAN_MAX
             assert folds > 0  # the index served
+            # Cold, the first WARM_QUERIES calls take the long way.
+            assert (short > 0.9 * len(items)) if warm else short < len(items), short
             qs = rng.integers(0, 2**64, 50, dtype=np.uint64).tolist() + items[:50].tolist()
             res = ix.query_many(qs, 3)
             everything = np.array(sorted(live), dtype=np.uint64)
