@@ -740,7 +740,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                     snap, kernel = ready
                     pend = writer.pending
                     found = pend.check_and_add(self.plan, kernel, fp, k)
-                    return _matches(snap, pend, found, True) if found else []
+                    # Keys of what it found: pending operations count only if
+                    # there are any (as _view() gives them).
+                    return _matches(snap, pend if pend else None, found, True) if found else []
         pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
         # query() and add() without their batch-shaped validation: this is
         # the per-item call, 100,000 a second inside a transaction.
