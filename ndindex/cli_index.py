@@ -164,13 +164,14 @@ def cmd_compact(args) -> int:
 
 
 def cmd_vacuum(args) -> int:
-    before = os.path.getsize(args.index) if os.path.exists(args.index) else None
     if args.output is not None:
         with open_index(args.index, readonly=True) as ix:
+            before = os.path.getsize(args.index)
             after = ix.vacuum_into(args.output)
         target = args.output
     else:
         with open_index(args.index) as ix:
+            before = os.path.getsize(args.index)
             try:
                 after = ix.vacuum()
             except NotAlone:
