@@ -145,7 +145,16 @@ class MaintenanceMethods:
 
     def _copy_compacted(self, tmp: str, fd: int | None = None) -> None:
         """Write the live pages to tmp (a new name, or fd open on it, empty) as a
-        complete, synced index."""
+        complete, synced index.
+
+        LMDB's copy walks every tree of the newest commit trusting each page
+        it reads: a damaged branch, leaf or overflow page number took it
+        outside the map (SIGSEGV, SIGBUS).  So the trees are checked first,
+        as verify() checks them (checker.check_lmdb: page headers and nodes,
+        not the overflow pages' contents), raising CorruptionError."""
+        from ndindex import checker
+        st.check_commit_records(self._store)
+        checker.check_lmdb(self._snapshot().view)
         self._store.copy_to(tmp, fd)
         st.restamp_commits(tmp)
 

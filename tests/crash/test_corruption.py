@@ -516,3 +516,55 @@ def test_an_open_reads_both_meta_pages_in_8_kb_unless_page_0_says_otherwise(tmp_
     assert all(isinstance(m, int) for m in metas) != damage_page0
     got = pages.FileMap(path).metas()
     assert [m["txnid"] if isinstance(m, dict) else str(m) for m in got] == metas
+
+
+# Damages that took LMDB's copy (vacuum, vacuum_into, compact(full=True))
+# outside the map before the copy checked the trees: (page kind, tree, which
+# of those pages, byte in the page, xor mask) -> SIGBUS, SIGSEGV.
+COPY_CRASHES = [("leaf", "(free)", 0, 16, 162), ("leaf", "chunks", 17, 43, 158)]
+
+
+def test_a_vacuum_of_a_damaged_file_raises_and_never_crashes(built, tmp_path):
+    """LMDB's copy trusts every page number it reads; Index._copy_compacted
+    checks the trees first, as verify() does.  The two damages that a sweep
+    of vacuum_into over this fixture found crashing it, and the first bytes (header, node
+    pointers, first nodes) of every branch and leaf page with two masks: each
+    vacuum_into and vacuum answers or raises a typed error, in a child
+    process so that a crash fails the test instead of ending it."""
+    src, _ = built
+    damages = [(pages_of(src, kind, tree)[i], at, mask)
+               for kind, tree, i, at, mask in COPY_CRASHES]
+    rng = np.random.default_rng(5)
+    for page in pages_of(src, "branch") + pages_of(src, "leaf"):
+        damages += [(page, int(at), int(mask)) for at, mask in
+                    zip(rng.integers(0, 64, 2), rng.integers(1, 256, 2))]
+    code = (
+        "import os, shutil, sys, ndindex\n"
+        "sys.path.insert(0, sys.argv[3])\n"
+        "from damage import flip\n"
+        "src, work = sys.argv[1], sys.argv[2]\n"
+        "for i, spec in enumerate(sys.argv[4:]):\n"
+        "    page, at, mask = map(int, spec.split(':'))\n"
+        "    path, out = os.path.join(work, f'd{i}.ndx'), os.path.join(work, f'o{i}.ndx')\n"
+        "    shutil.copyfile(src, path)\n"
+        "    flip(path, page * 4096 + at, mask)\n"
+        "    for how in ('into', 'in place'):\n"
+        "        try:\n"
+        "            with ndindex.open(path, background_compaction=False) as ix:\n"
+        "                ix.vacuum_into(out) if how == 'into' else ix.vacuum()\n"
+        "            print(spec, how, 'ok')\n"
+        "        except (ndindex.CorruptionError, ndindex.FormatError) as exc:\n"
+        "            print(spec, how, type(exc).__name__)\n"
+        "        if os.path.exists(out):\n"
+        "            os.unlink(out)\n")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", code, src, str(tmp_path),
+                           os.path.dirname(__file__)] + [f"{p}:{a}:{m}" for p, a, m in damages],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 * len(damages)
+    for spec in [f"{p}:{a}:{m}" for p, a, m in damages[:len(COPY_CRASHES)]]:
+        assert [ln.split()[-1] for ln in lines if ln.startswith(spec + " ")] == \
+            ["CorruptionError"] * 2, lines
