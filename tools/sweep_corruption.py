@@ -25,7 +25,9 @@ trial writes a copy of the file with one byte damaged (xor 0xFF, or one bit
 flipped, alternately) at a random offset among the bytes of a random page
 of its stratum that LMDB uses, then, in a forked child, runs open(),
 verify(), query(fp, 3, keys=True) for a fixed set of fingerprints, keys(),
-add() and compact(), and queries again.  The parent classifies the trial
+stats(), fingerprints(), an export and a vacuum_into copy (whatever they
+return is not compared: only how they end), add() and compact(), queries
+again, and compact(full=True) (which vacuums).  The parent classifies the trial
 by the worst thing that happened:
 
   crash      the child died of a signal
@@ -461,6 +463,24 @@ def trial_damage(data: bytes, strata: dict, psize: int, seed: int, trial: int):
 # -- one trial ---------------------------------------------------------------------------
 
 
+def _export(ix, dest: str) -> dict:
+    from ndindex.dump import export_index
+    try:
+        with open(dest, "wb") as fh:
+            return export_index(ix, fh)
+    finally:
+        os.unlink(dest)
+
+
+def _vacuum_into(ix, dest: str) -> int:
+    try:
+        return ix.vacuum_into(dest)
+    finally:
+        for name in (dest, dest + "-lock"):
+            if os.path.exists(name):
+                os.unlink(name)
+
+
 def run_steps(path: str, oracle: dict, options: dict, send) -> dict:
     """In the child: each public call in turn; what each returned or raised."""
     import ndindex
@@ -491,12 +511,19 @@ def run_steps(path: str, oracle: dict, options: dict, send) -> dict:
             step("similar", lambda: [_similar_answer((m.key, m.similarity) for m in ix.similar(t))
                                      for t in oracle["similar_texts"]])
             step("documents", lambda: sorted(ix.documents()))
+        # Calls that read the whole file their own way: what they return is
+        # not compared (a damaged copy or count is for verify to find).
+        step("stats", lambda: ix.stats() and None)
+        step("fingerprints", lambda: len(ix.fingerprints()) and None)
+        step("export", lambda: _export(ix, path + ".dump") and None)
+        step("vacuum_into", lambda: _vacuum_into(ix, path + ".copy") and None)
         extra = oracle["extra"]
         step("add", lambda: ix.add(np.array(extra, dtype=np.uint64),
                                    keys=[f"extra-{i}" for i in range(len(extra))]) and None)
         step("compact", lambda: ix.compact() and None)
         step("query_after", lambda: [as_answer(ix.query(q, K, keys=True))
                                      for q in oracle["queries"][:40] + extra[:20]])
+        step("compact_full", lambda: ix.compact(full=True) and None)
         try:
             ix.close()
         except Exception:
