@@ -641,6 +641,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         both is harmless (adds and removes are idempotent).
         """
         pend = self._writer.visible_pending() if self._writer is not None else None
+        ready = self._warm_kernel()
+        if ready is not None:
+            return ready[0], pend
         snap = self._snapshot()
         if "kernel" in snap.__dict__ and snap.kernel_version != self._directories.version:
             # The background lister finished a large run's directory.
@@ -656,8 +659,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
 
     def _warm_kernel(self):
         """(snapshot, kernel) when the newest snapshot's kernel is built and
-        current and the index warm -- a busy index's steady state, which
-        _view() reaches in more steps -- else None (then _view() does them)."""
+        current and the index warm -- a busy index's steady state, where
+        _view() has nothing to do -- else None (then _view() does it)."""
         snap = self._snap
         if snap is None or self._latest_txnid() != snap.txnid:
             return None
