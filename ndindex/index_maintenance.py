@@ -154,7 +154,7 @@ class MaintenanceMethods:
         not the overflow pages' contents), raising CorruptionError."""
         from ndindex import checker
         st.check_commit_records(self._store)
-        checker.check_lmdb(self._snapshot().view)
+        checker.check_lmdb(self._snapshot().view, self._store.filemap)
         self._store.copy_to(tmp, fd)
         st.restamp_commits(tmp)
 
