@@ -43,19 +43,18 @@ JOURNAL_PREFIX = b"journal:"
 LMDB_CHECK_TRIES = 5
 
 
-def check_lmdb(view, filemap=None) -> dict:
-    """Check LMDB's own structures of a snapshot; return page statistics.
+def check_lmdb(view, filemap) -> dict:
+    """Check LMDB's own structures; return page statistics.
 
     The C checker reads the newest meta page, not the snapshot's: a commit
     of another process since the snapshot may have trees past the
     snapshot's pages ("page number past the end of the file", 12 times in
-    108,000 checks beside a writer).  With the file's map (filemap), it
-    checks the file as it is now, and again while commits keep landing
-    during a check (the meta pages or the size changed): no reader sees a
-    page it needs reused meanwhile, as the caller holds a snapshot."""
+    108,000 checks beside a writer, when it was given the snapshot's).  So
+    it checks the file as it is now (filemap, the file's map), and again
+    while commits keep landing during a check (the meta pages or the size
+    changed): no page it walks is reused meanwhile, as the caller holds a
+    snapshot."""
     if hasattr(_core, "lmdb_check"):
-        if filemap is None:
-            return _core.lmdb_check(view.buf, view.psize, view.npages)
         for attempt in range(LMDB_CHECK_TRIES):
             size = filemap.file_bytes()
             buf = filemap.buffer(size)
