@@ -485,21 +485,10 @@ class PendingOps:
     def check_and_add(self, plan, kernel, fp: int, k: int) -> list:
         """check_and_add in a transaction, the writer's lock held: kernel's
         (fingerprint, distance) pairs within k of fp among the snapshot and
-        these operations, fp added to them when there are none.  What
-        query_view, _core.query and add_one do, read in one go."""
-        m, capsule, _ = self._index
-        n = self._n
-        if n - m > PENDING_SCAN_MAX or self._removes_dirty:
-            found = _core.query(kernel, fp, k, *self.query_view(plan))
-        else:
-            found = _core.query(kernel, fp, k, self._buf[m:n], self._removes_sorted, capsule)
+        these operations, fp added to them when there are none."""
+        found = _core.query(kernel, fp, k, *self.query_view(plan))
         if not found:
-            if n < len(self._buf) and fp not in self._where and fp not in self._removes:
-                self._buf[n] = fp   # add_one's append, its common case
-                self._where[fp] = n
-                self._n = n + 1
-            else:
-                self.add_one(fp)
+            self.add_one(fp)
         return found
 
     def add_one(self, fp: int) -> None:
