@@ -200,9 +200,13 @@ class Compactor:
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None  # close()'s last flush then builds its runs here
+        # A step of compact() in another thread ends first, and the steps
+        # after it raise ClosedError: under way, its merges met a pool shut
+        # down ("cannot schedule new futures after shutdown").
+        with self._lock:
+            pool, self._pool = self._pool, None  # close()'s last flush builds its runs here
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _loop(self) -> None:
         # Owed work waits for the first write or IDLE_WAIT_SECONDS: an index
@@ -260,6 +264,8 @@ class Compactor:
             self._lease_elsewhere = not held
             if not held:
                 return False  # another process is compacting
+            if self._stop.is_set():
+                raise ClosedError(f"{self._ix.path}: index is closed")  # close() has begun
             snap = self._ix._compaction_snapshot()
             try:
                 return self._step(snap, force_flush, full)

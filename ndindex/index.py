@@ -35,7 +35,7 @@ from ndindex import _core, checked_add, codec, compaction, docstore, levels, loc
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
 from ndindex.dircache import DirectoryCache
-from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.errors import ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
@@ -100,7 +100,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         self._counts = CountMemo()  # the newest count, for len() to start from
         self._tombstones = TombstoneMemo()  # the tombstone run's arrays, across snapshots
         self._queries = 0  # until reader.WARM_QUERIES, only small runs are listed
-        self._pool = None
+        self._pool = None   # query_many's threads, made at its first large batch
+        self._pool_lock = threading.Lock()  # close() in another thread: see _batch_pool
         self._psize = store.filemap.psize
         self._meta = pages.meta_words(store.filemap.buffer(2 * self._psize))
         # Where each meta page's txnid lies, as a word of _meta.
@@ -293,9 +294,10 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                 snap, self._snap, self._lineage = self._snap, None, None
             if snap is not None:
                 snap.close()
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            with self._pool_lock:
+                pool, self._pool = self._pool, False
+            if pool:
+                pool.shutdown(wait=True)  # batches under way finish on their snapshot
             # The meta pages' view pins the file's mapping: without this a
             # closed index left bound to a name (after a with block) kept
             # the file mapped, and a deleted file's space in use.  Zeros
@@ -534,13 +536,27 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         workers = min(os.cpu_count() or 1, 8)
         if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
             return _to_matches(*run(0, len(qs)), offset=0)
+        bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
+        with self._pool_lock:
+            futures = [self._batch_pool(workers).submit(run, a, b)
+                       for a, b in zip(bounds[:-1], bounds[1:])]
+        return np.concatenate([_to_matches(*f.result(), offset=int(a))
+                               for f, a in zip(futures, bounds[:-1])])
+
+    def _batch_pool(self, workers: int):
+        """query_many's thread pool (self._pool_lock held), made at first use.
+
+        close() in another thread sets it to False under the same lock: a
+        batch that comes after raises ClosedError, where submitting to the
+        pool raised RuntimeError ("cannot schedule new futures after
+        shutdown"), and a new pool would have outlived the index.
+        """
+        if self._pool is False:
+            raise ClosedError(f"{self.path}: index is closed")
         if self._pool is None:
             import concurrent.futures  # here: a reader that never batches does not pay for it
             self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
-        bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
-        futures = [self._pool.submit(run, a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-        return np.concatenate([_to_matches(*f.result(), offset=int(a))
-                               for f, a in zip(futures, bounds[:-1])])
+        return self._pool
 
     def query_text(self, text, k: int | None = None, *, keys: bool = True,
                    max_probes: int | None = None) -> list[Match]:

@@ -593,3 +593,78 @@ def test_an_environment_closed_by_another_thread_reads_as_closed_error(tmp_path)
     with pytest.raises(Exception) as raised:
         env.begin()
     assert isinstance(translate_error(raised.value, path), ClosedError)
+
+
+def test_a_batch_that_meets_another_threads_close_raises_closed_error(tmp_path, monkeypatch):
+    # query_many took its view, then another thread closed the index before
+    # the batch reached its thread pool: submitting raised RuntimeError
+    # ("cannot schedule new futures after shutdown"), or, before the pool's
+    # first use, made a new pool that outlived the index.
+    from ndindex import index as index_module
+    path = str(tmp_path / "b.ndx")
+    rng = np.random.default_rng(7)
+    with Index.create(path, k=3, expected_n=10_000) as ix:
+        ix.add(rng.integers(0, 2**64, 5000, dtype=np.uint64))
+    qs = rng.integers(0, 2**64, index_module.PARALLEL_QUERY_MIN, dtype=np.uint64)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the batch is split, on any machine
+    for warm in (False, True):
+        ix = Index.open(path, background_compaction=False)
+        if warm:
+            ix.query_many(qs)  # the pool exists
+        real = Index._view
+
+        def closed_meanwhile(self):
+            view = real(self)
+            closer = threading.Thread(target=self.close)
+            closer.start()
+            closer.join()
+            return view
+
+        monkeypatch.setattr(Index, "_view", closed_meanwhile)
+        with pytest.raises(ClosedError):
+            ix.query_many(qs)
+        monkeypatch.setattr(Index, "_view", real)
+        assert ix._pool is False
+    with Index.open(path, readonly=True) as again:
+        assert len(again) == 5000
+
+
+def test_a_compaction_that_meets_another_threads_close_raises_closed_error(tmp_path,
+                                                                         monkeypatch):
+    # compact() in one thread, close() in another: close() shut the merge
+    # threads' pool down under the step, which raised RuntimeError; now
+    # close() waits for the step under way and the next one raises
+    # ClosedError.  Nothing is lost either way.
+    from ndindex import compaction
+    path = str(tmp_path / "m.ndx")
+    rng = np.random.default_rng(8)
+    ix = Index.create(path, k=3, expected_n=100_000, background_compaction=False,
+                      log_limit=1000)
+    added = 0
+    for _ in range(6):
+        added += ix.add(rng.integers(0, 2**64, 3000, dtype=np.uint64))
+        ix._compactor.step(force_flush=True)  # several runs a table: merges to do
+    added += ix.add(rng.integers(0, 2**64, 3000, dtype=np.uint64))  # and a log to flush
+    comp = ix._compactor
+    real = compaction.Compactor._step
+    closers = []
+
+    def close_during_the_first_step(self, snap, force_flush, full):
+        if not closers:
+            closers.append(threading.Thread(target=ix.close))
+            closers[0].start()
+            deadline = time.monotonic() + 10
+            while not comp._stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert comp._stop.is_set()
+        return real(self, snap, force_flush, full)
+
+    monkeypatch.setattr(compaction.Compactor, "_step", close_during_the_first_step)
+    with pytest.raises(ClosedError):
+        ix.compact()
+    closers[0].join(10)
+    assert not closers[0].is_alive()
+    monkeypatch.undo()
+    with Index.open(path, background_compaction=False) as again:
+        assert len(again) == added
+        again.verify()
