@@ -75,17 +75,40 @@ class ContentMethods:
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
 
         Each array is sorted and the arrays together hold every live
-        fingerprint exactly once (not ordered among themselves).  part/parts
-        yield only share `part` of `parts`, so processes can split one index.
-        One snapshot serves the whole iteration.
+        fingerprint exactly once (not ordered among themselves).  One
+        snapshot serves the whole iteration.
+
+        part/parts yield only share `part` of `parts`, so that processes can
+        split one index: the fingerprints f with part / parts <= f / 2^64 <
+        (part + 1) / parts.  The shares are ranges of values, not of the
+        file's layout, so shares read in different snapshots (other
+        processes, other times) still hold each fingerprint that stayed
+        stored throughout exactly once while another process writes and
+        compacts; what changed meanwhile may be in or out.  Shares of
+        slices of the runs, as they were, duplicated and missed stored
+        fingerprints once a compaction came between two of them.
         """
         if not 0 <= part < parts:
             raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
+        lo, hi = share_bounds(part, parts)
         snap, new, gone = self._pending_view()
         design = self.plan.tables[0]
-        for i, values in enumerate(snap.table_values(0, chunk_size)):
-            if i % parts == part:
-                values = np.sort(design.invert(values))
-                yield values[~np.isin(values, gone)] if len(gone) else values
-        if part == parts - 1 and len(new):
+        if design.keeps_order:
+            pieces = snap.table_values(0, chunk_size, lo, hi)
+        else:  # no plan the planner makes: the whole table, each piece sorted and cut
+            pieces = (v[(v >= lo) & (v <= hi)]
+                      for v in (np.sort(design.invert(v)) for v in snap.table_values(0, chunk_size)))
+        for values in pieces:
+            values = values[~np.isin(values, gone)] if len(gone) else values
+            if len(values):
+                yield values
+        new = new[(new >= lo) & (new <= hi)]
+        if len(new):
             yield new
+
+
+def share_bounds(part: int, parts: int) -> tuple[int, int]:
+    """The fingerprints [lo, hi] of share part of parts: equal ranges of the 2^64 values."""
+    def start(p):
+        return -(-(p << 64) // parts)
+    return start(part), start(part + 1) - 1

@@ -584,29 +584,38 @@ class Snapshot:
 
     # -- counting and iterating ----------------------------------------------
 
-    def table_values(self, table: int = 0, chunk_target: int = 1 << 20):
-        """Yield the live permuted values of one table, sorted, in order, in pieces.
+    def table_values(self, table: int = 0, chunk_target: int = 1 << 20, lo: int = 0,
+                     hi: int = (1 << 64) - 1):
+        """Yield the live permuted values of one table in [lo, hi], sorted, in order,
+        in pieces.
 
         The runs are read side by side (runs.union_slices), about
-        chunk_target values a run at a time.  Tombstones and the log's
-        removals are dropped; the log's additions are merged in.
+        chunk_target values a run at a time, each from its first chunk that
+        reaches lo.  Tombstones and the log's removals are dropped; the log's
+        additions are merged in.
         """
         runs = [r for r in self.table_runs[table] if r.chunks]
         design = self.plan.tables[table]
         hidden = np.sort(design.apply(self.hidden)) if len(self.hidden) else EMPTY_U64
         log = insert_sorted(*self.log_tables[table][:2])
+        log = log[np.searchsorted(log, np.uint64(lo)):np.searchsorted(log, np.uint64(hi), "right")]
         per_chunk = max(1, chunk_target // (63 * 150))
-        readers = [rn.RunReader(self.view, r, per_chunk) for r in runs]
-        lo = -1
+        readers = [rn.RunReader(self.view, r, per_chunk, above=lo - 1 if lo else None)
+                   for r in runs]
+        below = -1  # the log's values up to it went out with an earlier piece
         for merged, upto in rn.union_slices(readers, hidden) if readers else [(EMPTY_U64, None)]:
-            hi = (1 << 64) - 1 if upto is None else upto
-            a = np.searchsorted(log, np.uint64(lo), side="right") if lo >= 0 else 0
-            b = np.searchsorted(log, np.uint64(hi), side="right")
+            top = hi if upto is None or upto >= hi else upto
+            if top == hi:  # the last piece: the runs' values past hi stay unread or untaken
+                merged = merged[:np.searchsorted(merged, np.uint64(hi), "right")]
+            a = np.searchsorted(log, np.uint64(below), side="right") if below >= 0 else 0
+            b = np.searchsorted(log, np.uint64(top), side="right")
             if b > a:
                 merged = merge_unique([merged, log[a:b]])
             if len(merged):
                 yield merged
-            lo = hi
+            if top == hi:
+                return
+            below = top
 
     def count(self) -> int:
         """Number of distinct live fingerprints (cached per snapshot).

@@ -103,8 +103,10 @@ def read_values(view: PageView, run: Run, above: int | None = None,
         cursor = int.from_bytes(run.cursor, "big")
         values = values[:np.searchsorted(values, np.uint64(cursor), side="right")]
         exhausted = exhausted or (bool(keys) and end >= cursor)
-    elif exhausted and not last_seen and run.chunks and not run.merge_output:
-        # A complete run's chunks end with one flagged as its last.
+    elif exhausted and not last_seen and run.chunks and not run.merge_output and \
+            (start is None or start <= run.last):
+        # A complete run's chunks end with one flagged as its last (a read
+        # that starts past the run's last value meets none of them).
         raise CorruptionError(f"{space_name(run.space)} run {run.run_id} lacks its last chunk",
                               database=DB_CHUNKS)
     if not keys and run.chunks and not run.merge_output and (start is None or start <= run.last):
@@ -116,10 +118,10 @@ def read_values(view: PageView, run: Run, above: int | None = None,
 class RunReader:
     """A run read read_chunks chunks at a time (read_values), counting what it read."""
 
-    def __init__(self, view: PageView, run: Run, read_chunks: int):
+    def __init__(self, view: PageView, run: Run, read_chunks: int, above: int | None = None):
         self.view, self.run, self.read_chunks = view, run, read_chunks
         self.buf = EMPTY_U64
-        self.above = None           # the last value read (exclusive start of the next read)
+        self.above = above          # the last value read (exclusive start of the next read)
         self.end = 0
         self.exhausted = False      # nothing of the run is left to read
         self.chunks = self.entries = 0

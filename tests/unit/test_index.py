@@ -713,6 +713,51 @@ def test_iteration_yields_every_live_fingerprint_once(path, small_steps):
         assert np.array_equal(np.concatenate([f for f, _ in items]), live)
 
 
+
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("first_table", ["in order", "permuted"])
+def test_shares_of_iter_chunks_are_ranges_of_values(path, state, first_table, small_steps):
+    # Share p of P holds the fingerprints in [p, p + 1) x 2^64 / P, in every
+    # state the layout can be in, with a transaction's operations pending.
+    from ndindex.index_contents import share_bounds
+    rng = np.random.default_rng(17)
+    fps = np.unique(rng.integers(0, 2**64, 3000, dtype=np.uint64))
+    plan = plans.choose_plan(3000, 3)
+    if first_table == "permuted":
+        plan = plans.Plan(k=3, tables=tuple(reversed(plan.tables)))
+    with Index.create(path, k=3, plan=plan, background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        with ix.transaction():
+            extra = np.unique(rng.integers(0, 2**64, 300, dtype=np.uint64))
+            ix.add(extra)
+            ix.remove(fingerprints=fps[100:400])
+            want = np.setdiff1d(np.union1d(fps, extra), fps[100:400])
+            for parts in (1, 2, 7):
+                got = []
+                for part in range(parts):
+                    lo, hi = share_bounds(part, parts)
+                    chunks = list(ix.iter_chunks(250, part=part, parts=parts))
+                    assert all(len(c) and np.all(c[1:] > c[:-1]) for c in chunks)
+                    share = np.concatenate(chunks or [np.empty(0, np.uint64)])
+                    assert np.array_equal(np.sort(share), want[(want >= lo) & (want <= hi)])
+                    got.append(share)
+                assert np.array_equal(np.sort(np.concatenate(got)), want)
+
+
+def test_shares_read_on_either_side_of_a_compaction_hold_each_fingerprint_once(path,
+                                                                             small_steps):
+    # batch.join reads an index's shares in other processes, at other
+    # times: a compaction may come between two of them.  Shares cut from
+    # the runs' slices as they were missed and repeated fingerprints then.
+    rng = np.random.default_rng(18)
+    fps = np.unique(rng.integers(0, 2**64, 6000, dtype=np.uint64))
+    with Index.create(path, k=3, expected_n=6000, background_compaction=False) as ix:
+        put_in_state(ix, fps, "several-runs")
+        before = list(ix.iter_chunks(500, part=0, parts=3))
+        ix.compact(full=True)
+        after = [c for part in (1, 2) for c in ix.iter_chunks(500, part=part, parts=3)]
+        assert np.array_equal(np.sort(np.concatenate(before + after)), fps)
+
 def test_create_exist_ok_opens_the_existing_index(path):
     with Index.create(path, k=2, expected_n=100) as ix:
         ix.add([42])
