@@ -99,6 +99,7 @@ class MaintenanceMethods:
             # open that finds it free deletes a killed vacuum's copy.
             tmp = st.build_path(self.path, "vacuum")
             build = st.claim_build(tmp, self.path)
+            path = self.path
             try:
                 os.ftruncate(build, 0)  # a killed vacuum's copy, if any
                 self._copy_compacted(tmp, build)
@@ -108,19 +109,31 @@ class MaintenanceMethods:
                     snap, self._snap, self._lineage = self._snap, None, None
                 if snap is not None:
                     snap.close()
-                path = self.path
                 self._store.close()
-                os.replace(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                finally:
+                    # The copy, or the file as it was if an exception (a
+                    # KeyboardInterrupt) came first: this index goes on
+                    # either way, where it was left closed.
+                    self._reopen_store(path)
             finally:
                 st.release_build(build, tmp)  # deletes the copy unless renamed
-            st._fsync_path(os.path.dirname(os.path.abspath(path)))
-            fresh = st.Store.open(path, durability=self._store.durability)
-            self._store.__dict__.update(fresh.__dict__)
-            self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))
-            os.close(self._lock_fd)
-            self._lock_fd = locks.open_locked(path, readonly=False)
-            locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
         return size
+
+    def _reopen_store(self, path: str) -> None:
+        """Open the file now at path in place of the one vacuum closed, and hold its
+        open lock exclusively, as _alone() expects to find it.  The old
+        descriptor closes first: closing any descriptor of a file lets go
+        of every lock the process holds on it, and without a rename the
+        file is the same one."""
+        st._fsync_path(os.path.dirname(os.path.abspath(path)))
+        fresh = st.Store.open(path, durability=self._store.durability)
+        self._store.__dict__.update(fresh.__dict__)
+        self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))
+        os.close(self._lock_fd)
+        self._lock_fd = locks.open_locked(path, readonly=False)
+        locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.

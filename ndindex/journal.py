@@ -76,8 +76,20 @@ class Journal:
         data = RECORD.pack(len(payload), crc) + payload
         written = _core.write_with_gil(self._fd, data)
         if written != len(data):
+            # A torn record ends the journal for replay: every record
+            # appended after it, acknowledged, would be lost with it.
+            os.ftruncate(self._fd, HEADER.size + self.offset)
             raise OSError(errno.ENOSPC, "short write to the journal", self.path)
         self.offset += len(data)
+
+    def records_after(self, offset: int) -> list:
+        """The payloads of this generation's intact records that end past offset, in
+        order; self.offset becomes the end of the last (an interrupted append()
+        may have written its record and not counted it)."""
+        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        records = list(_records(data, self.journal_id, self.generation))
+        self.offset = records[-1][0] if records else 0
+        return [payload for end, payload in records if end > offset]
 
     def _salt(self) -> bytes:
         return struct.pack("<QQ", self.journal_id, self.generation)

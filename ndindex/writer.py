@@ -28,7 +28,7 @@ import numpy as np
 
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
-from ndindex.errors import ClosedError
+from ndindex.errors import ClosedError, NdindexError
 from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
                              frame, log_padding, read_meta, unframe)
@@ -71,6 +71,7 @@ class Writer:
         self._txn_depth = 0
         self._undo = None
         self.journal = None
+        self._checkpointed = 0  # the journal's offset the last checkpoint covers
         self._stop = threading.Event()
         self._thread = None
         if durability == "normal":
@@ -95,15 +96,20 @@ class Writer:
             if self.pending is None:
                 self._commit(record)
                 return
-            journaled = self.journal is not None and self._txn_depth == 0
-            if journaled:
-                # The journal first: an operation it did not take (a full
-                # disk) is not acknowledged, so it must not join the
-                # pending operations, which the next checkpoint commits.
+            if self.journal is None or self._txn_depth:
+                self.pending.apply(record)  # a transaction's: an exception discards them all
+                return
+            # The journal first: an operation it did not take (a full disk)
+            # is not acknowledged, so it must not join the pending
+            # operations, which the next checkpoint commits.
+            try:
                 self._append_journal(record)
-            p = self.pending
-            p.apply(record)
-            if journaled and len(p) >= 1 << 16:
+                self.pending.apply(record)
+            except BaseException as exc:
+                if not isinstance(exc, NdindexError):  # the journal took the record, or may have
+                    self._pending_from_journal()
+                raise
+            if len(self.pending) >= 1 << 16:
                 self.checkpoint()
 
     def add_one_locked(self, fp: int, pairs: list) -> None:
@@ -172,8 +178,11 @@ class Writer:
         if log_ops(delta):
             try:
                 self._append_journal(delta)
-            except BaseException:
-                self.pending = undo  # not journaled, not acknowledged: discarded
+            except BaseException as exc:
+                if isinstance(exc, NdindexError):
+                    self.pending = undo  # not journaled, not acknowledged: discarded
+                else:
+                    self._pending_from_journal(undo)
                 raise
 
     @property
@@ -194,7 +203,33 @@ class Writer:
             self._commit(record, extra=[(jr.journal_key(self.journal.journal_id),
                                          self.journal.position())])
             self.pending = PendingOps(self.lock)
+            self._checkpointed = self.journal.offset
             self.journal.rotate_if_large()
+            self._checkpointed = self.journal.offset  # 0 after a rotation
+
+    def _pending_from_journal(self, fallback: PendingOps | None = None) -> None:
+        """The pending operations as the journal holds them: its records past the
+        last checkpoint, applied in order.
+
+        Outside a transaction the journal is what normal durability
+        promises, and the pending set a copy of it in memory.  An exception
+        that is not ndindex's own (KeyboardInterrupt above all: Ctrl-C lands
+        between any two calls) can stop an append after its write, or the
+        pending set halfway through a record: the set then held part of a
+        record, and the next checkpoint committed that part.  Rebuilt so,
+        the call is all (the journal took it) or nothing.  If the journal
+        cannot be read, fallback (if given) stands in.
+        """
+        try:
+            key = jr.journal_key(self.journal.journal_id)
+            pending = PendingOps(self.lock)
+            for payload in self.journal.records_after(self._checkpointed):
+                pending.apply(LogRecord.unpack(payload, key))
+        except Exception:  # noqa: BLE001 - the caller's exception is the one to raise
+            if fallback is not None:
+                self.pending = fallback
+            return
+        self.pending = pending
 
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(jr.CHECKPOINT_SECONDS):

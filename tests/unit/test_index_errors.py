@@ -505,6 +505,96 @@ def test_full_disk_for_a_journal_raises_capacity_error(path, monkeypatch):
         assert_intact(index)
 
 
+
+def test_a_short_journal_write_leaves_no_torn_record_before_later_ones(path, monkeypatch):
+    # A short write (the disk filled during it) left half a record at the
+    # journal's end; the records appended after it, acknowledged, followed
+    # the torn one, where a replay after a crash stops.
+    from ndindex.records import LogRecord
+    index = Index.open(path, durability="normal", background_compaction=False)
+    try:
+        journal = index._writer.journal
+        real = jr._core.write_with_gil
+
+        def half(fd, data):
+            return real(fd, data[:len(data) // 2]) if fd == journal._fd else real(fd, data)
+
+        monkeypatch.setattr(jr._core, "write_with_gil", half)
+        with pytest.raises(CapacityError):
+            index.add([31337])
+        monkeypatch.setattr(jr._core, "write_with_gil", real)
+        index.add([4242])
+        with open(journal.path, "rb") as f:
+            records = list(jr._records(f.read(), journal.journal_id, journal.generation))
+        replayed = np.concatenate([LogRecord.unpack(p, b"j").adds for _, p in records])
+        assert 4242 in replayed.tolist() and 31337 not in replayed.tolist()
+    finally:
+        monkeypatch.undo()
+        index.close()
+    with Index.open(path, readonly=True) as index:
+        assert 31337 not in index and 4242 in index
+
+
+@pytest.mark.parametrize("call", ["add", "remove", "check_and_add_many", "transaction"])
+def test_an_interrupt_inside_a_normal_durability_write_leaves_all_or_nothing(path, monkeypatch,
+                                                                           call):
+    # Ctrl-C (KeyboardInterrupt) lands between any two calls: here halfway
+    # through applying a journaled record to the pending set.  Half the
+    # record stayed pending, visible, and the next checkpoint committed that
+    # half.  The journal took the whole record: the call happened, whole.
+    from ndindex import overlay
+    index = Index.open(path, durability="normal", background_compaction=False)
+    try:
+        before = index.fingerprints()
+        batch = np.arange(10**12, 10**12 + 400, dtype=np.uint64) * np.uint64(7919)
+        if call == "remove":
+            index.add(batch)
+            before = index.fingerprints()
+        real_apply, real_add_array = overlay.PendingOps.apply, overlay.PendingOps.add_array
+        interrupted = []
+
+        def halfway(self, record):
+            if interrupted:
+                return real_apply(self, record)
+            interrupted.append(True)
+            self.remove(record.removes[:len(record.removes) // 2].tolist())
+            real_add_array(self, record.adds[:len(record.adds) // 2])
+            raise KeyboardInterrupt
+
+        def halfway_append(self, record):  # a transaction's end: the journal write itself
+            interrupted.append(True)
+            real_append(self, record)
+            raise KeyboardInterrupt
+
+        if call == "transaction":
+            from ndindex import writer
+            real_append = writer.Writer._append_journal
+            monkeypatch.setattr(writer.Writer, "_append_journal", halfway_append)
+        else:
+            monkeypatch.setattr(overlay.PendingOps, "apply", halfway)
+        with pytest.raises(KeyboardInterrupt):
+            if call == "add":
+                index.add(batch)
+            elif call == "remove":
+                index.remove(batch)
+            elif call == "check_and_add_many":
+                index.check_and_add_many(batch)
+            else:
+                with index.transaction():
+                    for fp in batch.tolist():
+                        index.check_and_add(fp)
+        monkeypatch.undo()
+        assert interrupted
+        want = np.setdiff1d(before, batch) if call == "remove" else np.union1d(before, batch)
+        assert np.array_equal(index.fingerprints(), want)
+        index.sync()
+        assert np.array_equal(index.fingerprints(), want)
+    finally:
+        monkeypatch.undo()
+        index.close()
+    with Index.open(path, readonly=True) as index:
+        assert np.array_equal(index.fingerprints(), want)
+
 FILE_SIZE_LIMITED_WRITER = textwrap.dedent("""
     import os, resource, signal, sys
     import numpy as np
@@ -703,3 +793,41 @@ def test_a_full_reader_table_frees_dead_readers_or_says_what_is_full(path, monke
         with pytest.raises(CapacityError, match=f"{store.MAX_READERS} snapshots are open"):
             ix.query(1)
         monkeypatch.setattr(ix._store, "_env", env)
+
+
+@pytest.mark.parametrize("where", ["before the rename", "after the rename"])
+def test_an_interrupt_in_a_vacuum_leaves_the_index_open_and_whole(tmp_path, monkeypatch, where):
+    # vacuum closes the file's environment, renames the copy over it and
+    # opens it again: an exception in between (Ctrl-C) left this Index
+    # closed, every later call raising ClosedError.
+    from ndindex import index_maintenance
+    path = str(tmp_path / "v.ndx")
+    rng = np.random.default_rng(21)
+    fps = np.unique(rng.integers(0, 2**64, 20_000, dtype=np.uint64))
+    ix = Index.create(path, k=3, expected_n=20_000, background_compaction=False)
+    try:
+        ix.add(fps)
+        ix.remove(fps[:10_000])
+        ix.compact(full=True)
+        real = os.replace
+
+        def interrupted(src, dst):
+            if where == "after the rename":
+                real(src, dst)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(index_maintenance.os, "replace", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            ix.vacuum()
+        monkeypatch.undo()
+        assert np.array_equal(ix.fingerprints(), fps[10_000:])
+        ix.add([42])
+        ix.vacuum()
+        assert 42 in ix and len(ix) == len(fps) - 10_000 + 1
+    finally:
+        monkeypatch.undo()
+        ix.close()
+    assert not [n for n in os.listdir(tmp_path) if "vacuum" in n or "copying" in n]
+    with Index.open(path, readonly=True) as again:
+        assert len(again) == len(fps) - 10_000 + 1
+        again.verify()
