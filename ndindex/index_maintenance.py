@@ -123,17 +123,21 @@ class MaintenanceMethods:
 
     def _reopen_store(self, path: str) -> None:
         """Open the file now at path in place of the one vacuum closed, and hold its
-        open lock exclusively, as _alone() expects to find it.  The old
-        descriptor closes first: closing any descriptor of a file lets go
-        of every lock the process holds on it, and without a rename the
-        file is the same one."""
+        open lock exclusively, as _alone() expects to find it.  Without a
+        rename the file is the one whose lock this process holds already
+        (and closing any descriptor of a file lets go of every lock the
+        process holds on it).  The descriptors change in one assignment:
+        an interrupt (Ctrl-C) never leaves _lock_fd closed."""
         st._fsync_path(os.path.dirname(os.path.abspath(path)))
         fresh = st.Store.open(path, durability=self._store.durability)
         self._store.__dict__.update(fresh.__dict__)
         self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))
-        os.close(self._lock_fd)
-        self._lock_fd = locks.open_locked(path, readonly=False)
-        locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
+        if os.path.samestat(os.fstat(self._lock_fd), os.stat(path)):
+            return
+        lock_fd = locks.open_locked(path, readonly=False)
+        locks.byte_lock(lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
+        old, self._lock_fd = self._lock_fd, lock_fd
+        os.close(old)
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.
