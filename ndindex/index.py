@@ -308,6 +308,22 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
             self._store.close()
             os.close(self._lock_fd)
 
+    def _disown(self) -> None:
+        """In a child of fork() (reaper.SnapshotReaper._forked): every later call
+        raises ClosedError, and close() does nothing.
+
+        The child has none of the parent's threads, and a lock one of them
+        held at the fork stays held for ever: a child that wrote through an
+        inherited index hung (1 run in 4 of a scratch test adding from a
+        fork Pool beside the parent), and its reads shared the parent's
+        LMDB reader slot.  Every call reaches Store.env before any lock.
+        """
+        self._store.disown(f"this Index was opened before a fork(), by process "
+                           f"{os.getppid()}; open the index again in this process")
+        self._snap = self._lineage = None  # their read transactions: dropped, never aborted
+        self._pool = False
+        self._finalizer.detach()
+
     def __enter__(self):
         return self
 
@@ -385,6 +401,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         cur = self._snap
         if cur is not None and self._latest_txnid() == cur.txnid:
             return cur
+        self._store.env  # ClosedError once closed, before the lock (see _disown)
         with self._snap_lock:
             self._store.env  # raises ClosedError after close()
             cur = self._snap
@@ -715,6 +732,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
     def _check_writable(self) -> None:
         if self._writer is None:
             raise ReadOnlyError(f"{self.path}: opened read-only")
+        self._store.env  # ClosedError once closed, before any lock (see _disown)
 
     def add(self, fingerprints, keys=None) -> int:
         """Add fingerprints (with optional document keys).

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import os
 import threading
 from typing import NamedTuple
 
@@ -99,6 +100,7 @@ class Snapshot:
         self._counts = counts if counts is not None else CountMemo()
         self._tombstone_memo = tombstones if tombstones is not None else TombstoneMemo()
         self.txn = txn
+        self._pid = os.getpid()  # the process whose transaction it is (see close)
         self.view = view
         self.plan = plan
         self.txnid = view.txnid
@@ -426,7 +428,10 @@ class Snapshot:
 
     def close(self) -> None:
         txn, self.txn = self.txn, None
-        if txn is not None:
+        # In a child of fork() the transaction is the parent's: aborting it
+        # there cleared the parent's LMDB reader slot, and pages the
+        # parent still read could be reused.  Dropped, py-lmdb frees nothing.
+        if txn is not None and self._pid == os.getpid():
             try:
                 txn.abort()
             except Exception:  # noqa: BLE001 - the environment may be closed already

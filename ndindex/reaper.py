@@ -66,9 +66,12 @@ class SnapshotReaper:
             seen[index] = uses
 
     def _forked(self) -> None:
-        # A forked child has none of the parent's threads (and must not use
-        # its open indexes): start afresh.
+        # A forked child has none of the parent's threads, and must not use
+        # its open indexes: they refuse (Index._disown); start afresh.
+        indexes = list(self._indexes)
         self.__init__()
+        for index in indexes:
+            index._disown()
 
 
 REAPER = SnapshotReaper()

@@ -368,6 +368,7 @@ def _looks_like_lmdb(path: str) -> bool:
 # -- the store -----------------------------------------------------------------
 
 
+
 class Store:
     """An open index file: the LMDB environment, our mapping of it, write transactions.
 
@@ -505,6 +506,23 @@ class Store:
             if build is not None:
                 release_build(build, tmp)
 
+    #: What ClosedError says once the environment is gone (see disown).
+    closed_reason = "index is closed"
+
+    def disown(self, reason: str) -> None:
+        """In a child of fork(): let go of the parent's environment without closing
+        it; later use raises ClosedError(reason).
+
+        LMDB's environment belongs to the process that opened it: a child
+        that used it shared the parent's reader slot and write state, and
+        one that closed it (or aborted its read transactions) would clear
+        the parent's reader slots.  Dropped unclosed, py-lmdb frees nothing
+        in a child of the process that opened it, and forgets the file: the
+        child may open it again itself.
+        """
+        self._env, self._dbs = None, {}
+        self.closed_reason = reason
+
     def close(self) -> None:
         """Close the environment; later use raises ClosedError."""
         env, self._env = self._env, None
@@ -518,7 +536,7 @@ class Store:
     @property
     def env(self) -> lmdb.Environment:
         if self._env is None:
-            raise ClosedError(f"{self.path}: index is closed")
+            raise ClosedError(f"{self.path}: {self.closed_reason}")
         return self._env
 
     # -- reading ---------------------------------------------------------------

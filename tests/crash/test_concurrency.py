@@ -668,3 +668,71 @@ def test_a_compaction_that_meets_another_threads_close_raises_closed_error(tmp_p
     with Index.open(path, background_compaction=False) as again:
         assert len(again) == added
         again.verify()
+
+
+_CHILD_OF_FORK = textwrap.dedent("""
+    import os, signal, sys, threading
+    import numpy as np
+    from ndindex.errors import ClosedError
+    from ndindex.index import Index
+    path, durability = sys.argv[1], sys.argv[2]
+    ix = Index.open(path, durability=durability)
+    ix.query(5)
+    busy = threading.Event()
+
+    def hold_the_locks():  # a thread of the parent inside a write at the fork
+        with ix._writer.lock, ix._snap_lock:
+            busy.set()
+            threading.Event().wait(5)
+
+    threading.Thread(target=hold_the_locks, daemon=True).start()
+    busy.wait()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a hang ends the child, not the machine's patience
+        outcomes = []
+        for name, call in [("query", lambda: ix.query(5)), ("len", lambda: len(ix)),
+                           ("query_many", lambda: ix.query_many(np.arange(5000, dtype=np.uint64))),
+                           ("add", lambda: ix.add([7])), ("compact", ix.compact),
+                           ("stats", ix.stats)]:
+            try:
+                call()
+                outcomes.append(name + " ran")
+            except ClosedError as exc:
+                outcomes.append(name + (" refused" if "fork" in str(exc) else " closed"))
+        ix.close()
+        with Index.open(path) as mine:   # the child's own open works
+            mine.add([11])
+        print(" ".join(outcomes), flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    # The parent's snapshot keeps its LMDB reader slot (a child's abort of
+    # the inherited transaction cleared it).
+    slots = [line.split() for line in ix._store.env.readers().splitlines()[1:]]
+    print("slot", [str(os.getpid()), str(ix._snap.txnid)] in [s[::2] for s in slots], flush=True)
+    ix.add([13])
+    ix.close()
+    with Index.open(path, readonly=True) as again:
+        print("parent", os.waitstatus_to_exitcode(status), 7 in again, 11 in again, 13 in again)
+""")
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_an_index_used_in_a_child_of_fork_refuses_and_never_hangs(tmp_path, durability):
+    # LMDB's environment belongs to the process that opened it, and a
+    # child of fork() has none of the parent's threads: a lock one of them
+    # held stays held.  Writing through an inherited index hung (a scratch
+    # test adding from a fork Pool beside the parent, 1 run in 4); now every
+    # call raises ClosedError naming the fork, the child may open the index
+    # itself, and the parent goes on.
+    path = str(tmp_path / "f.ndx")
+    with Index.create(path, k=3, expected_n=10_000) as ix:
+        ix.add(np.arange(1, 1000, dtype=np.uint64) * np.uint64(1 << 40))
+    out = subprocess.run([sys.executable, "-c", _CHILD_OF_FORK, path, durability],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    child, slot, parent = out.stdout.strip().splitlines()
+    assert child == "query refused len refused query_many refused add refused " \
+                    "compact refused stats refused"
+    assert slot == "slot True"
+    assert parent == "parent 0 False True True"
