@@ -31,13 +31,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import math
-import multiprocessing
 import os
 import pickle
 
 import numpy as np
 
-from ndindex import _core, fpfile, plan as plans
+from ndindex import _core, fpfile, plan as plans, procs
 from ndindex.arrays import sorted_unique
 from ndindex.index import Index
 from ndindex.validate import fingerprints as _as_fingerprints
@@ -241,11 +240,8 @@ def _run_local(tables, tasks, self_join, k, out_paths, workers, opened):
                 if path not in opened:
                     ix.close()
         return
-    # forkserver/spawn, not fork: the parent may hold LMDB transactions and
-    # threads, which a forked child must not inherit.
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     pool = concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context(method),
+        workers, mp_context=procs.context(),  # not fork: see procs
         initializer=_init_worker, initargs=(pickle.dumps(tables),))
     try:
         yield from _ordered(lambda task, out: pool.submit(_worker_task, task, self_join, k, out),

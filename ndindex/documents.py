@@ -31,14 +31,13 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import dataclasses
-import multiprocessing
 import os
 import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ndindex import _core
+from ndindex import _core, procs
 from ndindex.arrays import sorted_unique
 from ndindex.cluster import clusters_from_pairs
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
@@ -208,6 +207,14 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
             f"the {workers} fingerprinting worker processes died; a script that fingerprints "
             "in parallel must start its work under `if __name__ == \"__main__\":` (the workers "
             "import the main module), or pass workers=1") from exc
+    finally:
+        if procs.forked():
+            # A child of fork() leaves by os._exit, as multiprocessing's
+            # children do, and nothing would shut a kept pool down: its
+            # workers stayed, orphans, for ever.
+            with _pools_lock:
+                _pools.pop(workers, None)
+            pool.shutdown(wait=True)
     return DocumentSketches.concatenate(parts, fingerprinter.bottom_k, design)
 
 
@@ -217,15 +224,12 @@ _pools_lock = threading.Lock()
 
 def _pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
     """A pool of worker processes kept for the next call (starting one costs about a
-    second); forkserver/spawn, not fork: the caller may hold threads or LMDB
-    environments that a forked child must not inherit."""
+    second), started as procs.context() says."""
     with _pools_lock:
         pool = _pools.get(workers)
         if pool is None:
-            method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() \
-                else "spawn"
             pool = _pools[workers] = concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context(method))
+                workers, mp_context=procs.context())
         return pool
 
 
@@ -238,6 +242,20 @@ def _shutdown_pools() -> None:
         _pools.clear()
     for pool in pools:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _forget_pools() -> None:
+    # A child of fork() has none of the pools' threads: a call there waited
+    # for ever on the parent's pool.  Its own pools start afresh; the
+    # parent's stay referenced, so that nothing here touches them.
+    global _pools, _pools_lock
+    _inherited_pools.extend(_pools.values())
+    _pools, _pools_lock = {}, threading.Lock()
+
+
+_inherited_pools: list = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
 def _drop_pool(workers: int) -> None:

@@ -736,3 +736,32 @@ def test_an_index_used_in_a_child_of_fork_refuses_and_never_hangs(tmp_path, dura
                     "compact refused stats refused"
     assert slot == "slot True"
     assert parent == "parent 0 False True True"
+
+
+_FINGERPRINTING_CHILD_OF_FORK = textwrap.dedent("""
+    import os, signal
+    from ndindex.documents import fingerprint_documents
+    if __name__ == "__main__":
+        texts = [f"words of document number {i} and some more of them" for i in range(200)]
+        fingerprint_documents(texts, workers=2)   # the parent's pool of workers
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)  # a hang ends the child
+            print("child", len(fingerprint_documents(texts, workers=2)), flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("status", os.waitstatus_to_exitcode(status))
+        print("parent", len(fingerprint_documents(texts, workers=2)))
+""")
+
+
+def test_a_child_of_fork_fingerprints_in_parallel_with_pools_of_its_own(tmp_path):
+    # The parent's pool of fingerprinting processes was reused in the child,
+    # which has none of its threads: the call waited for ever (SIGALRM);
+    # and the parent's fork server cannot start the child's workers.
+    script = tmp_path / "fork_fingerprints.py"
+    script.write_text(_FINGERPRINTING_CHILD_OF_FORK)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["child", "200", "status", "0", "parent", "200"]

@@ -795,7 +795,7 @@ def test_a_full_reader_table_frees_dead_readers_or_says_what_is_full(path, monke
         monkeypatch.setattr(ix._store, "_env", env)
 
 
-@pytest.mark.parametrize("where", ["before the rename", "after the rename"])
+@pytest.mark.parametrize("where", ["before the rename", "after the rename", "in the reopen"])
 def test_an_interrupt_in_a_vacuum_leaves_the_index_open_and_whole(tmp_path, monkeypatch, where):
     # vacuum closes the file's environment, renames the copy over it and
     # opens it again: an exception in between (Ctrl-C) left this Index
@@ -816,7 +816,20 @@ def test_an_interrupt_in_a_vacuum_leaves_the_index_open_and_whole(tmp_path, monk
                 real(src, dst)
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(index_maintenance.os, "replace", interrupted)
+        real_reopen = index_maintenance.MaintenanceMethods._reopen_store
+        reopens = []
+
+        def reopen_interrupted_once(self, path):
+            reopens.append(path)
+            if len(reopens) == 1:
+                raise KeyboardInterrupt  # in its fsync or its open, as the sweep met it
+            real_reopen(self, path)
+
+        if where == "in the reopen":
+            monkeypatch.setattr(index_maintenance.MaintenanceMethods, "_reopen_store",
+                                reopen_interrupted_once)
+        else:
+            monkeypatch.setattr(index_maintenance.os, "replace", interrupted)
         with pytest.raises(KeyboardInterrupt):
             ix.vacuum()
         monkeypatch.undo()
