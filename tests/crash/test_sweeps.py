@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 import sweep_common  # noqa: E402
 import sweep_corruption  # noqa: E402
+import sweep_interrupt  # noqa: E402
 import sweep_kill  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 
@@ -276,3 +277,16 @@ def test_kill_sweep_bounded_with_background_compaction_and_normal_durability(tmp
     assert s["lost_fingerprints"] == 0 and s["lost_keys"] == 0
     for r in run["records"]:
         assert r["outcome"] == "ok", r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("documents", [False, True])
+def test_interrupt_sweep_bounded(tmp_path, documents):
+    # Ctrl-C at random moments of writes: every call all or nothing, the
+    # Index going on, the file reopening as the child last saw it.
+    results = sweep_interrupt.sweep(runs=2, ops=60, seed=11, documents=documents,
+                                    workdir=str(tmp_path), timeout=120)
+    assert len(results) == 2
+    for run_seed, outcome, detail in results:
+        assert outcome == "ok", (run_seed, detail)
+    assert sum(int(detail.split()[1]) for _, _, detail in results) > 0  # some landed in calls
