@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import select
 import shutil
 import signal
 import subprocess
@@ -60,6 +61,7 @@ def child(path: str, seed: int, ops: int, documents: bool) -> None:
     ix = Index.create(path, k=3, expected_n=200_000, log_limit=5000, fingerprinter=fingerprinter,
                       background_compaction=seed % 2 == 1,
                       durability=r.choice(["full", "normal"]))
+    print("ready", flush=True)  # the parent's interrupts start now
     known: set = set()
     interrupts = docs = 0
     kinds = ["add", "add", "remove", "transaction", "transaction_remove", "compact",
@@ -137,7 +139,9 @@ def sweep(runs: int, ops: int, seed: int, documents: bool, workdir: str,
                str(ops)] + (["--documents"] if documents else [])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         pace = random.Random(run_seed)
-        time.sleep(1.0)  # imports and create, left alone
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)  # imports and create
+        if ready:
+            proc.stdout.readline()
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(pace.uniform(0.005, 0.08))

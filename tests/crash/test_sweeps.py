@@ -284,7 +284,7 @@ def test_kill_sweep_bounded_with_background_compaction_and_normal_durability(tmp
 def test_interrupt_sweep_bounded(tmp_path, documents):
     # Ctrl-C at random moments of writes: every call all or nothing, the
     # Index going on, the file reopening as the child last saw it.
-    results = sweep_interrupt.sweep(runs=2, ops=60, seed=11, documents=documents,
+    results = sweep_interrupt.sweep(runs=2, ops=80, seed=11, documents=documents,
                                     workdir=str(tmp_path), timeout=120)
     assert len(results) == 2
     for run_seed, outcome, detail in results:
