@@ -732,7 +732,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
     def _check_writable(self) -> None:
         if self._writer is None:
             raise ReadOnlyError(f"{self.path}: opened read-only")
-        self._store.env  # ClosedError once closed, before any lock (see _disown)
+        if self._store._env is None:  # per call: the attribute (25 ns), not the property (60)
+            self._store.env  # raises ClosedError, before any lock (see _disown)
 
     def add(self, fingerprints, keys=None) -> int:
         """Add fingerprints (with optional document keys).
