@@ -427,6 +427,11 @@ class Store:
                             metasync=False, readahead=False, meminit=False,
                             max_readers=MAX_READERS)
         except lmdb.Error as exc:
+            if "already open in this process" in str(exc):
+                # py-lmdb's guard: LMDB opens a file once per process.
+                raise NdindexError(
+                    f"{path}: this process has the index open already (an Index not "
+                    "closed yet); use that one, or close it first") from exc
             raise translate_error(exc, path) from exc
         try:
             return cls(path, env, readonly, durability)

@@ -844,3 +844,18 @@ def test_an_interrupt_in_a_vacuum_leaves_the_index_open_and_whole(tmp_path, monk
     with Index.open(path, readonly=True) as again:
         assert len(again) == len(fps) - 10_000 + 1
         again.verify()
+
+
+def test_a_second_open_in_one_process_says_the_index_is_open_already(path):
+    # LMDB opens a file once per process; py-lmdb's message named the
+    # environment, not what to do (re-running a notebook cell meets it).
+    first = Index.open(path, readonly=True)
+    try:
+        stored = first.fingerprints()
+        with pytest.raises(NdindexError, match="has the index open already.*close it first"):
+            Index.open(path)
+        assert len(stored) and np.array_equal(first.fingerprints(), stored)  # the first goes on
+    finally:
+        first.close()
+    with Index.open(path) as again:  # once closed, it opens
+        assert_intact(again)
