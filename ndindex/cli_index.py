@@ -346,17 +346,32 @@ def cmd_export(args) -> int:
             counts = export_index(ix, sys.stdout.buffer)
             sys.stdout.buffer.flush()
         else:
-            if os.path.exists(args.output):
-                raise FileExistsError(17, "already exists", args.output)
-            try:
-                with open(args.output, "wb") as fh:
-                    counts = export_index(ix, fh)
-            except BaseException:
-                os.unlink(args.output)
-                raise
+            counts = _export_to_file(ix, args.output, export_index)
     print(f"exported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys to "
           f"{'stdout' if args.output == '-' else args.output}", file=sys.stderr)
     return EXIT_OK
+
+
+def _export_to_file(ix, output: str, export_index) -> dict:
+    """Write the dump under a temporary name beside output, sync it, then give it
+    its name: an export killed or interrupted halfway left a truncated dump
+    under the name an archive keeps (import refused it, but later)."""
+    from ndindex import store
+    out = os.path.abspath(output)
+    if os.path.lexists(out):
+        raise FileExistsError(17, "already exists", output)
+    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{os.urandom(6).hex()}.exporting")
+    try:
+        with open(tmp, "xb") as fh:
+            counts = export_index(ix, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        store.publish(tmp, out)
+        store._fsync_path(os.path.dirname(out))
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    return counts
 
 
 def cmd_import(args) -> int:
