@@ -357,20 +357,12 @@ def _export_to_file(ix, output: str, export_index) -> dict:
     its name: an export killed or interrupted halfway left a truncated dump
     under the name an archive keeps (import refused it, but later)."""
     from ndindex import store
-    out = os.path.abspath(output)
-    if os.path.lexists(out):
+    if os.path.lexists(output):
         raise FileExistsError(17, "already exists", output)
-    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{os.urandom(6).hex()}.exporting")
-    try:
-        with open(tmp, "xb") as fh:
-            counts = export_index(ix, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        store.publish(tmp, out)
-        store._fsync_path(os.path.dirname(out))
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+    with store.written_aside(output, "exporting") as tmp, open(tmp, "xb") as fh:
+        counts = export_index(ix, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
     return counts
 
 

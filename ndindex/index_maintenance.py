@@ -164,14 +164,8 @@ class MaintenanceMethods:
         dest = os.fspath(dest)
         if os.path.lexists(dest):
             raise FileExistsError(f"{dest}: already exists")
-        tmp = os.path.join(os.path.dirname(os.path.abspath(dest)),
-                           f".{os.path.basename(dest)}.{os.urandom(6).hex()}.copying")
-        try:
+        with st.written_aside(dest, "copying") as tmp:
             self._copy_compacted(tmp)
-            st.publish(tmp, dest)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         return os.path.getsize(dest)
 
     def _copy_compacted(self, tmp: str, fd: int | None = None) -> None:

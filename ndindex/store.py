@@ -308,6 +308,24 @@ def publish(tmp: str, path: str) -> None:
         os.rename(tmp, path)
 
 
+@contextlib.contextmanager
+def written_aside(dest: str, kind: str):
+    """Yield a new hidden name beside dest to write a file under; once the block
+    ends, the file takes the name dest (publish, then the directory is synced),
+    and on an exception it is deleted.  A killed writer leaves only the hidden
+    ``.NAME.XXXX.kind`` file, never a part of one under dest."""
+    full = os.path.abspath(dest)
+    tmp = os.path.join(os.path.dirname(full),
+                       f".{os.path.basename(full)}.{os.urandom(6).hex()}.{kind}")
+    try:
+        yield tmp
+        publish(tmp, dest)
+        _fsync_path(os.path.dirname(full))
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)  # the published name is a link of its own
+
+
 def prepare_lock_file(path: str, readonly: bool) -> bool:
     """Make sure LMDB's lock file exists with its pages allocated; return whether to lock.
 

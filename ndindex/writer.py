@@ -28,7 +28,7 @@ import numpy as np
 
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
-from ndindex.errors import ClosedError, NdindexError
+from ndindex.errors import ClosedError
 from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
                              frame, log_padding, read_meta, unframe)
@@ -105,9 +105,8 @@ class Writer:
             try:
                 self._append_journal(record)
                 self.pending.apply(record)
-            except BaseException as exc:
-                if not isinstance(exc, NdindexError):  # the journal took the record, or may have
-                    self._pending_from_journal()
+            except BaseException:
+                self._pending_from_journal()  # the record whole, if the journal took it
                 raise
             if len(self.pending) >= 1 << 16:
                 self.checkpoint()
@@ -178,11 +177,8 @@ class Writer:
         if log_ops(delta):
             try:
                 self._append_journal(delta)
-            except BaseException as exc:
-                if isinstance(exc, NdindexError):
-                    self.pending = undo  # not journaled, not acknowledged: discarded
-                else:
-                    self._pending_from_journal(undo)
+            except BaseException:
+                self._pending_from_journal(undo)  # discarded, unless the journal took it
                 raise
 
     @property
@@ -213,12 +209,13 @@ class Writer:
 
         Outside a transaction the journal is what normal durability
         promises, and the pending set a copy of it in memory.  An exception
-        that is not ndindex's own (KeyboardInterrupt above all: Ctrl-C lands
-        between any two calls) can stop an append after its write, or the
-        pending set halfway through a record: the set then held part of a
-        record, and the next checkpoint committed that part.  Rebuilt so,
-        the call is all (the journal took it) or nothing.  If the journal
-        cannot be read, fallback (if given) stands in.
+        (KeyboardInterrupt above all: Ctrl-C lands between any two calls)
+        can stop an append after its write, or the pending set halfway
+        through a record: the set then held part of a record, and the next
+        checkpoint committed that part.  Rebuilt so after any exception (a
+        full disk's too: the journal then lacks the record), the call is all
+        (the journal took it) or nothing.  If the journal cannot be read,
+        fallback (if given) stands in.
         """
         try:
             key = jr.journal_key(self.journal.journal_id)
