@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import fcntl
 import itertools
+import logging
 import os
 import signal
 import threading
@@ -47,6 +48,8 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HU
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
+
+_log = logging.getLogger("ndindex")
 
 #: A smaller log is flushed once no write came for this long.
 FLUSH_IDLE_SECONDS = 1.0
@@ -69,6 +72,11 @@ STOP_RUNS = 8
 MERGE_FIRST_RUNS = 2
 SLOWDOWN_SECONDS = 0.002
 STOP_WAIT_SECONDS = 0.04
+#: After a failed step (a full disk, damage it met) the background thread
+#: waits IDLE_WAIT_SECONDS, then twice as long after each failure in a row,
+#: up to this: a merge that fails writes megabytes first, and each write
+#: woke the thread for another try.
+RETRY_MAX_SECONDS = 30.0
 #: close() flushes a log of at least this many operations (with background
 #: compaction on), as SQLite checkpoints its WAL when the last connection
 #: closes: otherwise the next open's first query reads the whole log (a
@@ -104,7 +112,10 @@ class Compactor:
         self._stop = threading.Event()
         self._last_write = time.monotonic()
         self._next_space = 0
+        #: The background thread's last failed step, None once a step (its
+        #: own or compact()'s) succeeds; failures: how many in a row.
         self.error: BaseException | None = None
+        self.failures = 0
         self.steps = 0
         #: Input chunks merged away so far (the progress of Index.compact).
         self.chunks_merged = 0
@@ -179,8 +190,8 @@ class Compactor:
         add() stalls for long however slow its commit was (a commit waits
         for LMDB's write lock behind a compaction commit's fsync).
         """
-        if self._thread is None or state is None:
-            return
+        if self._thread is None or state is None or self.error is not None:
+            return  # a compactor failing its steps makes no progress to wait for
         deadline = began + STOP_WAIT_SECONDS
         while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
                 and time.monotonic() < deadline and not self._stop.is_set():
@@ -219,15 +230,30 @@ class Compactor:
                 did = self.step()
             except ClosedError:
                 return
-            except NdindexError as exc:
-                self.error = exc  # reported by the next compact(); queries report damage themselves
-                did = False
             except Exception as exc:  # noqa: BLE001 - never let the thread die silently
-                self.error = exc
-                did = False
+                self._failed(exc)
+                # Not woken by writes: each would be another failing try.
+                self._stop.wait(min(IDLE_WAIT_SECONDS * 2 ** (self.failures - 1),
+                                    RETRY_MAX_SECONDS))
+                continue
             if not did:
                 self._wake.wait(IDLE_WAIT_SECONDS)
                 self._wake.clear()
+
+    def _failed(self, exc: BaseException) -> None:
+        """A background step failed: keep it for stats(), say so once a streak."""
+        if self.error is None:
+            _log.warning("%s: background compaction failed (%s: %s); it retries, "
+                         "and writes go on meanwhile without waiting for it",
+                         self._ix.path, type(exc).__name__, exc)
+        self.error = exc
+        self.failures += 1
+
+    def _succeeded(self) -> None:
+        if self.error is not None:
+            _log.warning("%s: background compaction works again (%d %s in a row failed)",
+                         self._ix.path, self.failures, "step" if self.failures == 1 else "steps")
+            self.error, self.failures = None, 0
 
     def run(self, force_flush: bool = True, full: bool = False, wait: bool = True,
             on_step=None) -> int:
@@ -268,11 +294,13 @@ class Compactor:
                 raise ClosedError(f"{self._ix.path}: index is closed")  # close() has begun
             snap = self._ix._compaction_snapshot()
             try:
-                return self._step(snap, force_flush, full)
+                did = self._step(snap, force_flush, full)
             except _Conflict:
-                return True  # something else changed the manifest: look again
+                did = True  # something else changed the manifest: look again
             finally:
                 snap.close()
+            self._succeeded()
+            return did
 
     def flush_log(self) -> bool:
         """Flush the log into runs now, if this process can take the compaction lease."""

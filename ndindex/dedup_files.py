@@ -18,7 +18,7 @@ import signal
 import stat
 from typing import TYPE_CHECKING, Sequence
 
-from ndindex import textfile
+from ndindex import procs, textfile
 from ndindex.fingerprint.html import html_to_text
 
 if TYPE_CHECKING:
@@ -326,7 +326,9 @@ def examined(todo: list, opts: Options, jobs):
         for item in todo:
             yield _examine(item, opts)
         return
-    pool = concurrent.futures.ProcessPoolExecutor(workers, initializer=_ignore_sigint)
+    # Not fork (procs): this process may hold threads, an open Index among them.
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=procs.context(),
+                                                  initializer=_ignore_sigint)
     try:
         tasks = (todo[i:i + TASK_FILES] for i in range(0, len(todo), TASK_FILES))
         flight = collections.deque()

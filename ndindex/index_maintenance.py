@@ -48,9 +48,6 @@ class MaintenanceMethods:
         steps = comp.run(force_flush=True, full=False, wait=True, on_step=step)
         if full:
             steps += comp.run(force_flush=True, full=True, wait=True, on_step=step)
-        if comp.error is not None:
-            err, comp.error = comp.error, None
-            raise err
         if progress is not None:
             progress("compact", total, total)
         vacuumed = False
@@ -194,6 +191,10 @@ class MaintenanceMethods:
         index's newest, at most dircache.MEMORY_RUN_MAX_ENTRIES values each).
         ``free_bytes``: the file's pages on LMDB's free list, which later
         commits reuse and :meth:`vacuum` gives back to the disk.
+        ``compaction_error``: why the background compaction's last step
+        failed ("CapacityError: ..."), None while it works; it retries, less
+        often the longer it fails, and a :meth:`compact` call raises what
+        its own steps meet.
         """
         snap = self._snapshot()
         n = snap.count()
@@ -212,6 +213,7 @@ class MaintenanceMethods:
         readers = self._store.readers()
         newest = self._latest_txnid()
         held = self._directories.held_sizes()
+        error = self._compactor.error if self._compactor else None
         return dict(
             path=self.path, k=self.k, format=self._header.read_version,
             coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
@@ -223,6 +225,7 @@ class MaintenanceMethods:
             file_bits_per_fingerprint_per_table=(file_bytes * 8 / n / len(per_table)) if n else 0.0,
             entropy_bound_bits=codec.entropy_bound_bits(n) if n else 0.0,
             compaction_steps=self._compactor.steps if self._compactor else 0,
+            compaction_error=None if error is None else f"{type(error).__name__}: {error}",
             readers=[dict(pid=pid, txnid=txnid) for pid, txnid in readers],
             held_runs=len(held), held_bytes=sum(nbytes for _, nbytes in held),
             oldest_reader_lag=max(0, newest - min((t for _, t in readers), default=newest)),

@@ -215,6 +215,22 @@ def test_parallel_jobs_give_the_same_clusters(tree, tmp_path, monkeypatch):
     assert [names(c) for c in one.clusters] == [names(c) for c in two.clusters]
 
 
+def test_parallel_workers_are_not_forked_from_the_caller(tree, tmp_path, monkeypatch):
+    # Enough files for two workers (64 a worker at least).  The caller may
+    # hold threads (an open Index's compaction thread) that a forked worker
+    # would inherit mid-step: the workers start from a fork server or spawn.
+    for i in range(10, 150):
+        write(tree / "many" / f"{i}.txt", text(i))
+    one = ndindex.dedup([tree], index=tmp_path / "1.ndx", jobs=1)
+
+    def no_fork():
+        raise AssertionError("a dedup worker was forked from the calling process")
+    monkeypatch.setattr(os, "fork", no_fork)
+    two = ndindex.dedup([tree], index=tmp_path / "2.ndx", jobs=2)
+    assert two.files_read == one.files_read > 128
+    assert [names(c) for c in one.clusters] == [names(c) for c in two.clusters]
+
+
 def test_cli_dedup_json_field_by_field(tree, tmp_path, capsys):
     status = main(["dedup", str(tree), "--index", str(tmp_path / "ix.ndx"), "--json"])
     out, err = capsys.readouterr()

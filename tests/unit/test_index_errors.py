@@ -451,6 +451,68 @@ def test_full_disk_at_commit_raises_capacity_error_and_loses_nothing(path, monke
     index.close()
 
 
+def test_a_background_compaction_on_a_full_disk_neither_stalls_writes_nor_hides(
+        path, monkeypatch, caplog):
+    # The disk fills up under the compactor's commits (they write the
+    # manifest; add() commits do not).  Waiting for a compactor that cannot
+    # progress held every add() 40 ms (STOP_WAIT_SECONDS), and only a later
+    # compact() said why.  Now the writer goes on, stats() and the log say
+    # why, the thread retries less and less often, and once the disk has
+    # room compact() does what is owed: nothing was lost.
+    import threading
+    import time
+
+    from ndindex import compaction
+    real = st.WriteTxn.put_framed
+
+    def full(self, key, payload):
+        if key == rec.KEY_MANIFEST:
+            raise lmdb.DiskError("mdb_txn_commit: No space left on device")
+        return real(self, key, payload)
+
+    monkeypatch.setattr(st.WriteTxn, "put_framed", full)
+    index = Index.open(path, log_limit=100)
+    comp = index._compactor
+    waits = []
+
+    class Watched(type(comp._progress)):
+        def wait(self, timeout=None):
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    comp._progress = Watched()
+    rng = np.random.default_rng(5)
+    added = [rng.integers(0, 2**64, 50, dtype=np.uint64)]
+    index.add(added[0])
+    deadline = time.monotonic() + 30
+    while comp.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert isinstance(comp.error, CapacityError)
+    began = time.monotonic()
+    for _ in range(40):  # 2,000 operations: 20x log_limit, past the stop line
+        added.append(rng.integers(0, 2**64, 50, dtype=np.uint64))
+        index.add(added[-1])
+    assert waits == []  # no add() waited for the compactor
+    assert index.stats()["compaction_error"].startswith("CapacityError: ")
+    time.sleep(1.2)
+    # Tries at 0.5 s, then 1 s, 2 s ... after each failure, however many
+    # writes came: at most three in the 1.2 s or so since the first.
+    elapsed = time.monotonic() - began
+    assert 1 <= comp.failures <= 2 + int(np.log2(1 + elapsed / compaction.IDLE_WAIT_SECONDS))
+    failed = [r for r in caplog.records if "background compaction failed" in r.getMessage()]
+    assert len(failed) == 1 and "No space left on device" in failed[0].getMessage()
+    assert threading.active_count() >= 2 and comp._thread.is_alive()
+
+    monkeypatch.setattr(st.WriteTxn, "put_framed", real)  # room again
+    index.compact()
+    assert index.stats()["compaction_error"] is None and comp.failures == 0
+    assert index.stats()["log_entries"] == 0
+    everything = np.union1d(stored_fingerprints(), np.concatenate(added))
+    assert np.array_equal(index.fingerprints(), everything)
+    index.verify()
+    index.close()
+
+
 def _in_transaction(index):
     with index.transaction():
         index.add([9, 10])
