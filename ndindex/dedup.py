@@ -578,7 +578,7 @@ def _create(path: str, fingerprinter: Fingerprinter, k: int | None, threshold: f
         with Index.create(tmp, k=DEFAULT_INDEX_K if k is None else k,
                           expected_n=DEFAULT_EXPECTED_FILES, fingerprinter=fpr) as ix:
             ix.add_documents(_token(MARKER_KEY), MARKER_KEY, data=_MARKER_DATA % LAYOUT_VERSION)
-        os.replace(tmp, path)
+        st.publish(tmp, path)
     return Index.open(path)
 
 

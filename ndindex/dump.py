@@ -15,6 +15,7 @@ section instead of importing part of an index.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from typing import BinaryIO
@@ -202,31 +203,31 @@ def import_index(raw: BinaryIO, path, name: str = "dump") -> dict:
 
     The new index has the dump's plan, k, coding, expected_n and
     fingerprinter; every fingerprint and key is added, then the index is
-    compacted.  On any error the partial file is deleted.  Raises
-    FileExistsError, FormatError (not a dump, newer version),
-    CorruptionError (truncated or damaged).
+    compacted.  It is built under a name of its own beside path and given
+    path only when whole: an import that fails, is interrupted or is
+    killed leaves nothing under path (what a killed one left, the next
+    open of path or import into it deletes).  Raises FileExistsError,
+    FormatError (not a dump, newer version), CorruptionError (truncated
+    or damaged).
     """
+    from ndindex import store as st
     path = os.fspath(path)
     r, head = read_header(raw, name)
-    ix = Index.create(path, k=head["k"], expected_n=head["expected_n"], plan=head["plan"],
-                      coding=head["coding"], fingerprinter=head["fingerprinter"])
+    if os.path.lexists(path):
+        raise FileExistsError(errno.EEXIST, "already exists", path)
     n_fps = n_keys = 0
-    try:
-        for fps, keys in read_chunks(r):
-            flat_fps, flat_keys = [], []
-            for fp, ks in zip(fps.tolist(), keys):
-                for key in ks or (None,):
-                    flat_fps.append(fp)
-                    flat_keys.append(key)
-            ix.add(np.array(flat_fps, dtype=np.uint64), keys=flat_keys)
-            n_fps += len(fps)
-            n_keys += sum(len(k) for k in keys)
-        ix.compact()
-    except BaseException:
-        ix.close()
-        for p in (path, path + "-lock"):
-            if os.path.exists(p):
-                os.unlink(p)
-        raise
-    ix.close()
+    with st.index_build(path, "import") as tmp:
+        with Index.create(tmp, k=head["k"], expected_n=head["expected_n"], plan=head["plan"],
+                          coding=head["coding"], fingerprinter=head["fingerprinter"]) as ix:
+            for fps, keys in read_chunks(r):
+                flat_fps, flat_keys = [], []
+                for fp, ks in zip(fps.tolist(), keys):
+                    for key in ks or (None,):
+                        flat_fps.append(fp)
+                        flat_keys.append(key)
+                ix.add(np.array(flat_fps, dtype=np.uint64), keys=flat_keys)
+                n_fps += len(fps)
+                n_keys += sum(len(k) for k in keys)
+            ix.compact()
+        st.publish(tmp, path)
     return dict(fingerprints=n_fps, keys=n_keys)

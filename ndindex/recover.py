@@ -902,7 +902,6 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
     from ndindex import store as st
     from ndindex.index import Index  # the public API (index imports nothing from here)
 
-    directory = os.path.dirname(os.path.abspath(output))
     header = sv.header
     coding = header.coding if header else max(sv.codings, default=codec.CODING_RESTARTS)
     # A fixed name, held while it builds: what a killed recover left, the
@@ -935,8 +934,7 @@ def _rebuild(sv: Salvage, output: str, k: int, plan, progress) -> None:
             if progress:
                 progress("verifying", 0, 1)
             ix.verify()
-        os.link(tmp, output)  # never clobbers a file that appeared meanwhile
-        st._fsync_path(directory)
+        st.publish(tmp, output)  # never clobbers a file that appeared meanwhile
 
 
 def _valid_key(raw: bytes, fp: int, sv: Salvage) -> bool:

@@ -168,7 +168,7 @@ BUILD_WAIT_SECONDS = 10.0
 
 #: Builds of a whole index, made through Index.create of its own beside the
 #: path it becomes: recover's rebuild and the dedup job's first index.
-INDEX_BUILDS = ("recover", "dedup")
+INDEX_BUILDS = ("recover", "dedup", "import")
 
 
 def build_path(path: str, what: str) -> str:
@@ -289,7 +289,8 @@ def _unlink_all(names) -> None:
 
 
 def publish(tmp: str, path: str) -> None:
-    """Give the finished file tmp its name path, never replacing an existing path.
+    """Give the finished file tmp its name path, never replacing an existing path,
+    and sync the directory (the name lasts through a crash).
 
     A hard link fails if path appeared meanwhile, so nothing is clobbered;
     where the file system has no hard links, a rename checked just before
@@ -306,6 +307,7 @@ def publish(tmp: str, path: str) -> None:
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path) from None
         os.rename(tmp, path)
+    _fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 @contextlib.contextmanager
@@ -320,7 +322,6 @@ def written_aside(dest: str, kind: str):
     try:
         yield tmp
         publish(tmp, dest)
-        _fsync_path(os.path.dirname(full))
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # the published name is a link of its own
@@ -481,7 +482,6 @@ class Store:
         path = os.fspath(path)
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path)
-        directory = os.path.dirname(os.path.abspath(path))
         tmp = build_path(path, "creating")
         build = None
         try:
@@ -520,7 +520,6 @@ class Store:
                         os.unlink(path + "-lock")
                 raise
             publish(tmp, path)
-            _fsync_path(directory)
         except (lmdb.Error, OSError) as exc:
             if isinstance(exc, FileExistsError):
                 raise

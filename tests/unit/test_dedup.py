@@ -792,18 +792,18 @@ def test_a_killed_run_keeps_every_committed_batch(tmp_path):
 
 
 def _dedup_killed(when: str, files, index) -> None:
-    """Run a dedup job in a child that dies at the rename of its first build
-    into place, or at the first unlink after that rename (clearing its
+    """Run a dedup job in a child that dies at the link of its first build
+    into place, or at the first unlink after that link (clearing its
     build's files up)."""
-    killed_at("replace", "from ndindex import dedup\ndedup([sys.argv[1]], index=sys.argv[2])\n",
-              files, index, after=when == "after the rename")
+    killed_at("link", "from ndindex import dedup\ndedup([sys.argv[1]], index=sys.argv[2])\n",
+              files, index, after=when == "after the link", only_to=2)
 
 
-@pytest.mark.parametrize("when", ["before the rename", "after the rename"])
+@pytest.mark.parametrize("when", ["before the link", "after the link"])
 def test_a_killed_first_build_leaves_nothing_after_the_next_run(tmp_path, when):
-    # The first run builds its index beside the final name and renames it
-    # into place.  Killed before the rename, the build is left; killed
-    # after it, the build's lock files are.  The next run deletes them
+    # The first run builds its index beside the final name and links it
+    # into place.  Killed before the link, the build is left; killed
+    # after it, the build's files are.  The next run deletes them
     # either way and finds the duplicates.
     write(tmp_path / "t" / "a.txt", text(1))
     write(tmp_path / "t" / "b.txt", text(1))
@@ -811,7 +811,7 @@ def test_a_killed_first_build_leaves_nothing_after_the_next_run(tmp_path, when):
     index.parent.mkdir()
     _dedup_killed(when, tmp_path / "t", index)
     assert set(os.listdir(index.parent)) - {"files.ndx", "files.ndx-lock"}  # the kill's
-    assert os.path.exists(index) == (when == "after the rename")
+    assert os.path.exists(index) == (when == "after the link")
     result = ndindex.dedup([tmp_path / "t"], index=index)
     assert [names(c) for c in result.clusters] == [["a.txt", "b.txt"]]
     assert sorted(os.listdir(index.parent)) == ["files.ndx", "files.ndx-lock"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import struct
 
 import numpy as np
@@ -123,3 +124,53 @@ def test_not_a_dump_and_newer_version_are_format_errors(index, tmp_path):   # [D
     body[8:10] = struct.pack("<H", 2)
     with pytest.raises(FormatError, match="dump version 2"):
         import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
+
+
+_KILLED_IMPORT = """
+import os, sys
+from ndindex import dump
+from ndindex.index import Index
+
+real = Index.add
+def add(self, *a, **k):
+    real(self, *a, **k)
+    os._exit(9)  # after the first chunk: a kill halfway
+Index.add = add
+with open(sys.argv[1], "rb") as fh:
+    dump.import_index(fh, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("when", ["halfway", "before the link", "after the link"])
+def test_a_killed_import_leaves_nothing_or_the_whole_index_under_its_name(index, tmp_path, when):
+    # import built the index under its own name: killed halfway, it left an
+    # index there that opened, holding the first chunks only (1,179,648 of
+    # 2,000,000 fingerprints in one trial).  Now it builds aside and links
+    # the index to the name when whole; the next import (or a writer's open
+    # of the name) clears what a killed one left.
+    dumped = tmp_path / "a.ndxdump"
+    dumped.write_bytes(dump_of(index))
+    out = tmp_path / "out" / "b.ndx"
+    out.parent.mkdir()
+    if when == "halfway":
+        import subprocess
+        import sys
+        child = subprocess.run([sys.executable, "-c", _KILLED_IMPORT, str(dumped), str(out)],
+                               timeout=300)
+        assert child.returncode == 9
+    else:
+        from tests.killing import killed_at
+        killed_at("link", "from ndindex import dump\n"
+                  "dump.import_index(open(sys.argv[1], 'rb'), sys.argv[2])\n",
+                  dumped, out, after=when == "after the link", only_to=2)
+    assert out.exists() == (when == "after the link")
+    assert set(os.listdir(out.parent)) - {"b.ndx", "b.ndx-lock"}  # the kill's leftovers
+    if out.exists():
+        with ndindex.open(out) as ix:  # a writer's open clears them
+            assert dump_of(ix) == dumped.read_bytes()
+    else:
+        with open(dumped, "rb") as fh:
+            import_index(fh, out)
+        with ndindex.open(out, readonly=True) as ix:
+            assert dump_of(ix) == dumped.read_bytes()
+    assert sorted(os.listdir(out.parent)) == ["b.ndx", "b.ndx-lock"]
