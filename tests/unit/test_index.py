@@ -651,6 +651,37 @@ def test_create_and_vacuum_work_where_hard_links_are_refused(path, tmp_path, mon
         ["copy.ndx", "test.ndx"]
 
 
+def test_builds_of_whole_indexes_work_where_hard_links_are_refused(path, tmp_path, monkeypatch):
+    # recover, import and the dedup job's first index build aside, then
+    # give the build its name: by a link, or where the file system has
+    # none (FAT, exFAT: an archive's USB disk) a rename.  recover linked
+    # unconditionally and failed there.
+    import io
+
+    from ndindex import dedup, dump, recover
+    with Index.create(path, k=3, expected_n=1000) as ix:
+        ix.add([5, 6, 7], keys=["five", "six", "seven"])
+        dumped = io.BytesIO()
+        dump.export_index(ix, dumped)
+
+    def no_links(src, dst, **kwargs):
+        raise PermissionError(errno.EPERM, "hard links not supported", dst)
+    monkeypatch.setattr(os, "link", no_links)
+    assert recover.recover(path, tmp_path / "recovered.ndx")["status"] == 0
+    dumped.seek(0)
+    dump.import_index(dumped, tmp_path / "imported.ndx")
+    for name in ("recovered.ndx", "imported.ndx"):
+        with Index.open(tmp_path / name) as copy:
+            assert copy.fingerprints().tolist() == [5, 6, 7] and copy.keys(6) == ("six",)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("alpha beta gamma delta " * 50)
+    (tmp_path / "docs" / "b.txt").write_text("alpha beta gamma delta " * 50)
+    result = dedup([tmp_path / "docs"], index=tmp_path / "files.ndx")
+    assert len(result.clusters) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith("-lock")) == \
+        ["docs", "files.ndx", "imported.ndx", "recovered.ndx", "test.ndx"]
+
+
 def test_vacuum_gives_space_back_and_keeps_the_index_usable(path):
     rng = np.random.default_rng(8)
     with Index.create(path, k=3, expected_n=40000, background_compaction=False) as ix:
