@@ -139,7 +139,7 @@ class MaintenanceMethods:
         (and closing any descriptor of a file lets go of every lock the
         process holds on it).  The descriptors change in one assignment:
         an interrupt (Ctrl-C) never leaves _lock_fd closed."""
-        st._fsync_path(os.path.dirname(os.path.abspath(path)))
+        st.fsync_path(os.path.dirname(os.path.abspath(path)))
         fresh = st.Store.open(path, durability=self._store.durability)
         self._store.__dict__.update(fresh.__dict__)
         self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))

@@ -307,7 +307,7 @@ def publish(tmp: str, path: str) -> None:
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path) from None
         os.rename(tmp, path)
-    _fsync_path(os.path.dirname(os.path.abspath(path)))
+    fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
 @contextlib.contextmanager
@@ -507,7 +507,7 @@ class Store:
                 env.sync(True)
             finally:
                 env.close()
-            _fsync_path(tmp)
+            fsync_path(tmp)
             # The lock file before the index appears: a disk too full for it
             # fails the create with nothing left behind, not an index that
             # then cannot be opened (and blocks a second create).
@@ -927,7 +927,7 @@ def restamp_commits(path: str) -> None:
         env.close()
     except lmdb.Error as exc:
         raise translate_error(exc, path) from exc
-    _fsync_path(path)
+    fsync_path(path)
 
 
 def _close_quietly(env: lmdb.Environment) -> None:
@@ -936,7 +936,7 @@ def _close_quietly(env: lmdb.Environment) -> None:
         env.close()
 
 
-def _fsync_path(path: str) -> None:
+def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

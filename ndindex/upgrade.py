@@ -46,7 +46,8 @@ from ndindex.arrays import EMPTY_U64, merge_unique
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 from ndindex.records import format_version_of
-from ndindex.store import check_path_for_open, pick_meta, translate_error
+from ndindex.store import (check_path_for_open, fsync_path, pick_meta, publish,
+                           translate_error)
 from ndindex.writer import put_header
 
 # -- format 1, as its spec defines it (section 7) ----------------------------------
@@ -792,7 +793,7 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
             os.unlink(tmp + "-lock")
         if dest == reader.path:   # the new file takes the original's place and its mode
             os.chmod(tmp, stat.S_IMODE(os.stat(reader.path).st_mode))
-        _fsync(tmp)
+        fsync_path(tmp)
         if dest != reader.path:
             _link_new(tmp, dest)
             tmp = None
@@ -874,16 +875,9 @@ def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -
 
 def _link_new(tmp: str, dest: str) -> None:
     """Give the finished file at tmp the name dest, which must not exist; tmp goes."""
-    try:
-        os.link(tmp, dest)   # fails if dest appeared meanwhile: never clobbers
+    publish(tmp, dest)   # never clobbers a dest that appeared meanwhile
+    with contextlib.suppress(FileNotFoundError):  # linked, not renamed
         os.unlink(tmp)
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
-            raise
-        if os.path.lexists(dest):   # no hard links here: rename, checked just before
-            raise FileExistsError(errno.EEXIST, "already exists", dest) from None
-        os.rename(tmp, dest)
-    _fsync(os.path.dirname(os.path.abspath(dest)))
 
 
 def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:
@@ -896,12 +890,12 @@ def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:
             if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
                 raise
             _copy_synced(src, backup_path)
-        _fsync(directory)
+        fsync_path(directory)
     os.replace(built, src)
-    _fsync(directory)
+    fsync_path(directory)
     if not keep_backup:
         os.unlink(backup_path)
-        _fsync(directory)
+        fsync_path(directory)
 
 
 def _copy_synced(src: str, dest: str) -> None:
@@ -975,11 +969,3 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
