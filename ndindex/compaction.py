@@ -243,9 +243,11 @@ class Compactor:
     def _failed(self, exc: BaseException) -> None:
         """A background step failed: keep it for stats(), say so once a streak."""
         if self.error is None:
+            # The traceback too, for an error of no ndindex type: a bug to report.
             _log.warning("%s: background compaction failed (%s: %s); it retries, "
                          "and writes go on meanwhile without waiting for it",
-                         self._ix.path, type(exc).__name__, exc)
+                         self._ix.path, type(exc).__name__, exc,
+                         exc_info=None if isinstance(exc, NdindexError) else exc)
         self.error = exc
         self.failures += 1
 

@@ -513,6 +513,34 @@ def test_a_background_compaction_on_a_full_disk_neither_stalls_writes_nor_hides(
     index.close()
 
 
+def test_an_untyped_failure_of_background_compaction_is_logged_with_its_traceback(
+        path, monkeypatch, caplog):
+    # An error of no ndindex type in a background step is a bug: its
+    # traceback goes to the log, for a report; the thread carries on.
+    import time
+
+    from ndindex import compaction
+
+    def broken(self, snap, force_flush, full):
+        raise RuntimeError("a bug in a step")
+    monkeypatch.setattr(compaction.Compactor, "_step", broken)
+    index = Index.open(path, log_limit=100)
+    index.add(np.arange(1000, 1300, dtype=np.uint64))
+    deadline = time.monotonic() + 30
+    while index._compactor.error is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert index.stats()["compaction_error"] == "RuntimeError: a bug in a step"
+    [record] = [r for r in caplog.records if "background compaction failed" in r.getMessage()]
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+    assert index._compactor._thread.is_alive()
+    with pytest.raises(RuntimeError, match="a bug in a step"):
+        index.compact()  # compact() meets it itself
+    monkeypatch.undo()
+    index.compact()
+    assert index.stats()["compaction_error"] is None and len(index) == 500 + 300
+    index.close()
+
+
 def _in_transaction(index):
     with index.transaction():
         index.add([9, 10])
