@@ -13,7 +13,7 @@ import zstandard
 import ndindex
 from ndindex import _core
 from ndindex.codec import CODING_XOR
-from ndindex.dump import MAGIC, export_index, import_index
+from ndindex.dump import HEAD, MAGIC, export_index, import_index
 from ndindex.errors import CorruptionError, FormatError
 from ndindex.fingerprint import Fingerprinter
 
@@ -57,6 +57,34 @@ def test_export_import_export_gives_identical_bytes_and_answers(index, tmp_path)
         assert np.array_equal(copy.query_many(queries), index.query_many(queries))
         copy.verify()
         assert copy.stats()["log_entries"] == 0     # compacted
+
+
+def test_chunks_without_keys_beside_chunks_with_keys_round_trip(tmp_path):
+    # A chunk whose fingerprints hold no keys is read at once (its zero
+    # counts together); the next chunk's keys, the last fingerprint's
+    # included, still come through one by one.
+    fps = np.arange(1, 70_001, dtype=np.uint64) * np.uint64(2**40)
+    with ndindex.Index.create(tmp_path / "a.ndx", k=3, expected_n=70_000) as ix:
+        ix.add(fps)
+        ix.add(fps[-3:], keys=["x", b"y", "z"])
+        data = dump_of(ix)
+    assert import_index(io.BytesIO(data), tmp_path / "b.ndx") == {"fingerprints": 70_000,
+                                                                   "keys": 3}
+    with ndindex.open(tmp_path / "b.ndx") as copy:
+        assert dump_of(copy) == data
+        assert copy.keys(int(fps[-1])) == ("z",) and copy.keys(int(fps[-3])) == ("x",)
+        assert copy.keys(int(fps[0])) == () and len(copy) == 70_000
+    # A key count that is not zero, in a chunk otherwise without keys, is
+    # found, however late in the chunk.
+    body = bytearray(body_of(data))
+    at = HEAD.size  # past the header: plan, fingerprinter, checksum
+    at += 4 + struct.unpack_from("<I", body, at)[0]
+    at += 4 + struct.unpack_from("<I", body, at)[0] + 4
+    assert struct.unpack_from("<I", body, at)[0] == 65_536  # the first chunk
+    body[at + 4 + 8 * 65_536 + 2 * 65_535] = 1  # its last fingerprint says one key ...
+    with pytest.raises(CorruptionError):  # ... which is not there
+        import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "c.ndx")
+    assert not (tmp_path / "c.ndx").exists()
 
 
 def test_empty_index_round_trips(tmp_path):
