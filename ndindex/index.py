@@ -155,7 +155,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         bad parameters, ReadOnlyError if the directory cannot be written,
         CapacityError if the disk is full.
         """
-        path = os.fspath(path)
+        path = _absolute(path)
         if exist_ok and os.path.exists(path):
             return cls.open(path, durability=durability,
                             background_compaction=background_compaction, log_limit=log_limit)
@@ -224,7 +224,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         """
         _check_durability(durability)
         log_limit = validate.positive_int(log_limit, "log_limit")
-        path = os.fspath(path)
+        path = _absolute(path)
         lock_fd = locks.open_locked(path, readonly, validate.timeout(timeout))
         try:
             store = st.Store.open(path, readonly=readonly, durability=durability)
@@ -339,6 +339,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
 
     @property
     def path(self) -> str:
+        """The index file's absolute path (resolved as it opened)."""
         return self._store.path
 
     @property
@@ -928,6 +929,13 @@ def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarra
     out["fingerprint"] = np.frombuffer(fps, dtype=np.uint64)
     out["distance"] = np.frombuffer(dists, dtype=np.uint8)
     return out
+
+
+def _absolute(path) -> str:
+    """The path an Index names its file by: absolute, resolved as it opens (as
+    SQLite does), so that a later os.chdir moves nothing it writes beside
+    the file (a vacuum's copy, a journal, build names)."""
+    return os.path.abspath(os.fspath(path))
 
 
 def open(path, *, readonly: bool = False, **kwargs) -> Index:  # noqa: A001 - mirrors sqlite3/lmdb

@@ -155,12 +155,16 @@ class MaintenanceMethods:
 
         Only live pages are copied, like SQLite's VACUUM INTO; the copy is a
         complete index (it appears atomically).  Replace the original with it
-        while no process has the index open.  Raises FileExistsError if dest
-        exists.
+        while no process has the index open.  It holds what this Index shows,
+        as export does: a normal-durability writer's journaled operations are
+        checkpointed first (inside a transaction, the copy holds what was
+        committed before it).  Raises FileExistsError if dest exists.
         """
         dest = os.fspath(dest)
         if os.path.lexists(dest):
             raise FileExistsError(f"{dest}: already exists")
+        if self._writer is not None:
+            self._writer.checkpoint()  # nothing to do unless durability is "normal"
         with st.written_aside(dest, "copying") as tmp:
             self._copy_compacted(tmp)
         return os.path.getsize(dest)

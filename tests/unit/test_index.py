@@ -633,6 +633,38 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
         assert len(copy) == len(np.unique(fps)) + 2000
 
 
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_an_index_opened_by_a_relative_path_survives_a_change_of_directory(
+        tmp_path, monkeypatch, durability):
+    # The file is named by its absolute path once opened, as SQLite does.
+    # Before, after os.chdir a full compaction (its vacuum) and vacuum_into
+    # raised FileNotFoundError (an error of no ndindex type).  With
+    # durability "normal", the copy holds the journaled add too, as export's
+    # dump does (vacuum_into copied the file as last checkpointed).
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.chdir(home)
+    ix = Index.create("rel.ndx", k=3, expected_n=10_000, durability=durability)
+    ix.add(np.arange(1, 5001, dtype=np.uint64))
+    assert ix.path == str(home / "rel.ndx")
+    monkeypatch.chdir(elsewhere)
+    ix.compact(full=True)
+    ix.add([10**12])
+    assert ix.vacuum_into("copy.ndx") > 0  # a destination given now: the current directory
+    with ix.transaction():
+        ix.add([10**13])
+    assert ix.stats()["file_bytes"] > 0
+    ix.sync()
+    assert os.listdir(elsewhere) == ["copy.ndx"]
+    ix.close()
+    with Index.open(home / "rel.ndx") as again:
+        again.verify()
+        assert len(again) == 5002
+    with Index.open(elsewhere / "copy.ndx") as copy:
+        assert len(copy) == 5001
+
+
 def test_create_and_vacuum_work_where_hard_links_are_refused(path, tmp_path, monkeypatch):
     def no_links(src, dst, **kwargs):
         raise PermissionError(errno.EPERM, "hard links not supported", dst)
