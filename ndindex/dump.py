@@ -149,6 +149,34 @@ def read_header(raw: BinaryIO, name: str = "dump") -> tuple[_Reader, dict]:
                    plan=Plan.from_bytes(plan), fingerprinter=fpr or None)
 
 
+def _read_keys(r: _Reader, count: int, parts: list):
+    """A chunk's document keys: a tuple per fingerprint, or None when none has
+    any.  Appends the bytes read to parts (the chunk's checksum covers them)."""
+    # A chunk without keys (as a rule) ends in a zero count per fingerprint:
+    # read at once, not one count at a time (a third of an import's time).
+    # Were any count not zero, the first such would be among these bytes.
+    zeros = r.peek(U16.size * count)
+    if len(zeros) == U16.size * count and not any(zeros):
+        parts.append(r.read(len(zeros), "chunk keys"))
+        return None
+    keys = []
+    for _ in range(count):
+        nk = r.read(2, "chunk keys")
+        parts.append(nk)
+        ks = []
+        for _ in range(U16.unpack(nk)[0]):
+            ln = r.read(2, "chunk keys")
+            raw = r.read(U16.unpack(ln)[0], "chunk keys")
+            parts += [ln, raw]
+            try:
+                ks.append(decode_doc_key(raw))
+            except (CorruptionError, UnicodeDecodeError, IndexError) as exc:
+                raise CorruptionError(f"{r.name}: bad document key ({exc})",
+                                      database="dump") from exc
+        keys.append(tuple(ks))
+    return keys
+
+
 def read_chunks(r: _Reader):
     """Yield (fingerprints, keys) chunks; check order, checksums and the trailer.
 
@@ -178,29 +206,7 @@ def read_chunks(r: _Reader):
         raw_deltas = r.read(8 * count, "chunk")
         deltas = np.frombuffer(raw_deltas, dtype="<u8").astype(np.uint64)
         parts = [head, raw_deltas]
-        keys = []
-        # A chunk without keys (as a rule) ends in a zero count per
-        # fingerprint: read at once, not one count at a time (a third of an
-        # import's time).  Were any count not zero, the first such would be
-        # among these bytes.
-        zeros = r.peek(U16.size * count)
-        if len(zeros) == U16.size * count and not any(zeros):
-            parts.append(r.read(len(zeros), "chunk keys"))
-            keys = None
-        for _ in range(count if keys is not None else 0):
-            nk = r.read(2, "chunk keys")
-            parts.append(nk)
-            ks = []
-            for _ in range(U16.unpack(nk)[0]):
-                ln = r.read(2, "chunk keys")
-                raw = r.read(U16.unpack(ln)[0], "chunk keys")
-                parts += [ln, raw]
-                try:
-                    ks.append(decode_doc_key(raw))
-                except (CorruptionError, UnicodeDecodeError, IndexError) as exc:
-                    raise CorruptionError(f"{r.name}: bad document key ({exc})",
-                                          database="dump") from exc
-            keys.append(tuple(ks))
+        keys = _read_keys(r, count, parts)
         r.check(b"".join(parts), "chunk")
         start = np.uint64(0 if previous is None else previous)
         with np.errstate(over="ignore"):

@@ -934,7 +934,7 @@ def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarra
 def _absolute(path) -> str:
     """The path an Index names its file by: absolute, resolved as it opens (as
     SQLite does), so that a later os.chdir moves nothing it writes beside
-    the file (a vacuum's copy, a journal, build names)."""
+    the file (a vacuum's copy, build names)."""
     return os.path.abspath(os.fspath(path))
 
 
