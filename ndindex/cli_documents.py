@@ -103,7 +103,7 @@ def cmd_create(args) -> int:
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
                       coding={name: c for c, name in CODING_NAMES.items()}[args.coding]) as ix:
         prefixes = [t.prefix_bits for t in ix.plan.tables]
-        info = dict(path=ix.path, k=ix.k, expected_n=args.n, tables=len(prefixes),
+        info = dict(path=args.index, k=ix.k, expected_n=args.n, tables=len(prefixes),
                     prefix_bits=[min(prefixes), max(prefixes)],
                     probabilistic=ix.plan.probabilistic, fingerprinter=fpr is not None)
     if docs:

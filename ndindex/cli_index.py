@@ -193,7 +193,8 @@ def cmd_stats(args) -> int:
     if args.json:
         print_json(info)
         return EXIT_OK
-    for line in _stats_lines(info, args.tables):
+    # The path as given, as the other commands print it (info's is absolute).
+    for line in _stats_lines(dict(info, path=args.index), args.tables):
         print(line)
     return EXIT_OK
 

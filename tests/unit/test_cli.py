@@ -36,6 +36,18 @@ def ix(tmp_path, capsys):
     return path
 
 
+def test_commands_print_a_relative_path_as_given(tmp_path, capsys, monkeypatch):
+    # An Index names its file by its absolute path (ix.path, stats()); the
+    # commands still speak of the file as the user wrote it.
+    monkeypatch.chdir(tmp_path)
+    assert run(capsys, "create", "r.ndx")[1].startswith("created r.ndx: k=3")
+    assert run(capsys, "add", "r.ndx", stdin="5\n", monkeypatch=monkeypatch)[0] == 0
+    assert run(capsys, "stats", "r.ndx")[1].startswith("r.ndx: 1 fingerprints, k=3")
+    assert run(capsys, "verify", "r.ndx")[1].startswith("r.ndx: ok (")
+    status, out, _ = run(capsys, "stats", "r.ndx", "--json")
+    assert status == 0 and json.loads(out)["path"] == str(tmp_path / "r.ndx")
+
+
 def test_create_json(tmp_path, capsys):
     status, out, err = run(capsys, "create", str(tmp_path / "c.ndx"), "-k", "10", "--json")
     doc = json.loads(out)
