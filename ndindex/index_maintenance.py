@@ -89,6 +89,7 @@ class MaintenanceMethods:
         meanwhile waits for the new file.  Returns the new size.
         """
         self._check_writable()
+        self._store.check_in_place()  # else it would put a copy where the file was
         with self._alone("or use vacuum_into() and replace the file yourself"), \
                 self._writer.lock, self._compactor._lock:
             self._writer.checkpoint()

@@ -42,19 +42,25 @@ META_TXNID_OFFSET = 144
 COMMON_HEAD_BYTES = 2 * 4096
 
 
-def read_head(path: str) -> bytes:
+def read_head(path: str, fd: int | None = None) -> bytes:
     """The file's first bytes, enough for both meta pages: COMMON_HEAD_BYTES
     when meta page 0 reads as a meta page of pages that small, else (larger
     pages, or page 0 damaged) 2 x MAX_PAGE_BYTES.  Whatever lmdb_meta finds
-    in the longer read it finds in the shorter, which holds both pages."""
-    with open(path, "rb") as fh:
-        head = fh.read(COMMON_HEAD_BYTES)
+    in the longer read it finds in the shorter, which holds both pages.
+    fd: read the file open there, not the one now at path."""
+    if fd is None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            fits = 2 * _core.lmdb_meta(head, 0)["psize"] <= len(head)
-        except CorruptionError:
-            fits = False
-        if not fits:
-            head += fh.read(2 * MAX_PAGE_BYTES - len(head))
+            return read_head(path, fd)
+        finally:
+            os.close(fd)
+    head = os.pread(fd, COMMON_HEAD_BYTES, 0)
+    try:
+        fits = 2 * _core.lmdb_meta(head, 0)["psize"] <= len(head)
+    except CorruptionError:
+        fits = False
+    if not fits and len(head) == COMMON_HEAD_BYTES:
+        head += os.pread(fd, 2 * MAX_PAGE_BYTES - len(head), len(head))
     return head
 
 
@@ -104,6 +110,9 @@ class FileMap:
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        st = os.fstat(self._fd)
+        #: (device, inode) of the file open here: whether path still names it.
+        self.file_id = (st.st_dev, st.st_ino)
         self._lock = threading.Lock()
         self._map = None
         self._map_bytes = 0
@@ -146,7 +155,8 @@ class FileMap:
 
     def metas(self) -> list:
         """Both meta pages as dicts (lmdb_meta), or the CorruptionError each raised."""
-        out = metas_of(read_head(self.path))  # read, not mapped: the mapping may not exist yet
+        with self._lock:  # read, not mapped: the mapping may not exist yet
+            out = metas_of(read_head(self.path, self._open_fd()))
         if isinstance(out[0], dict):  # page 1 parses only at page 0's page size
             self.psize = out[0]["psize"]
         return out

@@ -635,6 +635,7 @@ class Store:
         if self.readonly:
             raise ReadOnlyError(f"{self.path}: opened read-only")
         env = self.env
+        self.check_in_place()
         self.clear_dead_readers()
         with self._write_lock:
             try:
@@ -663,6 +664,25 @@ class Store:
             except lmdb.Error as exc:
                 raise translate_error(exc, self.path) from exc
         return result
+
+    def in_place(self) -> bool:
+        """Whether path still names the file this store has open."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self.filemap.file_id
+
+    def check_in_place(self) -> None:
+        """Raise ReadOnlyError unless path still names the file this store has
+        open.  Deleted or moved, the file takes commits that no later open of
+        path would find (as SQLite's SQLITE_READONLY_DBMOVED says); its
+        content can still be read, and vacuum_into() saves it.  One stat, a
+        microsecond a commit."""
+        if not self.in_place():
+            raise ReadOnlyError(f"{self.path}: the index file was deleted or replaced since it "
+                                "was opened; writes would be lost (vacuum_into() saves what "
+                                "it holds)")
 
     def clear_dead_readers(self) -> None:
         """Free the reader slots of processes that died inside a read (at most once

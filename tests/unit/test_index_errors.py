@@ -541,6 +541,43 @@ def test_an_untyped_failure_of_background_compaction_is_logged_with_its_tracebac
     index.close()
 
 
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("how", ["deleted", "moved", "replaced"])
+def test_writes_to_an_index_whose_file_was_deleted_or_moved_raise_read_only_error(
+        path, tmp_path, durability, how):
+    # The open file no longer bears its name: writes went on and were
+    # acknowledged into a file no later open finds (a deleted one: gone at
+    # close), and a full compaction raised FileNotFoundError.  Now every
+    # write refuses, as SQLite's SQLITE_READONLY_DBMOVED does; reads go on,
+    # and vacuum_into saves the content.
+    index = Index.open(path, durability=durability)
+    moved = str(tmp_path / "moved.ndx")
+    if how == "deleted":
+        os.unlink(path)
+    else:
+        os.rename(path, moved)
+        if how == "replaced":  # by another index (made elsewhere: LMDB knows the name open)
+            with Index.create(tmp_path / "other.ndx", k=K, expected_n=100):
+                pass
+            os.rename(tmp_path / "other.ndx", path)
+    for call in (lambda: index.add([12345]), lambda: index.remove([int(stored_fingerprints()[0])]),
+                 lambda: index.check_and_add(777), lambda: _in_transaction(index),
+                 lambda: index.compact(), lambda: index.compact(full=True), index.vacuum):
+        with pytest.raises(ReadOnlyError, match="deleted or replaced since it was opened"):
+            call()
+    assert_intact(index)  # reads go on
+    index.vacuum_into(tmp_path / "saved.ndx")
+    index.close()
+    assert_file_intact(str(tmp_path / "saved.ndx"))
+    if how == "deleted":
+        assert not os.path.exists(path)
+    else:
+        assert_file_intact(moved)
+    if how == "replaced":
+        with Index.open(path, readonly=True) as other:
+            assert len(other) == 0
+
+
 def _in_transaction(index):
     with index.transaction():
         index.add([9, 10])
