@@ -932,10 +932,13 @@ def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarra
 
 
 def _absolute(path) -> str:
-    """The path an Index names its file by: absolute, resolved as it opens (as
-    SQLite does), so that a later os.chdir moves nothing it writes beside
-    the file (a vacuum's copy, build names)."""
-    return os.path.abspath(os.fspath(path))
+    """The path an Index names its file by, resolved as it opens (as SQLite
+    does): absolute, so that a later os.chdir moves nothing it writes beside
+    the file (a vacuum's copy, build names); through symbolic links, so that
+    every name of the file shares one LMDB lock file (LMDB names it after
+    the path: opened by two names, two processes' commits went unserialised)
+    and a vacuum renames its copy over the file, not over the link."""
+    return os.path.realpath(os.fspath(path))
 
 
 def open(path, *, readonly: bool = False, **kwargs) -> Index:  # noqa: A001 - mirrors sqlite3/lmdb
