@@ -680,9 +680,9 @@ class Store:
         content can still be read, and vacuum_into() saves it.  One stat, a
         microsecond a commit."""
         if not self.in_place():
-            raise ReadOnlyError(f"{self.path}: the index file was deleted or replaced since it "
-                                "was opened; writes would be lost (vacuum_into() saves what "
-                                "it holds)")
+            raise ReadOnlyError(f"{self.path}: the index file was deleted, moved or replaced "
+                                "since it was opened; writes would be lost (vacuum_into() "
+                                "saves what it holds)")
 
     def clear_dead_readers(self) -> None:
         """Free the reader slots of processes that died inside a read (at most once

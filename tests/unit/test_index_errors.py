@@ -563,7 +563,7 @@ def test_writes_to_an_index_whose_file_was_deleted_or_moved_raise_read_only_erro
     for call in (lambda: index.add([12345]), lambda: index.remove([int(stored_fingerprints()[0])]),
                  lambda: index.check_and_add(777), lambda: _in_transaction(index),
                  lambda: index.compact(), lambda: index.compact(full=True), index.vacuum):
-        with pytest.raises(ReadOnlyError, match="deleted or replaced since it was opened"):
+        with pytest.raises(ReadOnlyError, match="deleted, moved or replaced since it was opened"):
             call()
     assert_intact(index)  # reads go on
     index.vacuum_into(tmp_path / "saved.ndx")
