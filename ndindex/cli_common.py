@@ -156,7 +156,10 @@ def key_json(key):
 
 
 def key_text(key) -> str:
-    return key if isinstance(key, str) else dedup_module.display_path(key)
+    """A document key for a line of text: control characters (a newline, an
+    escape sequence) and, in bytes keys, undecodable bytes as ``\\xNN``."""
+    return dedup_module.printable(key) if isinstance(key, str) else \
+        dedup_module.display_path(key)
 
 
 def fingerprinter_of(ix: Index) -> Fingerprinter:

@@ -66,6 +66,7 @@ import collections
 import dataclasses
 import hashlib
 import os
+import re
 import struct
 import time
 from typing import Callable, Iterable, Sequence
@@ -119,7 +120,8 @@ class DuplicateFile:
     """One file of a cluster.
 
     ``path`` is a str (undecodable bytes as surrogate escapes, so it works
-    with ``open()``); ``display_path`` is printable (bad bytes as ``\\xNN``).
+    with ``open()``); ``display_path`` is printable (bad bytes and control
+    characters as ``\\xNN``).
     ``links`` holds the file's other names found by the run, as (path, kind)
     with kind "hard link" or "symlink": links, not copies.
     """
@@ -226,10 +228,20 @@ class DedupResult:
         return sum(len(c.files) - 1 for c in self.clusters)
 
 
+#: Control characters (C0, DEL, C1): a newline in a name broke the line it
+#: was printed on, an escape sequence reached the terminal as one.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """text with its control characters as ``\\xNN``: safe on a terminal line."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def display_path(path) -> str:
-    """Return a printable form of a path: undecodable bytes as ``\\xNN``."""
-    raw = os.fsencode(path)
-    return raw.decode("utf-8", "backslashreplace")
+    """Return a printable form of a path: undecodable bytes and control
+    characters as ``\\xNN``."""
+    return printable(os.fsencode(path).decode("utf-8", "backslashreplace"))
 
 
 def default_index_path(paths: Sequence) -> str:

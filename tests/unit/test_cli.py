@@ -48,6 +48,19 @@ def test_commands_print_a_relative_path_as_given(tmp_path, capsys, monkeypatch):
     assert status == 0 and json.loads(out)["path"] == str(tmp_path / "r.ndx")
 
 
+def test_query_prints_keys_with_control_characters_escaped(ix, capsys):
+    # Keys are the caller's strings (file names, URLs): printed as they
+    # were, a newline split a match over two lines and an escape sequence
+    # reached the terminal.
+    with ndindex.open(ix) as index:
+        index.add([5, 6], keys=["evil\x1b[2Jname\nsecond", b"raw\x00\xffbytes"])
+    status, out, _ = run(capsys, "query", ix, "5")
+    assert status == 0 and "\x1b" not in out and "\x00" not in out
+    assert out.splitlines()[1:] == [
+        "  0x0000000000000005  distance  0  evil\\x1b[2Jname\\x0asecond",
+        "  0x0000000000000006  distance  2  raw\\x00\\xffbytes"]
+
+
 def test_create_json(tmp_path, capsys):
     status, out, err = run(capsys, "create", str(tmp_path / "c.ndx"), "-k", "10", "--json")
     doc = json.loads(out)

@@ -277,6 +277,25 @@ def test_cli_dedup_csv_and_text(tree, tmp_path, capsys):
     assert "2 clusters, 6 duplicate files" not in out and "2 clusters, 5 duplicate files" in out
 
 
+def test_cli_dedup_prints_names_with_control_characters_escaped(tmp_path, capsys):
+    # A newline in a file's name broke the line it was printed on, and an
+    # escape sequence in one reached the terminal: a directory of downloads
+    # could rewrite the screen of whoever looked for its duplicates.
+    root = tmp_path / "t"
+    names = ["plain.txt", "two\nlines.txt", "esc\x1b[2Jclear.txt", "tab\there.txt"]
+    for name in names:
+        write(root / name, text(30))
+    assert main(["dedup", str(root), "--index", str(tmp_path / "ix.ndx"), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert not any(ch in out for ch in "\x1b\t\r") and "\\x1b[2Jclear.txt" in out
+    listed = [line for line in out.splitlines() if " B  " in line]
+    assert len(listed) == 4 and any("two\\x0alines.txt" in line for line in listed)
+    assert main(["dedup", str(root), "--index", str(tmp_path / "ix.ndx"), "--json"]) == 1
+    files = json.loads(capsys.readouterr().out)["clusters"][0]["files"]
+    exact = {bytes.fromhex(f["path_bytes_hex"]) for f in files if "path_bytes_hex" in f}
+    assert exact == {os.fsencode(str(root / name)) for name in names[1:]}
+
+
 def test_cli_dedup_no_duplicates_exits_0_and_default_index(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     write(tmp_path / "t" / "a.txt", text(10))
