@@ -23,7 +23,7 @@ from typing import BinaryIO
 import numpy as np
 import zstandard
 
-from ndindex import _core
+from ndindex import _core, store as st
 from ndindex.errors import CorruptionError, FormatError
 from ndindex.index import Index
 from ndindex.plan import Plan
@@ -233,7 +233,6 @@ def import_index(raw: BinaryIO, path, name: str = "dump") -> dict:
     FormatError (not a dump, newer version), CorruptionError (truncated
     or damaged).
     """
-    from ndindex import store as st
     path = os.fspath(path)
     r, head = read_header(raw, name)
     if os.path.lexists(path):

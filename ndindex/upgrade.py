@@ -795,7 +795,9 @@ def _build_checked(reader: FormatV1Reader, dest: str, progress, t0: float) -> di
             os.chmod(tmp, stat.S_IMODE(os.stat(reader.path).st_mode))
         fsync_path(tmp)
         if dest != reader.path:
-            _link_new(tmp, dest)
+            publish(tmp, dest)   # never clobbers a dest that appeared meanwhile
+            with contextlib.suppress(FileNotFoundError):  # linked, not renamed
+                os.unlink(tmp)
             tmp = None
     except BaseException:
         if tmp is not None:
@@ -871,13 +873,6 @@ def _check_copy(reader: FormatV1Reader, live: np.ndarray, path: str, progress) -
         if done != len(live) or n_keys + reader.orphan_keys != pairs:
             raise NdindexError(f"{path}: {n_keys} document keys copied of the source's {pairs}")
         progress("checking", len(live), len(live))
-
-
-def _link_new(tmp: str, dest: str) -> None:
-    """Give the finished file at tmp the name dest, which must not exist; tmp goes."""
-    publish(tmp, dest)   # never clobbers a dest that appeared meanwhile
-    with contextlib.suppress(FileNotFoundError):  # linked, not renamed
-        os.unlink(tmp)
 
 
 def _swap_in(built: str, src: str, backup_path: str, keep_backup: bool) -> None:
