@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import os
+import stat
 import sys
 import time
 from typing import TYPE_CHECKING, Sequence
@@ -218,15 +219,29 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None) -> tuple:
     return items, invalid
 
 
+#: Why a directory's entry that is not a regular file is skipped.
+NOT_REGULAR = "not a regular file (a pipe, socket or device)"
+
+
 def document_paths(paths):
+    """Yield (path, None) for each file to read: the paths given, and the files
+    under the directories among them, names sorted; (path, NOT_REGULAR) for a
+    directory's entry that is a pipe, socket or device, to report and skip:
+    opening a pipe waits for a writer that may never come.  A path given
+    itself is read whatever it is (a shell's <(...) is a pipe)."""
     for path in paths:
-        if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
-                dirs.sort()
-                for name in sorted(files):
-                    yield os.path.join(root, name)
-        else:
-            yield path
+        if not os.path.isdir(path):
+            yield path, None
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            for name in sorted(files):
+                full = os.path.join(root, name)
+                try:
+                    regular = stat.S_ISREG(os.stat(full).st_mode)
+                except OSError:
+                    regular = True      # reading it says why (a broken link)
+                yield full, None if regular else NOT_REGULAR
 
 
 def document_text(path: str) -> str:

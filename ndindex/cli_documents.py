@@ -162,11 +162,11 @@ def _document_files(paths, counts: dict):
     """Yield (key, text) of the files under paths; report and count the others."""
     from ndindex.records import MAX_DOC_KEY_BYTES
     from ndindex.textfile import NotText
-    for path in document_paths(paths):
+    for path, problem in document_paths(paths):
         key = _document_key(os.path.normpath(path))     # ./a.txt is a.txt
-        if _key_bytes(key) > MAX_DOC_KEY_BYTES:
+        if not problem and _key_bytes(key) > MAX_DOC_KEY_BYTES:
             problem = f"path of {_key_bytes(key)} bytes, above the {MAX_DOC_KEY_BYTES} of a key"
-        else:
+        if not problem:
             try:
                 yield key, document_text(path)
                 continue

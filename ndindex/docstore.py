@@ -127,6 +127,9 @@ class DocConfig:
 def check_batch(texts, keys, data) -> tuple[list, list, list | None]:
     """(texts, typed keys, data) of an add_documents call, checked."""
     if isinstance(texts, (str, bytes, bytearray, memoryview)):
+        if not isinstance(keys, (str, bytes)) and isinstance(keys, Sequence):
+            raise TypeError(f"one text takes one key, got a {type(keys).__name__} of keys: "
+                            "give a list of texts with a list of keys")
         texts, keys = [texts], [keys]
         if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data of one text is bytes or None, got {type(data).__name__}")

@@ -140,6 +140,35 @@ def test_add_docs_keys_files_by_path_and_skips_what_is_not_text(tmp_path, capsys
     assert [m["key"] for m in json.loads(out)["matches"]][:1] == [str(root / "sub" / "doc01.txt")]
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_add_docs_skips_pipes_found_in_a_directory_and_reads_one_given_itself(tmp_path, capsys):
+    root = tmp_path / "notes"
+    root.mkdir()
+    texts = corpus(3, 2)
+    (root / "a.txt").write_text(texts["doc00"])
+    os.mkfifo(root / "pipe.txt")                    # no writer: opening it would wait forever
+    ix = tmp_path / "d.ndx"
+    run(capsys, "create", ix, "--docs")
+    # In a child, so that a regression fails the test instead of hanging it.
+    done = subprocess.run([sys.executable, "-m", "ndindex", "add", str(ix), "--docs", str(root),
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and json.loads(done.stdout)["added"] == 1
+    assert done.stderr.splitlines() == [
+        f"ndindex: {root / 'pipe.txt'}: not a regular file (a pipe, socket or device), skipped"]
+    # A pipe named on the command line is read, as cat reads one.
+    r, w = os.pipe()
+    os.write(w, texts["doc01"].encode())
+    os.close(w)
+    try:
+        status, out, _ = run(capsys, "add", ix, "--docs", f"/dev/fd/{r}", "--json")
+    finally:
+        os.close(r)
+    assert status == 0 and json.loads(out)["added"] == 1
+    with ndindex.open(ix, readonly=True) as index:
+        assert sorted(key for key, _, _ in index.documents()) == [f"/dev/fd/{r}",
+                                                                    str(root / "a.txt")]
+
+
 def test_add_jsonl_reports_invalid_lines_and_adds_nothing(tmp_path, capsys, monkeypatch):
     ix = tmp_path / "d.ndx"
     run(capsys, "create", ix, "--docs")

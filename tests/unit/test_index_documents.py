@@ -224,6 +224,9 @@ def test_document_errors(tmp_path):
         # One text and one key also work, bytes keys too.
         assert ix.add_documents("one more text", b"raw") == 1
         assert ix.similar(key=b"raw") == []
+        # One text with a list of keys names the mix-up, not the key's type.
+        with pytest.raises(TypeError, match="one text takes one key, got a list of keys"):
+            ix.add_documents("one more text", ["k"])
 
 
 def test_data_of_one_text_is_bytes(tmp_path):
