@@ -150,7 +150,7 @@ def cmd_add_documents(args) -> int:
         print_json(dict(added=counts["added"], skipped=counts["skipped"], invalid=invalid,
                    fingerprints=total))
     else:
-        print(f"added {counts['added']:,} document{'s' if counts['added'] != 1 else ''} "
+        print(f"added {plural(counts['added'], 'document')} "
               f"({total:,} distinct fingerprints in the index)"
               + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else "")
               + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"

@@ -87,7 +87,7 @@ def cmd_add(args) -> int:
     if args.json:
         print_json(dict(added=added, skipped=0, invalid=invalid, fingerprints=total))
     else:
-        print(f"added {added:,} fingerprints ({total:,} distinct in the index)"
+        print(f"added {plural(added, 'fingerprint')} ({total:,} distinct in the index)"
               + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
                  if invalid else ""))
     return EXIT_OK
@@ -139,7 +139,7 @@ def cmd_remove(args) -> int:
     if args.json:
         print_json(dict(removed=removed, fingerprints=total))
     else:
-        print(f"removed {removed:,} fingerprints ({total:,} left)")
+        print(f"removed {plural(removed, 'fingerprint')} ({total:,} left)")
     return EXIT_OK
 
 
@@ -209,16 +209,16 @@ def _stats_lines(info: dict, per_table: bool) -> list[str]:
     prefixes = sorted({t["prefix_bits"] for t in tables})
     in_runs = sum(tables[0]["run_entries"]) if tables else 0
     table_bytes = sum(t["bytes"] for t in tables)
-    lines = [f"{info['path']}: {info['fingerprints']:,} fingerprints, k={info['k']}, "
+    lines = [f"{info['path']}: {plural(info['fingerprints'], 'fingerprint')}, k={info['k']}, "
              f"{info['file_bytes']:,} bytes"]
     summary = (f"  {plural(len(tables), 'table')} ({prefix_range(prefixes[0], prefixes[-1])}): "
-               f"{in_runs:,} fingerprints each in runs, {table_bytes:,} bytes")
+               f"{plural(in_runs, 'fingerprint')} each in runs, {table_bytes:,} bytes")
     if in_runs:
         bits = 8 * table_bytes / in_runs / len(tables)
         summary += (f", {bits:.2f} bits per fingerprint per table "
                     f"(bound {info['entropy_bound_bits']:.2f})")
     if info["log_entries"]:
-        summary += f"; {info['log_entries']:,} operations in the log, not yet compacted"
+        summary += f"; {plural(info['log_entries'], 'operation')} in the log, not yet compacted"
     lines.append(summary)
     if info.get("coding") == "delta":
         lines.append("  format 2, delta coding: `ndindex upgrade` adds restart tables "
@@ -276,9 +276,10 @@ def cmd_verify(args) -> int:
     if args.json:
         print_json(dict(ok=True, **report))
     else:
-        print(f"{args.index}: ok ({report['tables']} tables, {report['runs']} runs, "
-              f"{report['chunks']:,} chunks, {report['table_entries']:,} fingerprints in the "
-              f"runs, {report['log_entries']:,} operations in the log)"
+        print(f"{args.index}: ok ({plural(report['tables'], 'table')}, "
+              f"{plural(report['runs'], 'run')}, {plural(report['chunks'], 'chunk')}, "
+              f"{plural(report['table_entries'], 'fingerprint')} in the runs, "
+              f"{plural(report['log_entries'], 'operation')} in the log)"
               + ("; nothing to repair" if args.repair else ""))
     return EXIT_OK
 

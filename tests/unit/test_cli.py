@@ -42,7 +42,7 @@ def test_commands_print_a_relative_path_as_given(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert run(capsys, "create", "r.ndx")[1].startswith("created r.ndx: k=3")
     assert run(capsys, "add", "r.ndx", stdin="5\n", monkeypatch=monkeypatch)[0] == 0
-    assert run(capsys, "stats", "r.ndx")[1].startswith("r.ndx: 1 fingerprints, k=3")
+    assert run(capsys, "stats", "r.ndx")[1].startswith("r.ndx: 1 fingerprint, k=3")
     assert run(capsys, "verify", "r.ndx")[1].startswith("r.ndx: ok (")
     status, out, _ = run(capsys, "stats", "r.ndx", "--json")
     assert status == 0 and json.loads(out)["path"] == str(tmp_path / "r.ndx")
@@ -127,7 +127,7 @@ def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
     assert status == 0 and doc["fingerprints"] == 1 and doc["k"] == 4 and doc["log_entries"] == 0
     assert doc["tables"][0]["entries"] == 1
     status, out, _ = run(capsys, "stats", ix)
-    assert status == 0 and out.startswith(f"{ix}: 1 fingerprints, k=4")
+    assert status == 0 and out.startswith(f"{ix}: 1 fingerprint, k=4")
     status, out, _ = run(capsys, "verify", ix, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["ok"] is True and doc["table_entries"] == 1
@@ -223,7 +223,7 @@ def test_add_skip_invalid_adds_the_rest_and_counts_it(ix, capsys, monkeypatch):
     run(capsys, "add", ix, "--skip-invalid", stdin="4\nx\n", monkeypatch=monkeypatch)
     status, out, _ = run(capsys, "add", ix, "--skip-invalid", stdin="5\nx\n",
                          monkeypatch=monkeypatch)
-    assert out == "added 1 fingerprints (4 distinct in the index); skipped 1 invalid line\n"
+    assert out == "added 1 fingerprint (4 distinct in the index); skipped 1 invalid line\n"
 
 
 @pytest.mark.parametrize("raised, shown", [
