@@ -163,7 +163,7 @@ def _tasks(stored, chunk_size: int, opened: dict) -> list[tuple]:
             opened[os.path.abspath(src.path)] = src
             src = src.path
         if isinstance(src, (str, os.PathLike)):
-            path = os.path.abspath(os.fspath(src))
+            path = os.path.abspath(os.fsdecode(src))
             if fpfile.is_fpfile(path):
                 with fpfile.FingerprintReader(path) as r:
                     if r.kind != fpfile.KIND_FINGERPRINTS:
@@ -356,7 +356,7 @@ def join_to_files(queries, stored, k: int, out_dir, *, self_join: bool = False, 
     """
     plan = options.pop("plan", None)
     chunk_size = _check_chunk_size(options.pop("chunk_size", DEFAULT_CHUNK_SIZE))
-    out_dir = os.path.abspath(os.fspath(out_dir))
+    out_dir = os.path.abspath(os.fsdecode(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     tables = QueryTables(_query_values(queries), k, plan)
     if self_join and not isinstance(stored, (str, os.PathLike, Index)):

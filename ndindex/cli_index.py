@@ -11,7 +11,7 @@ import os
 import sys
 
 # cli_common first: it readies numpy's import.
-from ndindex.cli_common import (EXIT_ERROR, EXIT_NONE, EXIT_OK, FileError, Progress,
+from ndindex.cli_common import (EXIT_ERROR, EXIT_NONE, EXIT_OK, FileError, Progress, dedup_module,
                                 document_text, error_line, fingerprinter_of, hex_fp, key_json,
                                 key_text, open_index, parse_fingerprint, plural, prefix_range,
                                 print_json, read_lines, textfile_module, upgrade_module)
@@ -154,8 +154,8 @@ def cmd_compact(args) -> int:
         print_json(report)
     else:
         runs = report["runs"]
-        print(f"compacted: {report['steps']:,} steps, {max(runs) if runs else 0} run(s) per "
-              f"table, {report['file_bytes']:,} bytes"
+        print(f"compacted: {plural(report['steps'], 'step')}, "
+              f"{plural(max(runs) if runs else 0, 'run')} per table, {report['file_bytes']:,} bytes"
               + (" (free space given back)" if report.get("vacuumed") else
                  " (another process has the index open: its free space stays until "
                  "`ndindex vacuum`)" if args.full else "")
@@ -349,8 +349,10 @@ def cmd_export(args) -> int:
             sys.stdout.buffer.flush()
         else:
             counts = _export_to_file(ix, args.output, export_index)
-    print(f"exported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys to "
-          f"{'stdout' if args.output == '-' else args.output}", file=sys.stderr)
+    print(f"exported {plural(counts['fingerprints'], 'fingerprint')} and "
+          f"{plural(counts['keys'], 'key')} to "
+          f"{'stdout' if args.output == '-' else dedup_module.display_path(args.output)}",
+          file=sys.stderr)
     return EXIT_OK
 
 
@@ -378,8 +380,8 @@ def cmd_import(args) -> int:
     if args.json:
         print_json(dict(index=args.index, **counts))
     else:
-        print(f"imported {counts['fingerprints']:,} fingerprints and {counts['keys']:,} keys "
-              f"into {args.index}")
+        print(f"imported {plural(counts['fingerprints'], 'fingerprint')} and "
+              f"{plural(counts['keys'], 'key')} into {args.index}")
     return EXIT_OK
 
 

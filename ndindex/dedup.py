@@ -739,7 +739,7 @@ def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float
         raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
     opts = Options(follow_symlinks, int(min_size), int(max_size), bool(include_binary),
                     bool(decompress))
-    index_path = os.fspath(index) if index is not None else default_index_path(roots)
+    index_path = os.fsdecode(index) if index is not None else default_index_path(roots)
     os.makedirs(os.path.dirname(os.path.abspath(index_path)) or ".", exist_ok=True)
     result = DedupResult(clusters=[], index_path=index_path)
     db = _DedupIndex.open(index_path, base, k, threshold, result.notes)

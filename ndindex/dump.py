@@ -233,7 +233,7 @@ def import_index(raw: BinaryIO, path, name: str = "dump") -> dict:
     FormatError (not a dump, newer version), CorruptionError (truncated
     or damaged).
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     r, head = read_header(raw, name)
     if os.path.lexists(path):
         raise FileExistsError(errno.EEXIST, "already exists", path)

@@ -110,7 +110,7 @@ class FingerprintWriter:
             raise ValueError("only fingerprint files carry keys")
         if not 1 <= chunk_size <= MAX_CHUNK_COUNT:
             raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK_COUNT}, got {chunk_size}")
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         if os.path.exists(self.path):
             raise FileExistsError(f"{self.path}: already exists")
         self.kind, self.keys, self.chunk_size = kind, bool(keys), int(chunk_size)
@@ -259,7 +259,7 @@ class FingerprintReader:
     """
 
     def __init__(self, path):
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         self._file = open(self.path, "rb")
         try:
             self._read_header()

@@ -938,7 +938,7 @@ def _absolute(path) -> str:
     every name of the file shares one LMDB lock file (LMDB names it after
     the path: opened by two names, two processes' commits went unserialised)
     and a vacuum renames its copy over the file, not over the link."""
-    return os.path.realpath(os.fspath(path))
+    return os.path.realpath(os.fsdecode(path))     # a str, as the file system's bytes decode
 
 
 def open(path, *, readonly: bool = False, **kwargs) -> Index:  # noqa: A001 - mirrors sqlite3/lmdb

@@ -161,7 +161,7 @@ class MaintenanceMethods:
         checkpointed first (inside a transaction, the copy holds what was
         committed before it).  Raises FileExistsError if dest exists.
         """
-        dest = os.fspath(dest)
+        dest = os.fsdecode(dest)
         if os.path.lexists(dest):
             raise FileExistsError(f"{dest}: already exists")
         if self._writer is not None:

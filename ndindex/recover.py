@@ -474,7 +474,7 @@ def salvage(path) -> Salvage:
     reported in the result).  Cost: one pass over the file's pages and a decode of
     the runs it needs.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "is a directory, not an index file", path)
     image = FileImage(path)
@@ -864,7 +864,7 @@ def recover(source, output, *, progress=None) -> dict:
     Raises FileExistsError if output exists, FileNotFoundError if source
     does not; CapacityError/ReadOnlyError if output cannot be written.
     """
-    source, output = os.fspath(source), os.fspath(output)
+    source, output = os.fsdecode(source), os.fsdecode(output)
     if os.path.lexists(output):
         raise FileExistsError(errno.EEXIST, "already exists", output)
     if not os.path.exists(source):

@@ -418,7 +418,7 @@ class Store:
         (cannot write where asked to), CapacityError (no room for the lock
         file).
         """
-        path = os.fspath(path)
+        path = os.fsdecode(path)
         size = os.path.getsize(path)
         if size < 8192 or not _looks_like_lmdb(path):
             raise FormatError(f"{path}: not an ndindex file ({size} bytes, no LMDB meta page)")
@@ -441,7 +441,9 @@ class Store:
             fm.close()
         lock = prepare_lock_file(path, readonly)
         try:
-            env = lmdb.open(path, subdir=False, readonly=readonly, lock=lock,
+            # As bytes: py-lmdb encodes a str path as strict UTF-8, which a
+            # name in another encoding (os.fsdecode's surrogates) fails.
+            env = lmdb.open(os.fsencode(path), subdir=False, readonly=readonly, lock=lock,
                             max_dbs=len(rec.ALL_DBS) + 1, map_size=INITIAL_MAP_SIZE_BYTES,
                             metasync=False, readahead=False, meminit=False,
                             max_readers=MAX_READERS)
@@ -479,7 +481,7 @@ class Store:
         FileExistsError if path exists, ReadOnlyError or CapacityError if
         the directory cannot take it.
         """
-        path = os.fspath(path)
+        path = os.fsdecode(path)
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path)
         tmp = build_path(path, "creating")
@@ -487,8 +489,8 @@ class Store:
         try:
             build = claim_build(tmp, path)
             os.ftruncate(build, 0)  # a killed creator's leftover, if any
-            env = lmdb.open(tmp, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, map_size=1 << 26,
-                            lock=False, meminit=False)
+            env = lmdb.open(os.fsencode(tmp), subdir=False, max_dbs=len(rec.ALL_DBS) + 1,
+                            map_size=1 << 26, lock=False, meminit=False)
             try:
                 dbs = {}
                 # Two commits, each writing the state record with its own
@@ -738,7 +740,7 @@ class Store:
         new name, or to fd, open on dest and empty."""
         try:
             if fd is None:
-                self.env.copy(dest, compact=True)
+                self.env.copy(os.fsencode(dest), compact=True)
             else:
                 self.env.copyfd(fd, compact=True)
         except lmdb.Error as exc:
@@ -921,7 +923,7 @@ def restamp_commits(path: str) -> None:
     pages; then the file is synced.
     """
     try:
-        env = lmdb.open(path, subdir=False, max_dbs=len(rec.ALL_DBS) + 1, lock=False,
+        env = lmdb.open(os.fsencode(path), subdir=False, max_dbs=len(rec.ALL_DBS) + 1, lock=False,
                         map_size=INITIAL_MAP_SIZE_BYTES, meminit=False)
     except lmdb.Error as exc:
         raise translate_error(exc, path) from exc

@@ -145,7 +145,7 @@ class FormatV1Reader:
         Raises FileNotFoundError, IsADirectoryError, FormatError (not a
         format-1 ndindex file, or a read version above 1), CorruptionError.
         """
-        self.path = os.fspath(path)
+        self.path = os.fsdecode(path)
         self._env = None
         self._txn = None
         names, self._checked_txnid = _check_pages(self.path)
@@ -571,13 +571,13 @@ def _open_env(path: str, lock: bool | None) -> lmdb.Environment:
                   meminit=False, map_size=max(os.path.getsize(path), 1 << 20))
     try:
         try:
-            return lmdb.open(path, lock=lock is not False, **kwargs)
+            return lmdb.open(os.fsencode(path), lock=lock is not False, **kwargs)
         except lmdb.Error as exc:
             if lock is not None or not _is_permission_error(exc):
                 raise
             # A read-only directory cannot hold the lock file; nothing can
             # write there either, so reading without it is safe.
-            return lmdb.open(path, lock=False, **kwargs)
+            return lmdb.open(os.fsencode(path), lock=False, **kwargs)
     except lmdb.Error as exc:
         raise translate_error(exc, path) from exc
 
@@ -597,7 +597,7 @@ def file_format(path) -> int:
     Raises FileNotFoundError, IsADirectoryError, FormatError (not an
     ndindex file), CorruptionError.  Cost: O(1) in the index's size.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)
     names, _ = _check_pages(path, trees=False)
     if V2_ONLY_DB in names:
         Index.open(path, readonly=True).close()
@@ -657,12 +657,12 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     source, one build of the new index with a full compaction, one read
     of the new index.
     """
-    src = os.fspath(src)
+    src = os.fsdecode(src)
     t0 = time.perf_counter()
     if file_format(src) == 2:
-        return _newer_blocks(src, None if dest is None else os.fspath(dest), progress, t0)
+        return _newer_blocks(src, None if dest is None else os.fsdecode(dest), progress, t0)
     if dest is not None:
-        dest = os.fspath(dest)
+        dest = os.fsdecode(dest)
         if os.path.lexists(dest):
             raise FileExistsError(errno.EEXIST, "already exists", dest)
         with FormatV1Reader(src) as reader:

@@ -14,6 +14,7 @@ read the file and checks ndindex's records.)
 from __future__ import annotations
 
 import argparse
+import os
 import struct
 import sys
 
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("file")
     ap.add_argument("--blocks", type=int, default=1, help="blocks per run to decode and print")
     args = ap.parse_args(argv)
-    env = lmdb.open(args.file, subdir=False, readonly=True, lock=False, max_dbs=8)
+    env = lmdb.open(os.fsencode(args.file), subdir=False, readonly=True, lock=False, max_dbs=8)
     try:
         dbs = {n: env.open_db(n.encode(), create=False) for n in ("meta", "log", "chunks")}
     except lmdb.NotFoundError:

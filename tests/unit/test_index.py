@@ -633,6 +633,41 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
         assert len(copy) == len(np.unique(fps)) + 2000
 
 
+def test_an_index_named_in_another_encoding_than_utf8_works_end_to_end(tmp_path):
+    """A Latin-1 name (an old archive's, a USB disk's) is bytes that are not
+    UTF-8; Python names it with surrogates, which py-lmdb's strict UTF-8
+    encoding of a str path refused (UnicodeEncodeError at create)."""
+    name = os.fsdecode(b"caf\xe9")
+    try:
+        (tmp_path / name).write_bytes(b"")
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    path = tmp_path / f"{name}.ndx"
+    fps = np.random.default_rng(5).integers(0, 2**64, 3000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=3000) as ix:
+        ix.add(fps[:2000], keys=[f"k{i}" for i in range(2000)])
+        ix.compact()
+        ix.add(fps[2000:])
+        ix.compact(full=True)
+        ix.vacuum_into(tmp_path / f"{name}-copy.ndx")
+    for p in (path, tmp_path / f"{name}-copy.ndx"):
+        with Index.open(p, readonly=True) as ix:
+            assert len(ix) == 3000 and ix.verify()["table_entries"] == 3000
+            assert [m.fingerprint for m in ix.query(int(fps[7]), k=0)] == [int(fps[7])]
+    dump = tmp_path / f"{name}.dump"
+    cli = [sys.executable, "-m", "ndindex"]
+    for argv in (["export", path, "-o", dump], ["import", dump, tmp_path / f"{name}-2.ndx"],
+                 ["recover", path, "-o", tmp_path / f"{name}-3.ndx"],
+                 ["verify", tmp_path / f"{name}-3.ndx"]):
+        done = subprocess.run(cli + [os.fsencode(a) for a in argv], capture_output=True)
+        assert done.returncode == 0, done.stderr
+    with Index.open(tmp_path / f"{name}-2.ndx", readonly=True) as ix:
+        assert len(ix) == 3000
+    # The name as bytes, as os.listdir(bytes) gives it, opens the same file.
+    with Index.open(os.fsencode(path), readonly=True) as ix:
+        assert len(ix) == 3000 and ix.path == str(path)
+
+
 @pytest.mark.parametrize("durability", ["full", "normal"])
 def test_an_index_opened_by_a_relative_path_survives_a_change_of_directory(
         tmp_path, monkeypatch, durability):

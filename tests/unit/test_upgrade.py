@@ -136,6 +136,17 @@ def test_upgrade_in_place_keeps_the_original_as_backup(v1, tmp_path):
     assert files(tmp_path) == ["v1.ndx", "v1.ndx.v1"]
 
 
+def test_a_file_named_in_another_encoding_than_utf8_upgrades(tmp_path):
+    name = str(tmp_path / os.fsdecode(b"caf\xe9.ndx"))      # Latin-1, not UTF-8
+    try:
+        shutil.copyfile(FIXTURE, name)
+    except (OSError, UnicodeError):
+        pytest.skip("this file system takes only UTF-8 names")
+    report = upgrade(name)
+    assert report["output"] == name and file_format(name) == 2
+    assert_holds_fixture_data(name)
+
+
 def test_upgrade_in_place_without_backup_deletes_the_original(v1, tmp_path):
     report = upgrade(v1, backup=False)
     assert report["backup"] is None
