@@ -741,7 +741,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
 
         Parameters: fingerprints, a 1-D uint64 array or an iterable of ints
         (or one int); keys, None or one str/bytes key per fingerprint (None
-        entries allowed).  Equal fingerprints share one entry and keep all
+        entries allowed; one int takes one key).  Equal fingerprints share one entry and keep all
         their keys; adding a removed fingerprint brings it back.  Returns
         the number of fingerprints given.  Durable when it returns with
         durability="full" outside a transaction; see :meth:`open` and
@@ -752,6 +752,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         """
         self._check_writable()
         fps = validate.fingerprints(fingerprints)
+        if isinstance(keys, (str, bytes)) and isinstance(fingerprints, (int, np.integer)):
+            keys = [keys]                                   # ix.add(fp, keys="url")
         pairs = validate.doc_pairs(fps, keys)
         if not len(fps):
             return 0

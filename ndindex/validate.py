@@ -81,7 +81,8 @@ def doc_pairs(fps: np.ndarray, keys) -> list:
     if keys is None:
         return []
     if isinstance(keys, (str, bytes)):
-        raise TypeError("keys must be a sequence with one key per fingerprint, not a single str/bytes")
+        raise TypeError("keys must be a sequence with one key per fingerprint, not a single "
+                        "str/bytes (one int fingerprint takes one key)")
     keys = list(keys)
     if len(keys) != len(fps):
         raise ValueError(f"got {len(keys)} keys for {len(fps)} fingerprints")

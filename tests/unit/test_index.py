@@ -446,6 +446,19 @@ def test_remove_one_of_two_keys_keeps_fingerprint(path):
         assert 5 not in ix
 
 
+def test_one_fingerprint_takes_one_key_and_many_take_a_sequence(path):
+    with Index.create(path, k=1, expected_n=100) as ix:
+        assert ix.add(5, keys="https://example.org/") == 1
+        assert ix.add(np.uint64(6), keys=b"raw") == 1
+        assert ix.keys(5) == ("https://example.org/",) and ix.keys(6) == (b"raw",)
+        # A str for many fingerprints would be one key a character: refused.
+        with pytest.raises(TypeError, match="one key per fingerprint"):
+            ix.add([7, 8], keys="ab")
+        with pytest.raises(TypeError, match="one key per fingerprint"):
+            ix.add([7], keys="a")
+        assert 7 not in ix and len(ix) == 2
+
+
 def test_remove_unknown_fingerprints_counts_nothing(path):
     with Index.create(path, k=1, expected_n=100, background_compaction=False) as ix:
         ix.add([1, 2])
