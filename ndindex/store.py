@@ -343,7 +343,7 @@ def prepare_lock_file(path: str, readonly: bool) -> bool:
     except OSError as exc:
         if readonly and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return os.path.exists(lock) and os.access(lock, os.R_OK | os.W_OK)
-        raise translate_error(exc, path) from exc
+        raise translate_error(exc, lock) from exc       # the lock file's problem
     try:
         size = os.fstat(fd).st_size
         if size < LOCK_FILE_BYTES:
@@ -351,7 +351,7 @@ def prepare_lock_file(path: str, readonly: bool) -> bool:
                 os.pwrite(fd, bytes(LOCK_FILE_BYTES - size), size)
                 os.fsync(fd)
             except OSError as exc:
-                raise translate_error(exc, path) from exc
+                raise translate_error(exc, lock) from exc
     finally:
         os.close(fd)
     return True

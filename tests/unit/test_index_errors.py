@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -602,6 +603,16 @@ def test_full_disk_for_the_lock_file_raises_capacity_error(path, monkeypatch):
         Index.create(os.path.join(os.path.dirname(path), "new.ndx"))
     assert not os.path.exists(os.path.join(os.path.dirname(path), "new.ndx"))
     monkeypatch.setattr(st.os, "pwrite", real)
+    assert_file_intact(path)
+
+
+def test_a_lock_file_that_cannot_be_opened_is_named_in_the_error(path):
+    os.unlink(path + "-lock")
+    os.mkdir(path + "-lock")                # a directory where LMDB's lock file goes
+    for readonly in (True, False):
+        with pytest.raises(NdindexError, match=re.escape(f"{path}-lock: Is a directory")):
+            Index.open(path, readonly=readonly)
+    os.rmdir(path + "-lock")
     assert_file_intact(path)
 
 
