@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import math
 import os
 import pickle
@@ -164,6 +165,8 @@ def _tasks(stored, chunk_size: int, opened: dict) -> list[tuple]:
             src = src.path
         if isinstance(src, (str, os.PathLike)):
             path = os.path.abspath(os.fsdecode(src))
+            if not os.path.exists(path):
+                raise FileNotFoundError(errno.ENOENT, "no such index or fingerprint file", path)
             if fpfile.is_fpfile(path):
                 with fpfile.FingerprintReader(path) as r:
                     if r.kind != fpfile.KIND_FINGERPRINTS:
@@ -171,10 +174,10 @@ def _tasks(stored, chunk_size: int, opened: dict) -> list[tuple]:
                     tasks += [("fpfile", path, i) for i in range(r.n_chunks)]
             else:
                 if path in opened:
-                    n = len(opened[path])
+                    n = opened[path]._size_bound()
                 else:
                     with Index.open(path, readonly=True) as ix:
-                        n = len(ix)
+                        n = ix._size_bound()
                 parts = max(1, -(-n // chunk_size))
                 tasks += [("index", path, p, parts, chunk_size) for p in range(parts)]
         else:

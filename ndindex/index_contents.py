@@ -71,6 +71,14 @@ class ContentMethods:
         if taken < len(new):
             yield new[taken:]
 
+    def _size_bound(self) -> int:
+        """At least len(self), from the runs' entry counts and the log, O(runs):
+        enough to size work split by value ranges (batch's tasks).  len()
+        reads table 0 whole on a file of several runs, seconds at 30M."""
+        snap, new, _ = self._pending_view()
+        return sum(r.entries for r in snap.table_runs[0] if r.chunks) + len(snap.log.adds) + \
+            len(new)
+
     def iter_chunks(self, chunk_size: int = 1 << 20, *, part: int = 0, parts: int = 1):
         """Yield the live fingerprints as sorted uint64 arrays of about chunk_size each.
 

@@ -84,6 +84,12 @@ def test_k_beyond_planner_raises(data):
         batch.QueryTables(queries, plans.MAX_PLANNER_K + 1)
 
 
+def test_a_missing_source_is_named(tmp_path, data):
+    queries, _ = data
+    with pytest.raises(FileNotFoundError, match="no such index or fingerprint file"):
+        list(batch.join(queries, str(tmp_path / "gone.ndfp"), 3, workers=1))
+
+
 def test_empty_inputs():
     got = list(batch.join(np.empty(0, np.uint64), np.arange(10, dtype=np.uint64), 3, workers=1))
     assert sum(len(b) for b in got) == 0
@@ -108,6 +114,29 @@ def test_index_and_fpfile_sources_match_array(tmp_path, data):
     # By path, after closing: opened and closed inside the call.
     assert as_set(batch.join(str(tmp_path / "a.ndfp"), str(tmp_path / "f.ndx"), 3, workers=1)) == \
         brute_pairs(stored[:half], live, 3)
+
+
+def test_an_index_of_several_runs_is_split_by_a_bound_read_without_counting(
+        tmp_path, data, monkeypatch, level0_flushes):
+    """Tasks are sized by Index._size_bound, which reads run headers and the
+    log: len() reads table 0 whole on a file of several runs."""
+    queries, stored = data
+    with ndindex.Index.create(tmp_path / "f.ndx", k=3, expected_n=len(stored),
+                              background_compaction=False) as ix:
+        for part in np.array_split(stored, 4):     # a run each
+            ix.add(part)
+            ix._compactor.step(force_flush=True)
+        ix.add(stored[:40])                         # again, in the log: counted twice by the bound
+        ix.remove(stored[100:110])
+        with ix.transaction():
+            ix.add(np.array([1, 2, 3], dtype=np.uint64))
+            assert ix._size_bound() >= len(ix)
+        assert len(ix.stats()["tables"][0]["run_entries"]) > 1
+        bound, live = ix._size_bound(), ix.fingerprints()
+        assert len(live) <= bound <= len(live) + 60
+        monkeypatch.setattr(type(ix), "__len__", lambda self: pytest.fail("len() was asked"))
+        assert as_set(batch.join(queries, ix, 3, workers=1, chunk_size=300)) == \
+            brute_pairs(queries, live, 3)
 
 
 def test_self_join_of_an_index(tmp_path, data):
