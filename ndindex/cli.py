@@ -128,7 +128,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     "document pipeline's threshold (the lowest `similar`, `pairs` and `clusters` "
                     "accept) and sketch size.",
                     ["ndindex create pages.ndx -k 3 -n 10M", "ndindex create docs.ndx --docs",
-                     "ndindex create strict.ndx --docs --threshold 0.9 --bottom-k 256"],
+                     "ndindex create strict.ndx --docs --threshold 0.9 --bottom-k 256",
+                     "ndindex create wide.ndx -k 10 --psm"],
                     cli_documents.cmd_create)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("-k", type=int, default=3, metavar="K", help="largest query distance (default 3)")
@@ -139,6 +140,10 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="block coding (default delta+restarts; delta or xor make a file that "
                         "ndindex before format 3 can open too; the default makes a format-5 "
                         "file)")
+    p.add_argument("--psm", action="store_true",
+                   help="probabilistic simhash matching: one table, probed at the most likely "
+                        "flip sets of its prefix (far smaller and faster at large k; may miss "
+                        "a near-duplicate; docs/psm.md)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
     p.add_argument("--docs", action="store_true",

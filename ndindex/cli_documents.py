@@ -101,6 +101,7 @@ def cmd_create(args) -> int:
                                                ("bottom_k", args.bottom_k)) if value is not None}
     fpr = None if args.no_fingerprinter else Fingerprinter(**options)
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
+                      plan="psm" if args.psm else None,
                       coding={name: c for c, name in CODING_NAMES.items()}[args.coding]) as ix:
         prefixes = [t.prefix_bits for t in ix.plan.tables]
         info = dict(path=args.index, k=ix.k, expected_n=args.n, tables=len(prefixes),

@@ -79,3 +79,17 @@ def test_stats_names_a_probabilistic_plan(tmp_path, capsys):
     path = str(tmp_path / "t.ndx")
     make_index(path, None)
     assert "probabilistic" not in run(capsys, "stats", path)[1]
+
+
+def test_create_psm_makes_the_plan_that_index_create_does(tmp_path, capsys):
+    path = str(tmp_path / "wide.ndx")
+    status, out, _ = run(capsys, "create", path, "-k", "10", "-n", "10000", "--psm")
+    assert status == 0 and "1 table (prefix of" in out and "probabilistic" in out
+    with ndindex.Index.create(str(tmp_path / "api.ndx"), k=10, expected_n=10_000,
+                              plan="psm") as ix:
+        want = ix.plan
+    with ndindex.open(path) as ix:
+        assert ix.plan == want and ix.plan.probabilistic
+        ix.add(Fingerprinter().simhash_many(TEXTS), keys=[f"doc{i}" for i in range(len(TEXTS))])
+    status, out, _ = run(capsys, "query", path, "--text", TEXTS[2], "--json")
+    assert status == 0 and "doc2" in [k for m in json.loads(out)["matches"] for k in m["keys"]]
