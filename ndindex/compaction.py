@@ -219,6 +219,21 @@ class Compactor:
         if pool is not None:
             pool.shutdown(wait=True)
 
+    def _map(self, fn, jobs: list) -> list:
+        """[fn(job) for job in jobs], on the merge threads when there are
+        several jobs and a pool; on this thread once the pool refuses work.
+        At interpreter exit, concurrent.futures shuts every pool down before
+        it joins the program's threads (which may still write), and this
+        thread's steps then failed, logged, until the exit."""
+        pool, futures = self._pool, []
+        if pool is not None and len(jobs) > 1:
+            try:
+                for job in jobs:
+                    futures.append(pool.submit(fn, job))
+            except RuntimeError:        # "cannot schedule new futures after shutdown"
+                pass
+        return [f.result() for f in futures] + [fn(job) for job in jobs[len(futures):]]
+
     def _loop(self) -> None:
         # Owed work waits for the first write or IDLE_WAIT_SECONDS: an index
         # opened for a few queries answers them without a merge beside them
@@ -391,10 +406,7 @@ class Compactor:
             jobs.append((step, space, output, inputs))
         if not jobs:
             return False
-        if len(jobs) > 1 and self._pool is not None:
-            results = list(self._pool.map(lambda j: j[0](snap, man, *j[1:]), jobs))
-        else:
-            results = [j[0](snap, man, *j[1:]) for j in jobs]
+        results = self._map(lambda j: j[0](snap, man, *j[1:]), jobs)
         puts, deletes, held = [], [], []
         for (p, d, gone, *wrote) in results:
             puts += p
@@ -556,9 +568,7 @@ class Compactor:
         # table order.
         jobs = [(t, design, *levels.flush_target(man, t, level, ix.log_limit), man.new_run_id())
                 for t, design in enumerate(ix.plan.tables)] if len(adds) else []
-        pool = self._pool if len(jobs) > 1 else None
-        built = list(pool.map(table_run, jobs)) if pool is not None else \
-            [table_run(job) for job in jobs]
+        built = self._map(table_run, jobs)
         held = [(rid, values, True, b"", None)
                 for (_, _, _, _, rid), (*_, values) in zip(jobs, built) if kind == KIND_RAW]
         for (t, _, run_level, into, rid), (pairs, n, first, last, code, _) in zip(jobs, built):

@@ -22,7 +22,9 @@ is done by:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
 import threading
 import weakref
@@ -120,6 +122,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
             self._writer = Writer(self, durability)
             self._compactor = compaction.Compactor(self, background_compaction)
         self._finalizer = weakref.finalize(self, _close_quietly, self._writer, self._compactor)
+        if self._writer is not None:
+            _close_at_exit(self)
         REAPER.watch(self)
 
     # -- opening and closing ----------------------------------------------
@@ -897,6 +901,32 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
 def _check_durability(durability) -> None:
     if durability not in (st.DURABILITY_FULL, st.DURABILITY_NORMAL):
         raise ValueError(f"durability must be 'full' or 'normal', got {durability!r}")
+
+
+#: Writers open in this process, weakly held: closed as it exits.
+_OPEN_WRITERS: "weakref.WeakSet[Index]" = weakref.WeakSet()
+_exit_hook: list = []
+
+
+def _close_at_exit(ix: Index) -> None:
+    _OPEN_WRITERS.add(ix)
+    if not _exit_hook:
+        _exit_hook.append(atexit.register(_close_open_writers))
+
+
+def _close_open_writers() -> None:
+    """Close the writers a program left open, as Python flushes the files it
+    left open: at exit, once its threads have ended (atexit).  A
+    normal-durability journal is checkpointed into the file, where other
+    processes read (they read no journal: only a writer's next open replays
+    it, so a reader saw none of what the program wrote), and the compaction
+    thread stops between steps."""
+    for ix in list(_OPEN_WRITERS):
+        try:
+            ix.close()
+        except Exception as exc:  # noqa: BLE001 - at exit, say it and go on with the others
+            logging.getLogger("ndindex").warning("%s: closing at exit failed (%s: %s)",
+                                                 ix.path, type(exc).__name__, exc)
 
 
 def _close_quietly(writer, compactor) -> None:

@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from unittest import mock
 
@@ -644,6 +645,46 @@ def test_vacuum_into_drops_free_pages(path, tmp_path):
     with Index.open(dest) as copy:
         copy.verify()
         assert len(copy) == len(np.unique(fps)) + 2000
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_a_program_that_exits_without_closing_its_writer_leaves_what_it_wrote_readable(
+        tmp_path, durability):
+    """Closed at exit, as Python flushes the files a program left open: a
+    normal-durability journal not yet checkpointed was read by no other
+    process (readers read no journal) until a writer opened the file again."""
+    path = tmp_path / "left.ndx"
+    code = textwrap.dedent(f"""
+        import numpy as np, ndindex
+        ix = ndindex.Index.create({str(path)!r}, durability={durability!r}, log_limit=500)
+        rng = np.random.default_rng(3)
+        for _ in range(20):
+            ix.add(rng.integers(0, 2**64, 1000, dtype=np.uint64))
+        print("exiting", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout == "exiting\n"
+    assert done.stderr == ""        # no compaction step failing as the merge pool shut down
+    assert sorted(os.listdir(tmp_path)) == ["left.ndx", "left.ndx-lock"]    # no journal left
+    with Index.open(path, readonly=True) as ix:
+        assert len(ix) == 20000
+
+
+def test_compaction_builds_on_its_own_thread_once_the_merge_pool_refuses_work(path):
+    """At interpreter exit concurrent.futures shuts the merge pool down before
+    the program's threads end; their writes go on, and so must compaction."""
+    fps = np.random.default_rng(9).integers(0, 2**64, 6000, dtype=np.uint64)
+    with Index.create(path, k=3, expected_n=6000, background_compaction=False) as ix:
+        ix.add(fps[:3000])
+        ix.compact()
+        if ix._compactor._pool is None:
+            pytest.skip("one core: compaction has no merge pool")
+        ix._compactor._pool.shutdown(wait=True)
+        ix.add(fps[3000:])
+        ix.compact()
+        assert ix.stats()["compaction_error"] is None
+        assert len(ix) == 6000 and ix.verify()["table_entries"] == 6000
+        check_queries(ix, fps, fps[::500] ^ np.uint64(5), 3)
 
 
 def test_an_index_named_in_another_encoding_than_utf8_works_end_to_end(tmp_path):
