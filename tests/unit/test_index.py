@@ -554,6 +554,11 @@ def test_check_and_add(path):
         found = ix.check_and_add(0b0111, key="second")
         assert [(m.fingerprint, m.distance, m.keys) for m in found] == [(0b1111, 1, ("first",))]
         assert 0b0111 not in ix
+        # keys=False leaves the keys out, in and out of a transaction, as query does.
+        assert ix.check_and_add(0b0011, keys=False) == [Match(0b1111, 2, ())]
+        with ix.transaction():
+            assert ix.check_and_add(0b0011, keys=False) == [Match(0b1111, 2, ())]
+            assert ix.check_and_add(0b0011) == [Match(0b1111, 2, ("first",))]
 
 
 def test_k_above_index_maximum_is_an_error(path):
