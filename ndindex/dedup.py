@@ -737,6 +737,8 @@ def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     if max_candidates < 1:
         raise ValueError(f"max_candidates must be at least 1, got {max_candidates}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a positive int, or None for one per CPU, got {jobs!r}")
     opts = Options(follow_symlinks, int(min_size), int(max_size), bool(include_binary),
                     bool(decompress))
     index_path = os.fsdecode(index) if index is not None else default_index_path(roots)

@@ -323,6 +323,11 @@ def test_cli_dedup_errors_are_one_line(tmp_path, capsys):
                    "`ndindex dedup` did not make); use another --index\n")
     with ndindex.open(tmp_path / "docs.ndx", readonly=True) as index:    # left as it was
         assert len(index) == 0
+    for jobs in ("0", "-3"):      # not silently one worker
+        assert main(["dedup", str(tmp_path / "t"), "--index", str(tmp_path / "j.ndx"), "-q",
+                     "--jobs", jobs]) == 2
+        assert capsys.readouterr().err == ("ndindex: error: jobs must be a positive int, or "
+                                           f"None for one per CPU, got {jobs}\n")
 
 
 def test_index_of_another_fingerprinter_is_rebuilt(tree, tmp_path, monkeypatch):
