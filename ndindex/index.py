@@ -908,6 +908,8 @@ def _check_durability(durability) -> None:
 
 #: Writers open in this process, weakly held: closed as it exits.
 _OPEN_WRITERS: "weakref.WeakSet[Index]" = weakref.WeakSet()
+#: How long the exit waits for a daemon thread to let go of a writer.
+EXIT_LOCK_SECONDS = 1.0
 _exit_hook: list = []
 
 
@@ -923,13 +925,20 @@ def _close_open_writers() -> None:
     normal-durability journal is checkpointed into the file, where other
     processes read (they read no journal: only a writer's next open replays
     it, so a reader saw none of what the program wrote), and the compaction
-    thread stops between steps."""
+    thread stops between steps.  A writer whose lock a daemon thread still
+    holds (inside a transaction, say) is left as a killed process leaves it,
+    after EXIT_LOCK_SECONDS: waiting for it could hang the exit."""
     for ix in list(_OPEN_WRITERS):
+        lock = ix._writer.lock if ix._writer is not None else None
+        if lock is None or not lock.acquire(timeout=EXIT_LOCK_SECONDS):
+            continue
         try:
             ix.close()
         except Exception as exc:  # noqa: BLE001 - at exit, say it and go on with the others
             logging.getLogger("ndindex").warning("%s: closing at exit failed (%s: %s)",
                                                  ix.path, type(exc).__name__, exc)
+        finally:
+            lock.release()
 
 
 def _close_quietly(writer, compactor) -> None:

@@ -675,6 +675,33 @@ def test_a_program_that_exits_without_closing_its_writer_leaves_what_it_wrote_re
         assert len(ix) == 20000
 
 
+def test_an_exit_with_a_daemon_thread_inside_a_transaction_neither_hangs_nor_loses(tmp_path):
+    """The exit's close waits for no daemon thread that holds the writer:
+    the index is left as a killed process leaves it (its journal replayed
+    by the next writer), and the transaction never committed is not there."""
+    path = tmp_path / "held.ndx"
+    code = textwrap.dedent(f"""
+        import threading, ndindex
+        ix = ndindex.Index.create({str(path)!r}, durability="normal")
+        ix.add([1, 2, 3])
+        inside = threading.Event()
+        def stuck():
+            with ix.transaction():
+                ix.add([4])
+                inside.set()
+                threading.Event().wait()        # for ever
+        threading.Thread(target=stuck, daemon=True).start()
+        inside.wait()
+        print("exiting", flush=True)
+    """)
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "exiting\n" and done.stderr == ""
+    assert time.monotonic() - t < 30
+    with Index.open(path) as ix:                # replays the journal
+        assert sorted(ix.fingerprints().tolist()) == [1, 2, 3]
+
+
 def test_compaction_builds_on_its_own_thread_once_the_merge_pool_refuses_work(path):
     """At interpreter exit concurrent.futures shuts the merge pool down before
     the program's threads end; their writes go on, and so must compaction."""
