@@ -111,8 +111,14 @@ def cmd_query(args) -> int:
             # A probabilistic query orders its probes by the text's own margins
             # (Index.query_text's rule; the text is fingerprinted once here).
             probabilistic = ix.plan.probabilistic or args.max_probes is not None
-            matches = ix.query(q, k, margins=margins if probabilistic else None,
-                               max_probes=args.max_probes)
+            if not margins.any():
+                # No word: its simhash, 0, says nothing of the text (as `similar`).
+                print("ndindex: note: the text has no words to fingerprint: no stored "
+                      "fingerprint is its near-duplicate", file=sys.stderr)
+                matches = []
+            else:
+                matches = ix.query(q, k, margins=margins if probabilistic else None,
+                                   max_probes=args.max_probes)
     if args.json:
         print_json(dict(query=q, query_hex=hex_fp(q), k=k, matches=[
             dict(fingerprint=m.fingerprint, fingerprint_hex=hex_fp(m.fingerprint),

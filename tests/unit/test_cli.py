@@ -99,7 +99,7 @@ def test_add_from_file_with_a_bad_line(ix, tmp_path, capsys):
                    "(--skip-invalid adds the valid ones)\n")
 
 
-def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
+def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys, monkeypatch):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text(DOC)
     (tmp_path / "docs" / "b.bin").write_bytes(b"\0\1\2" * 100)
@@ -113,6 +113,15 @@ def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys):
     (tmp_path / "q.txt").write_text(DOC)
     status, out, _ = run(capsys, "query", ix, "--file", str(tmp_path / "q.txt"), "--json")
     assert json.loads(out)["matches"][0]["distance"] == 0
+    # A text without a word has simhash 0, which says nothing of it: no
+    # match, not the stored fingerprints that happen to lie near 0.
+    run(capsys, "add", ix, stdin="0x3 near-zero\n", monkeypatch=monkeypatch)
+    for text in ("", "  ...  "):
+        status, out, err = run(capsys, "query", ix, "--text", text)
+        assert status == 1 and out == "query 0x0000000000000000 k=4: 0 matches\n"
+        assert err == ("ndindex: note: the text has no words to fingerprint: no stored "
+                       "fingerprint is its near-duplicate\n")
+    assert run(capsys, "query", ix, "0x0")[0] == 0          # a fingerprint is asked as it is
 
 
 def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
