@@ -588,11 +588,15 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         fingerprinter.  On a plan="psm" index, or when max_probes is given,
         the query is probabilistic with the text's own flip probabilities
         (its margins through the fingerprinter's flip model); otherwise it
-        is :meth:`query` of the simhash.  Raises ValueError if the index
-        stores no fingerprinter; otherwise as :meth:`query`.
+        is :meth:`query` of the simhash.  A text without a word to
+        fingerprint matches nothing (its simhash, 0, says nothing of it).
+        Raises ValueError if the index stores no fingerprinter; otherwise as
+        :meth:`query`.
         """
         fpr = self._fingerprinter()
         simhash, margins = fpr.simhash_with_weights(text)
+        if not margins.any():
+            return []
         if not self.plan.probabilistic and max_probes is None:
             return self.query(simhash, k, keys=keys)
         return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)

@@ -249,6 +249,9 @@ def test_query_text_takes_its_margins_from_the_stored_fingerprinter(path):
         assert ix.query_text(text) == ix.query(q)                         # exact tables
         assert ix.query_text(text, max_probes=3) == \
             ix.query(q, probabilities=fpr.flip_probabilities(v), max_probes=3)
+        # No word, simhash 0: nothing matches, not what lies near 0.
+        ix.add([0b101])
+        assert ix.query(0) != [] and ix.query_text("") == [] and ix.query_text(" ... ") == []
     with Index.create(path.with_name("bare.ndx"), k=10, plan="psm") as ix:
         with pytest.raises(ValueError, match="no fingerprinter"):
             ix.query_text(TEXTS[0])
