@@ -211,11 +211,23 @@ def _build_parser() -> argparse.ArgumentParser:
                     "Remove fingerprints (with all their keys) or document keys (a fingerprint "
                     "goes with its last key).",
                     ["ndindex remove pages.ndx --fingerprint 0x0123456789abcdef",
-                     "ndindex remove docs.ndx --key notes/old.md"],
+                     "ndindex remove docs.ndx --key notes/old.md",
+                     "ndindex remove pages.ndx --fingerprints-from added.txt",
+                     "find old/ -type f | ndindex remove docs.ndx --keys-from -"],
                     cli_index.cmd_remove)
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--fingerprint", type=parse_fingerprint, nargs="+", default=[], metavar="FP")
     p.add_argument("--key", nargs="+", default=[], metavar="KEY")
+    p.add_argument("--fingerprints-from", metavar="FILE",
+                   help="also the fingerprints of a list as `add` reads it (- for stdin; a "
+                        "key after a fingerprint is ignored: the list that added them removes "
+                        "them)")
+    p.add_argument("--keys-from", metavar="FILE",
+                   help="also the keys of FILE, one a line as it is (UTF-8; - for stdin; "
+                        "blank lines skipped)")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="remove what the valid lines name and count the invalid ones "
+                        "(default: report the invalid lines and remove nothing)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = subcommand(commands, "compact", "merge the append log and removals into the tables",

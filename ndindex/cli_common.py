@@ -184,7 +184,7 @@ class InvalidInput(Exception):
     """Lines of an input file that are not valid; the message lists them."""
 
 
-def read_lines(source: str, skip_invalid: bool, parse, items=None) -> tuple:
+def read_lines(source: str, skip_invalid: bool, parse, items=None, verb: str = "add") -> tuple:
     """Return (the parsed items, invalid count) of an input file (or - for stdin).
 
     parse(raw line) returns an item, None for a line to skip, or raises
@@ -192,7 +192,8 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None) -> tuple:
     Every line is checked before anything is added: the first
     MAX_REPORTED_LINES invalid lines are printed on stderr as
     ``ndindex: FILE:LINE: problem``, and without skip_invalid any invalid
-    line raises InvalidInput.  Memory: every item, as items holds them.
+    line raises InvalidInput, saying nothing was done (verb: "add" or
+    "remove").  Memory: every item, as items holds them.
     """
     name = "<stdin>" if source == "-" else source
     fh = sys.stdin.buffer if source == "-" else open(source, "rb")
@@ -215,7 +216,8 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None) -> tuple:
         more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
             else ""
         raise InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
-                            f"{more}; nothing added (--skip-invalid adds the valid ones)")
+                            f"{more}; nothing {verb}{'d' if verb.endswith('e') else 'ed'} "
+                            f"(--skip-invalid {verb}s the valid ones)")
     return items, invalid
 
 

@@ -64,10 +64,10 @@ class _FingerprintLines:
             self.keys.append(key)
 
 
-def _read_fingerprint_lines(source: str, skip_invalid: bool):
+def _read_fingerprint_lines(source: str, skip_invalid: bool, verb: str = "add"):
     """Return (fingerprints, keys or None, invalid count) of a fingerprint
     list (see read_lines)."""
-    lines, invalid = read_lines(source, skip_invalid, _parse_line, _FingerprintLines())
+    lines, invalid = read_lines(source, skip_invalid, _parse_line, _FingerprintLines(), verb)
     return np.frombuffer(lines.fps, dtype=np.uint64), lines.keys, invalid
 
 
@@ -132,20 +132,46 @@ def cmd_query(args) -> int:
     return EXIT_OK if matches else EXIT_NONE
 
 
+def _parse_key_line(raw: bytes):
+    """A key of a --keys-from list: the line as it is, less its line end; None if blank."""
+    line = raw.rstrip(b"\r\n")
+    if not line.strip():
+        return None
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+
+
 def cmd_remove(args) -> int:
-    if not args.fingerprint and not args.key:
-        raise ValueError("remove needs --fingerprint FP... or --key KEY...")
+    if not (args.fingerprint or args.key or args.fingerprints_from or args.keys_from):
+        raise ValueError("remove needs --fingerprint FP..., --key KEY..., --fingerprints-from "
+                         "FILE or --keys-from FILE")
+    if args.fingerprints_from == "-" and args.keys_from == "-":
+        raise ValueError("--fingerprints-from and --keys-from cannot both read stdin")
+    fps = np.array(args.fingerprint, dtype=np.uint64)
+    keys, invalid = list(args.key), 0
+    # Every list is read and checked before anything is removed.
+    if args.fingerprints_from is not None:
+        listed, _, bad = _read_fingerprint_lines(args.fingerprints_from, args.skip_invalid,
+                                                 "remove")
+        fps, invalid = np.concatenate([fps, listed]), invalid + bad
+    if args.keys_from is not None:
+        listed, bad = read_lines(args.keys_from, args.skip_invalid, _parse_key_line,
+                                 verb="remove")
+        keys, invalid = keys + listed, invalid + bad
     with open_index(args.index) as ix:
         removed = 0
-        if args.fingerprint:
-            removed += ix.remove(fingerprints=args.fingerprint)
-        if args.key:
-            removed += ix.remove(keys=args.key)
+        if len(fps):
+            removed += ix.remove(fingerprints=fps)
+        if keys:
+            removed += ix.remove(keys=keys)
         total = len(ix)
     if args.json:
-        print_json(dict(removed=removed, fingerprints=total))
+        print_json(dict(removed=removed, fingerprints=total, invalid=invalid))
     else:
-        print(f"removed {plural(removed, 'fingerprint')} ({total:,} left)")
+        print(f"removed {plural(removed, 'fingerprint')} ({total:,} left)"
+              + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK
 
 

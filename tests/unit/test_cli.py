@@ -124,10 +124,37 @@ def test_add_documents_and_query_text_and_file(ix, tmp_path, capsys, monkeypatch
     assert run(capsys, "query", ix, "0x0")[0] == 0          # a fingerprint is asked as it is
 
 
+def test_remove_reads_lists_of_fingerprints_and_keys(ix, tmp_path, capsys, monkeypatch):
+    added = tmp_path / "added.txt"
+    added.write_text("0x10 a\n0x20 b\n0x30\n# a comment\n\n0x40 d e\n0x50 f\n")
+    assert run(capsys, "add", ix, str(added))[0] == 0
+    # The list that added fingerprints removes them (keys after them ignored).
+    (tmp_path / "gone.txt").write_text("0x10 a\n0x30\n")
+    status, out, _ = run(capsys, "remove", ix, "--fingerprints-from", str(tmp_path / "gone.txt"),
+                         "--json")
+    assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 3, "invalid": 0}
+    # Keys one a line, as they are (inner spaces kept, CRLF ends taken off).
+    status, out, _ = run(capsys, "remove", ix, "--keys-from", "-", "--key", "f",
+                         stdin="d e\r\n\nnot stored\n", monkeypatch=monkeypatch)
+    assert status == 0 and out == "removed 2 fingerprints (1 left)\n"
+    # An invalid line removes nothing, unless --skip-invalid.
+    (tmp_path / "bad.bin").write_bytes(b"b\n\xff\xfe\n")
+    status, out, err = run(capsys, "remove", ix, "--keys-from", str(tmp_path / "bad.bin"))
+    assert status == 2 and out == "" and err.splitlines() == [
+        f"ndindex: {tmp_path / 'bad.bin'}:2: not UTF-8 (invalid start byte at byte 0)",
+        f"ndindex: {tmp_path / 'bad.bin'}: 1 invalid line; nothing removed (--skip-invalid "
+        "removes the valid ones)"]
+    with ndindex.open(ix, readonly=True) as index:
+        assert index.fingerprints().tolist() == [0x20]
+    status, out, _ = run(capsys, "remove", ix, "--keys-from", str(tmp_path / "bad.bin"),
+                         "--skip-invalid")
+    assert status == 0 and out == "removed 1 fingerprint (0 left); skipped 1 invalid line\n"
+
+
 def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
     run(capsys, "add", ix, stdin="1 one\n2 two\n3\n", monkeypatch=monkeypatch)
     status, out, _ = run(capsys, "remove", ix, "--fingerprint", "3", "--key", "one", "--json")
-    assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 1}
+    assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 1, "invalid": 0}
     status, out, _ = run(capsys, "compact", ix, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["steps"] >= 1 and set(doc["runs"]) == {1} and "seconds" in doc
