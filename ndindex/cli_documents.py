@@ -44,6 +44,8 @@ def add_document_commands(commands) -> None:
     p.add_argument("index", metavar="INDEX")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("file", nargs="?", metavar="FILE", help="a text file")
+    what.add_argument("--file", dest="file_option", metavar="PATH",
+                      help="the same as FILE (as `ndindex query --file`)")
     what.add_argument("--text", metavar="TEXT", help="this text")
     what.add_argument("--key", metavar="KEY", help="the stored document of this key")
     p.add_argument("--threshold", type=float, metavar="J", help=threshold_help)
@@ -260,6 +262,8 @@ def _exact_only_note(ix: Index, text, threshold: float) -> str | None:
 
 def cmd_similar(args) -> int:
     note = None
+    if args.file_option is not None:
+        args.file = args.file_option
     with open_index(args.index, readonly=True) as ix:
         if args.key is not None:
             key = _document_key(args.key)

@@ -251,6 +251,9 @@ def test_similar_text_key_and_file_agree_with_brute_force(docs, tmp_path, capsys
     assert by_file["matches"] == by_text["matches"] and by_file["matches"][0]["key"] == key
     assert by_file["query"] == {"file": str(tmp_path / "q.txt")} and by_file["note"] is None
     assert by_text["query"] == {"text": texts[key]} and by_text["threshold"] == 0.8
+    # --file PATH, as `ndindex query` takes a file, is FILE.
+    assert json.loads(run(capsys, "similar", ix, "--file", tmp_path / "q.txt", "--json")[1]) == \
+        by_file
 
 
 def test_similar_text_output_limit_and_no_match(docs, capsys):
