@@ -334,6 +334,22 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
     def __exit__(self, *exc):
         self.close()
 
+    def __repr__(self) -> str:
+        state = "closed" if self._store._env is None else \
+            "read-only" if self._store.readonly else "writable"
+        return f"<ndindex.Index {self.path!r} k={self._header.k} {state}>"
+
+    def __reduce__(self):
+        # Pickling reached LMDB's environment ("cannot pickle 'Environment'
+        # object"), and copy.copy made a second Index on the same one.
+        raise TypeError("an Index cannot be pickled or copied: open the file again "
+                        "(in a worker process, Index.open(path))")
+
+    __copy__ = __reduce__
+
+    def __deepcopy__(self, memo):
+        return self.__reduce__()
+
     # -- properties -----------------------------------------------------------
 
     @property

@@ -288,6 +288,19 @@ def test_closed_index_raises_closed_error(path):
     assert_file_intact(path)
 
 
+def test_an_index_names_its_file_and_state_and_is_neither_pickled_nor_copied(path):
+    import copy
+    import pickle
+    with Index.open(path) as ix:
+        assert repr(ix) == f"<ndindex.Index {path!r} k={ix.k} writable>"
+        for call in (lambda: pickle.dumps(ix), lambda: copy.copy(ix), lambda: copy.deepcopy(ix)):
+            with pytest.raises(TypeError, match="cannot be pickled or copied: open the file"):
+                call()
+    assert repr(ix) == f"<ndindex.Index {path!r} k={ix.k} closed>"
+    with Index.open(path, readonly=True) as ix:
+        assert repr(ix).endswith(" read-only>")
+
+
 def test_read_only_index_refuses_writes(path):
     fp = int(stored_fingerprints()[0])
     with Index.open(path, readonly=True) as index:
