@@ -293,6 +293,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                             self._compactor.flush_log()
         finally:
             self._finalizer.detach()
+            _OPEN_WRITERS.discard(self)
             self._directories.close()  # its thread reads the file
             with self._snap_lock:
                 snap, self._snap, self._lineage = self._snap, None, None
@@ -327,6 +328,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         self._snap = self._lineage = None  # their read transactions: dropped, never aborted
         self._pool = False
         self._finalizer.detach()
+        _OPEN_WRITERS.discard(self)  # the exit's close would wait on locks held at the fork
 
     def __enter__(self):
         return self
