@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import struct
 
 import lmdb
@@ -166,7 +167,7 @@ def damage_value(path, db: str, key: bytes, at: int = 0) -> int:
     key, then the value); long ones by their bytes alone (overflow pages).
     """
     value = dict(records(path, db))[key]
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     needle = value if len(value) >= 48 else key + value
     hits = occurrences(data, needle)
     assert hits, f"{db}/{key!r} not found in the file"
@@ -177,7 +178,7 @@ def damage_value(path, db: str, key: bytes, at: int = 0) -> int:
 
 def page_map(path) -> dict:
     """kind and owning tree of every page of an intact file: {page: (kind, tree)}."""
-    pm = _core.lmdb_page_map(open(path, "rb").read())
+    pm = _core.lmdb_page_map(pathlib.Path(path).read_bytes())
     return {p: (pm["kind_names"][k], pm["trees"][o] if o < len(pm["trees"]) else None)
             for p, (k, o) in enumerate(zip(pm["kinds"], pm["owners"]))}
 
@@ -188,7 +189,7 @@ def pages_of(path, kind: str, tree: str | None = None) -> list[int]:
 
 def leaf_keys(path, page: int, psize: int = 4096) -> list[bytes]:
     """The keys of a leaf page of an intact file."""
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     base = page * psize
     lower = struct.unpack_from("<H", data, base + 12)[0]
     keys = []

@@ -463,6 +463,8 @@ def test_a_reader_killed_inside_a_read_does_not_make_the_writers_file_grow(tmp_p
         assert proc.stdout.readline().strip() == "ready"
         proc.send_signal(signal.SIGKILL)
         proc.wait(60)
+        proc.stdin.close()
+        proc.stdout.close()
         sizes = _churn(ix, rng, live, 6)
         assert f" {proc.pid} " not in ix._store.env.readers()
     assert sizes[-1] <= 1.3 * sizes[1], sizes

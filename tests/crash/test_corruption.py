@@ -19,6 +19,7 @@ write version opens read-only), a format-1 file (FormatError naming
 from __future__ import annotations
 
 import os
+import pathlib
 import shutil
 import struct
 
@@ -146,7 +147,7 @@ def _overflow_header(path, info):
 
 def _free_list(path, info):
     (leaf,) = pages_of(path, "leaf", "(free)")
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     node = leaf * 4096 + struct.unpack_from("<H", data, leaf * 4096 + 16)[0]
     ksize = struct.unpack_from("<H", data, node + 6)[0]
     flip(path, node + 8 + ksize + 7)  # the top byte of its first record's page count
@@ -221,7 +222,7 @@ def test_every_bit_of_a_chunk_header_is_checked(damaged, mask):
     path, info = damaged
     key = chunk_of_kind(path, 3, rec.KIND_HUFFMAN)
     value = dict(records(path, rec.DB_CHUNKS))[key]
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     at = data.find(value)
     n = struct.unpack_from("<H", value, 6)[0]
     for offset in range(32 + 8 * n):  # the whole header and block-key list
@@ -255,7 +256,7 @@ def test_non_index_file_raises_format_error(tmp_path, kind):
     for readonly in (False, True):
         with pytest.raises(FormatError):
             Index.open(path, readonly=readonly)
-    assert open(path, "rb").read() == data
+    assert pathlib.Path(path).read_bytes() == data
 
 
 @pytest.mark.parametrize("content", ["empty", "plain-keys", "named-dbs", "meta-as-plain-key"])
@@ -270,22 +271,22 @@ def test_plain_lmdb_file_raises_format_error_and_is_not_modified(tmp_path, conte
         elif content == "meta-as-plain-key":
             txn.put(b"meta", b"not a sub-database")
     env.close()
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     for readonly in (True, False):
         with pytest.raises(FormatError):
             Index.open(path, readonly=readonly)
-    assert open(path, "rb").read() == before
+    assert pathlib.Path(path).read_bytes() == before
 
 
 def test_format_1_file_is_refused_naming_upgrade(tmp_path):
     v1 = os.path.join(os.path.dirname(__file__), "..", "data", "format-v1.ndx")
     path = str(tmp_path / "old.ndx")
     shutil.copyfile(v1, path)
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     for readonly in (False, True):
         with pytest.raises(FormatError, match="ndindex upgrade"):
             Index.open(path, readonly=readonly)
-    assert open(path, "rb").read() == before
+    assert pathlib.Path(path).read_bytes() == before
 
 
 # -- newer format versions -------------------------------------------------------------------
@@ -363,7 +364,7 @@ def test_truncated_file_raises_at_open_and_is_left_alone(damaged, keep):
     size = os.path.getsize(path)
     keep = int(size * keep) if isinstance(keep, float) else (keep if keep >= 0 else size + keep)
     os.truncate(path, keep)
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     for readonly in (False, True):
         try:
             with Index.open(path, readonly=readonly) as ix:
@@ -372,7 +373,7 @@ def test_truncated_file_raises_at_open_and_is_left_alone(damaged, keep):
             continue
         # A cut inside the last page, past what LMDB uses, loses nothing.
         assert keep > size - 4096
-    assert open(path, "rb").read() == before
+    assert pathlib.Path(path).read_bytes() == before
 
 
 # -- packed raw blocks (FORMAT.md 5.3, [B15]) ---------------------------------------
@@ -433,7 +434,7 @@ def test_a_damaged_packed_block_is_reported_never_answered_wrongly(tmp_path, cap
     block = value[head:head + ch.BLOCK_BYTES]
     assert block[6], "the fixture's raw blocks are packed"
     bad = _repacked(block, change)
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     hits = occurrences(data, value)
     assert hits
     with open(path, "r+b") as fh:
@@ -467,11 +468,11 @@ def test_a_write_on_a_damaged_free_list_raises_and_changes_nothing(damaged):
         assert view.check("free") == len(view.scan("free", check_all=True)) > 0
         assert view.check("main") == len(view.scan("main", check_all=True))
     _free_list(path, info)
-    before = open(path, "rb").read()
+    before = pathlib.Path(path).read_bytes()
     with Index.open(path, background_compaction=False) as ix:
         with pytest.raises(CorruptionError, match="free"):
             ix.add([12345])
-    assert open(path, "rb").read() == before
+    assert pathlib.Path(path).read_bytes() == before
 
 
 def test_a_write_that_finds_no_state_record_raises_corruption_error(tmp_path):

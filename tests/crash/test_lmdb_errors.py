@@ -371,4 +371,4 @@ def test_upgrade_raises_only_ndindex_errors(tmp_path, fault, site):
             assert not out.exists() or Index.open(out, readonly=True).close() is None
         finally:
             fault.disarm()
-        assert open(path, "rb").read() == open(v1, "rb").read()  # the original is untouched
+        assert pathlib.Path(path).read_bytes() == pathlib.Path(v1).read_bytes()  # the original is untouched

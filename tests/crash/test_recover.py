@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -310,7 +311,7 @@ def test_damaged_newest_state_falls_back_to_an_older_consistent_one(damaged, tmp
     path, info = damaged
     # Only the current copy: the stale ones in free pages still verify.
     value = dict(records(path, rec.DB_META))[rec.KEY_STATE]
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     flip(path, data.find(rec.KEY_STATE + value) + len(rec.KEY_STATE) + 20)
     report, got = run_recover(path, tmp_path)
     assert got == info["state"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -208,7 +209,7 @@ def test_damaged_fingerprinter_record_fails_verify_and_keeps_documents_as_keys(d
     if where == "value":
         damage_value(path, rec.DB_META, rec.KEY_FINGERPRINTER, at=10)
     else:  # the name in the meta leaf (the frame's checksum covers it)
-        data = open(path, "rb").read()
+        data = pathlib.Path(path).read_bytes()
         hits = occurrences(data, rec.KEY_FINGERPRINTER)
         assert hits
         for hit in hits:

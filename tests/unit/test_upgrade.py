@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import pathlib
 import shutil
 import struct
 import subprocess
@@ -229,7 +230,7 @@ def test_a_backup_name_taken_by_another_file_is_refused(v1, tmp_path):
         fh.write(b"someone else's")
     with pytest.raises(FileExistsError, match="v1.ndx.v1"):
         upgrade(v1)
-    assert sha(v1) == before and open(v1 + ".v1", "rb").read() == b"someone else's"
+    assert sha(v1) == before and pathlib.Path(v1 + ".v1").read_bytes() == b"someone else's"
 
 
 @contextlib.contextmanager
@@ -381,7 +382,7 @@ DAMAGE = {
 @pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "to-output"])
 @pytest.mark.parametrize("what", sorted(DAMAGE))
 def test_damage_raises_corruption_and_leaves_no_trace(v1, tmp_path, what, in_place):
-    data = bytearray(open(FIXTURE, "rb").read())
+    data = bytearray(pathlib.Path(FIXTURE).read_bytes())
     where, database = DAMAGE[what]
     data[where(bytes(data))] ^= 0x10
     with open(v1, "wb") as fh:
@@ -390,7 +391,7 @@ def test_damage_raises_corruption_and_leaves_no_trace(v1, tmp_path, what, in_pla
     with pytest.raises(CorruptionError) as info:
         upgrade(v1, out)
     assert f"database={database}" in str(info.value)
-    assert open(v1, "rb").read() == bytes(data)
+    assert pathlib.Path(v1).read_bytes() == bytes(data)
     assert files(tmp_path) == ["v1.ndx"]
 
 
@@ -465,9 +466,9 @@ def test_cli_errors_are_one_line_with_status_2(v1, tmp_path, capsys):
     assert status == 2 and err == f"ndindex: {text}: already exists\n"
     status, _, err = run(capsys, "upgrade", v1, "-o", str(tmp_path / "x.ndx"), "--no-backup")
     assert status == 2 and err.startswith("ndindex: error: --no-backup is for in-place")
-    data = bytearray(open(v1, "rb").read())
+    data = bytearray(pathlib.Path(v1).read_bytes())
     data[record_offset(bytes(data), b"docs", struct.pack(">Q", int(FPS[17]))) + 6] ^= 1
-    open(v1, "wb").write(data)
+    pathlib.Path(v1).write_bytes(data)
     status, _, err = run(capsys, "upgrade", v1)
     assert status == 2 and err.startswith(f"ndindex: {v1}: document key record checksum mismatch")
     assert err.count("\n") == 1 and not os.path.exists(v1 + ".v1")
