@@ -86,8 +86,9 @@ def test_a_reader_process_reports_an_anchor_the_index_lacks(tmp_path, capsys, mo
     path = str(tmp_path / "soak.ndx")
     Index.create(path, k=3, expected_n=1000).close()
     np.save(tmp_path / "anchors0.npy", np.arange(1, 11, dtype=np.uint64) << np.uint64(40))
-    monkeypatch.setattr(sys, "stdin", open(os.devnull))
-    rc = soak_oracle.main(["--reader", "0", "--writers", "1", "--path", path])
+    with open(os.devnull) as nothing:
+        monkeypatch.setattr(sys, "stdin", nothing)
+        rc = soak_oracle.main(["--reader", "0", "--writers", "1", "--path", path])
     out = capsys.readouterr().out
     assert rc == 1
     assert "reader 0: MISMATCH after 0 checks: 50 of 50 anchors missing" in out

@@ -838,6 +838,9 @@ def test_two_processes_writing_by_two_names_of_one_file_lose_nothing(tmp_path):
         child.stdin.write("go\n")
         child.stdin.flush()
     assert [child.wait(timeout=120) for child in children] == [0, 0]
+    for child in children:
+        child.stdin.close()
+        child.stdout.close()
     with Index.open(real) as ix:
         ix.verify()
         assert len(ix) == 2 * 200 * 50
