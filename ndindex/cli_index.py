@@ -162,10 +162,11 @@ def cmd_remove(args) -> int:
         keys, invalid = keys + listed, invalid + bad
     with open_index(args.index) as ix:
         removed = 0
-        if len(fps):
-            removed += ix.remove(fingerprints=fps)
-        if keys:
-            removed += ix.remove(keys=keys)
+        with ix.transaction():      # one commit: all of it, or none of it
+            if len(fps):
+                removed += ix.remove(fingerprints=fps)
+            if keys:
+                removed += ix.remove(keys=keys)
         total = len(ix)
     if args.json:
         print_json(dict(removed=removed, fingerprints=total, invalid=invalid))
