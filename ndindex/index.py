@@ -949,10 +949,16 @@ def _close_open_writers() -> None:
     it, so a reader saw none of what the program wrote), and the compaction
     thread stops between steps.  A writer whose lock a daemon thread still
     holds (inside a transaction, say) is left as a killed process leaves it,
-    after EXIT_LOCK_SECONDS: waiting for it could hang the exit."""
+    after EXIT_LOCK_SECONDS: waiting for it could hang the exit.  The lock
+    is held through close(), so that no such thread enters meanwhile; the
+    checkpoint thread, which takes it too and which close() joins, is
+    stopped first."""
     for ix in list(_OPEN_WRITERS):
-        lock = ix._writer.lock if ix._writer is not None else None
-        if lock is None or not lock.acquire(timeout=EXIT_LOCK_SECONDS):
+        writer = ix._writer
+        if writer is None or not writer.stop_checkpoints(EXIT_LOCK_SECONDS):
+            continue
+        lock = writer.lock
+        if not lock.acquire(timeout=EXIT_LOCK_SECONDS):
             continue
         try:
             ix.close()

@@ -252,11 +252,18 @@ class Writer:
         self.checkpoint()
         self._ix._store.sync()
 
-    def close(self) -> None:
-        """Stop checkpointing; commit what the journal holds and delete it."""
+    def stop_checkpoints(self, timeout: float | None = None) -> bool:
+        """Stop the checkpoint thread; whether it ended within timeout (it
+        waits for the writer lock at each checkpoint)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    def close(self) -> None:
+        """Stop checkpointing; commit what the journal holds and delete it."""
+        self.stop_checkpoints()
         if self.journal is not None:
             try:
                 with self.lock:

@@ -675,6 +675,29 @@ def test_a_program_that_exits_without_closing_its_writer_leaves_what_it_wrote_re
         assert len(ix) == 20000
 
 
+def test_the_exits_close_does_not_deadlock_with_the_checkpoint_thread(tmp_path):
+    """The exit's close holds the writer lock; the checkpoint thread takes it
+    every CHECKPOINT_SECONDS and close() joins it: a compactor slow to stop
+    let the thread block on the lock, and the join then waited for ever."""
+    path = tmp_path / "slow.ndx"
+    code = textwrap.dedent(f"""
+        import time, ndindex
+        from ndindex import compaction
+        real = compaction.Compactor.close
+        def slow_close(self):
+            time.sleep(0.5)       # several checkpoint ticks
+            real(self)
+        compaction.Compactor.close = slow_close
+        ix = ndindex.Index.create({str(path)!r}, durability="normal")
+        ix.add([1, 2, 3])
+        print("exiting", flush=True)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "exiting\n" and done.stderr == ""
+    with Index.open(path, readonly=True) as ix:
+        assert sorted(ix.fingerprints().tolist()) == [1, 2, 3]
+
+
 def test_an_exit_with_a_daemon_thread_inside_a_transaction_neither_hangs_nor_loses(tmp_path):
     """The exit's close waits for no daemon thread that holds the writer:
     the index is left as a killed process leaves it (its journal replayed
