@@ -165,6 +165,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                             background_compaction=background_compaction, log_limit=log_limit)
         k = validate.planner_k(k)
         expected_n = validate.positive_int(expected_n, "expected_n")
+        if expected_n > plans.MAX_EXPECTED_N:      # the header holds it as a u64
+            plans.choose_plan(expected_n, k)        # raises, saying why
         _check_durability(durability)
         log_limit = validate.positive_int(log_limit, "log_limit")
         if plan is None:

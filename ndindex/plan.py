@@ -571,6 +571,16 @@ def _min_prefix(plan: Plan) -> int:
     return min(t.prefix_bits for t in plan.tables)
 
 
+#: The most fingerprints an index can hold: every 64-bit value once.
+MAX_EXPECTED_N = (1 << 64) - 1
+
+
+def _check_expected_n(expected_n) -> None:
+    if not 1 <= expected_n <= MAX_EXPECTED_N:
+        raise ValueError(f"expected_n must be in 1..2^64-1 (an index holds each 64-bit value "
+                         f"once), found {expected_n}")
+
+
 def choose_plan(expected_n: int, k: int, *, max_tables: int | None = None,
                 max_probe_entries: float | None = None) -> Plan:
     """Choose a table design for about expected_n fingerprints and distance k.
@@ -605,8 +615,7 @@ def choose_plan(expected_n: int, k: int, *, max_tables: int | None = None,
     millisecond a call of 1,000 was a tenth of the call).
     """
     k = _check_k(k)
-    if not expected_n >= 1:
-        raise ValueError(f"expected_n must be >= 1, found {expected_n}")
+    _check_expected_n(expected_n)
     if max_tables is not None and max_tables < 1:
         raise ValueError(f"max_tables must be >= 1, found {max_tables}")
     if max_probe_entries is not None and not max_probe_entries > 0:
@@ -655,8 +664,7 @@ def psm_header_bits(expected_n: int) -> int:
     1..MAX_PSM_HEADER_BITS: about PSM_ENTRIES_PER_HEADER stored fingerprints
     under each prefix value.  Raises ValueError for expected_n < 1.
     """
-    if not expected_n >= 1:
-        raise ValueError(f"expected_n must be >= 1, found {expected_n}")
+    _check_expected_n(expected_n)
     bits = round(math.log2(max(expected_n / PSM_ENTRIES_PER_HEADER, 2)))
     return max(1, min(MAX_PSM_HEADER_BITS, bits))
 

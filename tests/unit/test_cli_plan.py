@@ -59,13 +59,16 @@ def test_plan_tables_flag_prints_every_table(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["plan", "-n", "10", "-k", "13"], "planner's limit of 12"),
-    (["plan", "-n", "0", "-k", "3"], "expected_n must be >= 1"),
+    (["plan", "-n", "0", "-k", "3"], "expected_n must be in 1..2^64-1"),
+    (["plan", "-n", "1e30", "-k", "3"], "expected_n must be in 1..2^64-1"),
+    (["create", "big.ndx", "-n", "1e30"], "expected_n must be in 1..2^64-1"),
     (["plan", "-n", "1e6", "-k", "3", "--max-tables", "2"], "too few for k=3"),
     (["plan", "-n", "ten", "-k", "3"], "not a count"),
     (["plan", "-k", "3"], "required: -n"),
     ([], "required: COMMAND"),
 ])
-def test_errors_are_one_line_with_status_2(capsys, argv, message):
+def test_errors_are_one_line_with_status_2(capsys, argv, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)         # create's file name is relative
     status, out, err = run(capsys, *argv)
     assert status == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("ndindex: error: ") and message in err

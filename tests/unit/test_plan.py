@@ -283,8 +283,9 @@ def test_psm_header_bits_expects_psm_entries_per_header():
         assert p == round(math.log2(n / PSM_ENTRIES_PER_HEADER))
         assert abs(math.log2(n / 2**p / PSM_ENTRIES_PER_HEADER)) <= 0.5
     assert psm_header_bits(1) == 1 and psm_header_bits(2**60) == 40
-    with pytest.raises(ValueError, match="expected_n must be >= 1"):
-        psm_header_bits(0)
+    for n in (0, 2**64):
+        with pytest.raises(ValueError, match=r"expected_n must be in 1\.\.2\^64-1"):
+            psm_header_bits(n)
 
 
 def test_psm_max_probes_grows_with_k():
@@ -427,7 +428,8 @@ def test_choose_plan_budgets():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(expected_n=10, k=-1), "k must be >= 0"),
     (dict(expected_n=10, k=13), "planner's limit of 12"),
-    (dict(expected_n=0, k=3), "expected_n must be >= 1"),
+    (dict(expected_n=0, k=3), r"expected_n must be in 1\.\.2\^64-1"),
+    (dict(expected_n=2**64, k=3), r"expected_n must be in 1\.\.2\^64-1"),
     (dict(expected_n=10, k=3, max_tables=3), "too few for k=3"),
     (dict(expected_n=2**34, k=3, max_probe_entries=1e-6), "expects at most 1e-06"),
     (dict(expected_n=10, k=3, max_probe_entries=0), "must be > 0"),
