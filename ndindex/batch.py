@@ -39,6 +39,7 @@ import numpy as np
 
 from ndindex import _core, fpfile, plan as plans, procs
 from ndindex.arrays import sorted_unique
+from ndindex.errors import result_of
 from ndindex.index import Index
 from ndindex.validate import fingerprints as _as_fingerprints
 
@@ -259,9 +260,9 @@ def _ordered(submit, tasks, out_paths, workers):
     for task, out in zip(tasks, out_paths):
         window.append(submit(task, out))
         if len(window) >= TASKS_IN_FLIGHT_PER_WORKER * workers:
-            yield window.popleft().result()
+            yield result_of(window.popleft())
     while window:
-        yield window.popleft().result()
+        yield result_of(window.popleft())
 
 
 # -- Dask ------------------------------------------------------------------------------

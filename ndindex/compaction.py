@@ -42,7 +42,7 @@ import numpy as np
 
 from ndindex import _core, chunks as ch, codec, docstore, levels, locks, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique
-from ndindex.errors import ClosedError, CorruptionError, NdindexError
+from ndindex.errors import ClosedError, CorruptionError, NdindexError, interrupt_kept
 from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
@@ -193,16 +193,19 @@ class Compactor:
         if self._thread is None or state is None or self.error is not None:
             return  # a compactor failing its steps makes no progress to wait for
         deadline = began + STOP_WAIT_SECONDS
-        while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or self.level0_runs >= STOP_RUNS) \
-                and time.monotonic() < deadline and not self._stop.is_set():
-            self._progress.clear()
-            if not self._lease_elsewhere:
-                self._progress.wait(max(0.0, deadline - time.monotonic()))
-                continue
-            # Another process compacts: its progress sets no event here, so
-            # look at the file's figures every slice of the wait.
-            self._progress.wait(max(0.0, min(STOP_WAIT_SECONDS / 8, deadline - time.monotonic())))
-            self._read_figures()
+        with interrupt_kept():      # an Event's wait is a Condition's
+            while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or
+                   self.level0_runs >= STOP_RUNS) \
+                    and time.monotonic() < deadline and not self._stop.is_set():
+                self._progress.clear()
+                if not self._lease_elsewhere:
+                    self._progress.wait(max(0.0, deadline - time.monotonic()))
+                    continue
+                # Another process compacts: its progress sets no event here, so
+                # look at the file's figures every slice of the wait.
+                self._progress.wait(max(0.0, min(STOP_WAIT_SECONDS / 8,
+                                                 deadline - time.monotonic())))
+                self._read_figures()
         if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
             time.sleep(min(SLOWDOWN_SECONDS, max(0.0, deadline - time.monotonic())))
 
@@ -232,7 +235,9 @@ class Compactor:
                     futures.append(pool.submit(fn, job))
             except RuntimeError:        # "cannot schedule new futures after shutdown"
                 pass
-        return [f.result() for f in futures] + [fn(job) for job in jobs[len(futures):]]
+        with interrupt_kept():      # compact() runs steps on the caller's thread
+            done = [f.result() for f in futures]
+        return done + [fn(job) for job in jobs[len(futures):]]
 
     def _loop(self) -> None:
         # Owed work waits for the first write or IDLE_WAIT_SECONDS: an index

@@ -19,6 +19,7 @@ import stat
 from typing import TYPE_CHECKING, Sequence
 
 from ndindex import procs, textfile
+from ndindex.errors import result_of
 from ndindex.fingerprint.html import html_to_text
 
 if TYPE_CHECKING:
@@ -335,9 +336,9 @@ def examined(todo: list, opts: Options, jobs):
         for task in tasks:
             flight.append(pool.submit(_examine_many, task, opts))
             if len(flight) >= 4 * workers:
-                yield from flight.popleft().result()
+                yield from result_of(flight.popleft())
         while flight:
-            yield from flight.popleft().result()
+            yield from result_of(flight.popleft())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

@@ -40,6 +40,7 @@ import numpy as np
 from ndindex import _core, procs
 from ndindex.arrays import sorted_unique
 from ndindex.cluster import clusters_from_pairs
+from ndindex.errors import interrupt_kept
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
 from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
 
@@ -199,8 +200,9 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     chunks = [texts[i:i + TEXTS_PER_TASK] for i in range(0, len(texts), TEXTS_PER_TASK)]
     pool = _pool(workers)
     try:
-        parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
-                              [design] * len(chunks), [simhash] * len(chunks)))
+        with interrupt_kept():
+            parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
+                                  [design] * len(chunks), [simhash] * len(chunks)))
     except concurrent.futures.process.BrokenProcessPool as exc:
         _drop_pool(workers)
         raise RuntimeError(

@@ -8,6 +8,8 @@ an out-of-range argument, a missing key) raises the built-in ``TypeError``,
 
 from __future__ import annotations
 
+import contextlib
+
 
 class NdindexError(Exception):
     """Base class of every error ndindex raises on purpose."""
@@ -56,3 +58,28 @@ class BusyError(NdindexError, TimeoutError):
 
 class ReadOnlyError(NdindexError):
     """A write was attempted on an index opened read-only."""
+
+
+@contextlib.contextmanager
+def interrupt_kept():
+    """Let a KeyboardInterrupt out as itself from a wait on a pool's results.
+
+    Ctrl-C that lands while threading.Condition.wait takes its lock back
+    leaves the lock unheld, and the with statement around the wait (a
+    Future's result(), an executor's map()) then raises RuntimeError
+    "cannot release un-acquired lock" in its place: an error of no ndindex
+    type where the caller expects KeyboardInterrupt, and the operation it
+    interrupted is undone as for one (tools/sweep_interrupt.py met it).
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise exc.__context__ from None
+        raise
+
+
+def result_of(future):
+    """future.result(), a KeyboardInterrupt let out as itself (interrupt_kept)."""
+    with interrupt_kept():
+        return future.result()

@@ -37,7 +37,8 @@ from ndindex import _core, checked_add, codec, compaction, docstore, levels, loc
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
 from ndindex.dircache import DirectoryCache
-from ndindex.errors import ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.errors import (ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError,
+                            interrupt_kept)
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
@@ -582,8 +583,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         with self._pool_lock:
             futures = [self._batch_pool(workers).submit(run, a, b)
                        for a, b in zip(bounds[:-1], bounds[1:])]
-        return np.concatenate([_to_matches(*f.result(), offset=int(a))
-                               for f, a in zip(futures, bounds[:-1])])
+        with interrupt_kept():
+            return np.concatenate([_to_matches(*f.result(), offset=int(a))
+                                   for f, a in zip(futures, bounds[:-1])])
 
     def _batch_pool(self, workers: int):
         """query_many's thread pool (self._pool_lock held), made at first use.

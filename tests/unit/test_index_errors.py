@@ -301,6 +301,36 @@ def test_an_index_names_its_file_and_state_and_is_neither_pickled_nor_copied(pat
         assert repr(ix).endswith(" read-only>")
 
 
+def _unheld_lock_after_ctrl_c(*args, **kwargs):
+    """What Future.result() raises when Ctrl-C lands as Condition.wait takes
+    its lock back: the with statement then releases a lock it does not hold."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        raise RuntimeError("cannot release un-acquired lock")
+
+
+def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_not_a_runtime_error(
+        path, monkeypatch):
+    import concurrent.futures
+    from ndindex import index as index_module
+    from ndindex.errors import result_of
+    fps = stored_fingerprints()
+    with Index.open(path) as ix:
+        want = ix.query_many(fps[:4000])
+        monkeypatch.setattr(index_module, "PARALLEL_QUERY_MIN", 1)
+        monkeypatch.setattr(concurrent.futures.Future, "result", _unheld_lock_after_ctrl_c)
+        with pytest.raises(KeyboardInterrupt):
+            ix.query_many(fps[:4000])                   # its thread pool's futures
+        monkeypatch.undo()
+        assert np.array_equal(ix.query_many(fps[:4000]), want)   # and the Index goes on
+    # Any other RuntimeError passes as it is.
+    broken = concurrent.futures.Future()
+    broken.set_exception(RuntimeError("something else"))
+    with pytest.raises(RuntimeError, match="something else"):
+        result_of(broken)
+
+
 def test_read_only_index_refuses_writes(path):
     fp = int(stored_fingerprints()[0])
     with Index.open(path, readonly=True) as index:
