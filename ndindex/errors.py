@@ -9,6 +9,9 @@ an out-of-range argument, a missing key) raises the built-in ``TypeError``,
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import threading
 
 
 class NdindexError(Exception):
@@ -83,3 +86,30 @@ def result_of(future):
     """future.result(), a KeyboardInterrupt let out as itself (interrupt_kept)."""
     with interrupt_kept():
         return future.result()
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl-C (SIGINT) back while the block runs, then hand it to the
+    handler that was in place: for the few lines that must not be cut in
+    two (vacuum's close of the old file and open of the new).  Signals
+    reach the main thread alone; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    frames = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: frames.append(frame))
+    except ValueError:              # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        # None: a handler set outside Python, which cannot be put back.
+        signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+        if frames:
+            if callable(previous):
+                previous(signal.SIGINT, frames[0])
+            elif previous != signal.SIG_IGN:       # the default action: end the process
+                os.kill(os.getpid(), signal.SIGINT)

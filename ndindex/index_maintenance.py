@@ -16,6 +16,7 @@ import os
 import time
 
 from ndindex import codec, locks, pages, records as rec, store as st
+from ndindex.errors import interrupts_deferred
 
 
 class MaintenanceMethods:
@@ -107,14 +108,17 @@ class MaintenanceMethods:
                     snap, self._snap, self._lineage = self._snap, None, None
                 if snap is not None:
                     snap.close()
-                self._store.close()
-                try:
-                    os.replace(tmp, path)
-                finally:
-                    # The copy, or the file as it was if an exception (a
-                    # KeyboardInterrupt) came first: this index goes on
-                    # either way, where it was left closed.
-                    self._reopen_store_whatever_comes(path)
+                # Ctrl-C held back from the close to the reopen: landing
+                # between the close and the try below, it left this Index
+                # closed (the interrupt sweep met it, 1 run of 30).
+                with interrupts_deferred():
+                    try:
+                        self._store.close()
+                        os.replace(tmp, path)
+                    finally:
+                        # The copy, or the file as it was if an exception
+                        # came first: this index goes on either way.
+                        self._reopen_store_whatever_comes(path)
             finally:
                 st.release_build(build, tmp)  # deletes the copy unless renamed
         return size

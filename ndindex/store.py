@@ -551,11 +551,13 @@ class Store:
         """Close the environment; later use raises ClosedError."""
         env, self._env = self._env, None
         if env is not None:
-            self.filemap.close()
             try:
-                env.close()
-            except lmdb.Error as exc:
-                raise translate_error(exc, self.path) from exc
+                self.filemap.close()
+            finally:
+                try:
+                    env.close()
+                except lmdb.Error as exc:
+                    raise translate_error(exc, self.path) from exc
 
     @property
     def env(self) -> lmdb.Environment:
