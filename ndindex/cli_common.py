@@ -215,7 +215,7 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None, verb: str = "
     if invalid and not skip_invalid:
         more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
             else ""
-        raise InvalidInput(f"{name}: {invalid:,} invalid line{'s' if invalid != 1 else ''}"
+        raise InvalidInput(f"{name}: {plural(invalid, 'invalid line')}"
                             f"{more}; nothing {verb}{'d' if verb.endswith('e') else 'ed'} "
                             f"(--skip-invalid {verb}s the valid ones)")
     return items, invalid

@@ -156,8 +156,7 @@ def cmd_add_documents(args) -> int:
         print(f"added {plural(counts['added'], 'document')} "
               f"({total:,} distinct fingerprints in the index)"
               + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else "")
-              + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
-                 if invalid else ""))
+              + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK
 
 
@@ -312,7 +311,7 @@ def cmd_pairs(args) -> int:
     else:
         for a, b, s in pairs:
             print(f"{s:.4f}  {key_text(a)}  {key_text(b)}")
-        print(f"{len(pairs):,} pair{'s' if len(pairs) != 1 else ''} at similarity >= "
+        print(f"{plural(len(pairs), 'pair')} at similarity >= "
               f"{threshold:g}.")
     return EXIT_OK
 

@@ -88,8 +88,7 @@ def cmd_add(args) -> int:
         print_json(dict(added=added, skipped=0, invalid=invalid, fingerprints=total))
     else:
         print(f"added {plural(added, 'fingerprint')} ({total:,} distinct in the index)"
-              + (f"; skipped {invalid:,} invalid line{'s' if invalid != 1 else ''}"
-                 if invalid else ""))
+              + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK
 
 
