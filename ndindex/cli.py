@@ -26,7 +26,9 @@ from ndindex.cli_common import (EXIT_BROKEN_PIPE, EXIT_CODES_HELP, EXIT_ERROR, E
                                 EXIT_OK, MAX_REPORTED_LINES, FileError, InvalidInput, subcommand,
                                 error_line, one_line, parse_fingerprint)
 from ndindex import cli_dedup, cli_documents, cli_index  # noqa: I001 - after cli_common
+from ndindex import __version__
 from ndindex.errors import NdindexError
+from ndindex.records import FORMAT_VERSION
 from ndindex.plan import Plan, candidate_designs, choose_plan, psm_max_probes
 
 
@@ -71,6 +73,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ndindex", description="Embedded near-duplicate index tools: find "
                      "duplicate files (dedup) and manage index files.",
                      epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version",
+                        version=f"ndindex {__version__} (file format {FORMAT_VERSION})")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 

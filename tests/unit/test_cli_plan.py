@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import ndindex
 from ndindex.cli import main
 from ndindex.plan import Plan, choose_plan
 
@@ -77,3 +78,10 @@ def test_errors_are_one_line_with_status_2(capsys, argv, message, tmp_path, monk
 def test_help_exits_zero(capsys):
     status, out, _ = run(capsys, "plan", "--help")
     assert status == 0 and "--max-tables" in out
+
+
+def test_version_names_the_package_and_the_file_format_it_writes(capsys):
+    from ndindex.records import FORMAT_VERSION
+    status, out, _ = run(capsys, "--version")
+    assert status == 0
+    assert out.strip() == f"ndindex {ndindex.__version__} (file format {FORMAT_VERSION})"
