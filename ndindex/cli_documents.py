@@ -154,8 +154,8 @@ def cmd_add_documents(args) -> int:
                    fingerprints=total))
     else:
         print(f"added {plural(counts['added'], 'document')} "
-              f"({total:,} distinct fingerprints in the index)"
-              + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else "")
+              f"({plural(total, 'distinct fingerprint')} in the index)"
+              + (f"; skipped {plural(counts['skipped'], 'document')}" if counts["skipped"] else "")
               + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK
 

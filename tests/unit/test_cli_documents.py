@@ -138,6 +138,12 @@ def test_add_docs_keys_files_by_path_and_skips_what_is_not_text(tmp_path, capsys
     assert status == 0 and out == "added 1 document (6 distinct fingerprints in the index)\n"
     status, out, _ = run(capsys, "similar", ix, "--key", root / "utf16.txt", "--json")
     assert [m["key"] for m in json.loads(out)["matches"]][:1] == [str(root / "sub" / "doc01.txt")]
+    # the text report counts the skipped and agrees in number
+    lone = tmp_path / "lone.ndx"
+    run(capsys, "create", lone, "--docs")
+    status, out, _ = run(capsys, "add", lone, "--docs", root / "utf16.txt", root / "rule.txt")
+    assert status == 0 and out == "added 1 document (1 distinct fingerprint in the index); " \
+                                  "skipped 1 document\n"
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
