@@ -194,16 +194,25 @@ def _build_parser() -> argparse.ArgumentParser:
                     "with its document keys.  A text or file is fingerprinted with the index's "
                     "fingerprinter.  On a probabilistic (psm) index the query probes the most "
                     "likely flip sets of its prefix (a text's own flip probabilities, from the "
-                    "fingerprinter's flip model), up to --max-probes of them.",
+                    "fingerprinter's flip model), up to --max-probes of them.  With "
+                    "--fingerprints-from, every fingerprint of a list is queried in one batch "
+                    "and the queries with a match are printed, each with its line's key.",
                     ["ndindex query pages.ndx 0x0123456789abcdef",
                      "ndindex query docs.ndx --text 'the quick brown fox' -k 6",
-                     "ndindex query docs.ndx --file draft.md --json"],
+                     "ndindex query docs.ndx --file draft.md --json",
+                     "ndindex query pages.ndx --fingerprints-from new-crawl.txt"],
                     cli_index.cmd_query)
     p.add_argument("index", metavar="INDEX")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("fingerprint", nargs="?", type=parse_fingerprint, metavar="FINGERPRINT")
     what.add_argument("--text", metavar="TEXT", help="fingerprint this text")
     what.add_argument("--file", metavar="PATH", help="fingerprint this file")
+    what.add_argument("--fingerprints-from", metavar="FILE",
+                      help="query every fingerprint of a list as `add` reads it (- for stdin; "
+                           "a key after a fingerprint labels its query)")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="with --fingerprints-from: query the valid lines and count the invalid "
+                        "ones (default: report the invalid lines and query nothing)")
     p.add_argument("-k", type=int, metavar="K", help="distance (default: the index's k)")
     p.add_argument("--max-probes", type=int, metavar="N",
                    help="flip sets to probe: probabilistic matching (default on a psm index: "

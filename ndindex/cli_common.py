@@ -184,6 +184,11 @@ class InvalidInput(Exception):
     """Lines of an input file that are not valid; the message lists them."""
 
 
+#: The forms of read_lines' verbs: (past participle, third person).
+_VERB_FORMS = {"add": ("added", "adds"), "remove": ("removed", "removes"),
+               "query": ("queried", "queries")}
+
+
 def read_lines(source: str, skip_invalid: bool, parse, items=None, verb: str = "add") -> tuple:
     """Return (the parsed items, invalid count) of an input file (or - for stdin).
 
@@ -192,8 +197,8 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None, verb: str = "
     Every line is checked before anything is added: the first
     MAX_REPORTED_LINES invalid lines are printed on stderr as
     ``ndindex: FILE:LINE: problem``, and without skip_invalid any invalid
-    line raises InvalidInput, saying nothing was done (verb: "add" or
-    "remove").  Memory: every item, as items holds them.
+    line raises InvalidInput, saying nothing was done (verb: "add",
+    "remove" or "query").  Memory: every item, as items holds them.
     """
     name = "<stdin>" if source == "-" else source
     fh = sys.stdin.buffer if source == "-" else open(source, "rb")
@@ -215,9 +220,9 @@ def read_lines(source: str, skip_invalid: bool, parse, items=None, verb: str = "
     if invalid and not skip_invalid:
         more = f" ({invalid - MAX_REPORTED_LINES:,} not shown)" if invalid > MAX_REPORTED_LINES \
             else ""
+        done, does = _VERB_FORMS[verb]
         raise InvalidInput(f"{name}: {plural(invalid, 'invalid line')}"
-                            f"{more}; nothing {verb}{'d' if verb.endswith('e') else 'ed'} "
-                            f"(--skip-invalid {verb}s the valid ones)")
+                            f"{more}; nothing {done} (--skip-invalid {does} the valid ones)")
     return items, invalid
 
 

@@ -92,7 +92,20 @@ def cmd_add(args) -> int:
     return EXIT_OK
 
 
+def _match_json(fp: int, distance: int, keys) -> dict:
+    return dict(fingerprint=fp, fingerprint_hex=hex_fp(fp), distance=distance,
+                keys=[key_json(key) for key in keys])
+
+
+def _match_line(fp: int, distance: int, keys) -> str:
+    return f"  {hex_fp(fp)}  distance {distance:2d}  {', '.join(map(key_text, keys))}".rstrip()
+
+
 def cmd_query(args) -> int:
+    if args.skip_invalid and args.fingerprints_from is None:
+        raise ValueError("--skip-invalid goes with --fingerprints-from")
+    if args.fingerprints_from is not None:
+        return _query_list(args)
     with open_index(args.index, readonly=True) as ix:
         k = ix.k if args.k is None else args.k
         if args.fingerprint is not None:
@@ -120,15 +133,44 @@ def cmd_query(args) -> int:
                                    max_probes=args.max_probes)
     if args.json:
         print_json(dict(query=q, query_hex=hex_fp(q), k=k, matches=[
-            dict(fingerprint=m.fingerprint, fingerprint_hex=hex_fp(m.fingerprint),
-                 distance=m.distance, keys=[key_json(key) for key in m.keys])
-            for m in matches]))
+            _match_json(m.fingerprint, m.distance, m.keys) for m in matches]))
     else:
-        print(f"query {hex_fp(q)} k={k}: {len(matches)} match{'es' if len(matches) != 1 else ''}")
+        print(f"query {hex_fp(q)} k={k}: {plural(len(matches), 'match', 'matches')}")
         for m in matches:
-            keys = ", ".join(key_text(key) for key in m.keys)
-            print(f"  {hex_fp(m.fingerprint)}  distance {m.distance:2d}  {keys}".rstrip())
+            print(_match_line(m.fingerprint, m.distance, m.keys))
     return EXIT_OK if matches else EXIT_NONE
+
+
+def _query_list(args) -> int:
+    """ndindex query --fingerprints-from: one query_many over the list; the
+    queries with a match are printed in the list's order, then a count."""
+    fps, labels, invalid = _read_fingerprint_lines(args.fingerprints_from, args.skip_invalid,
+                                                   "query")
+    with open_index(args.index, readonly=True) as ix:
+        k = ix.k if args.k is None else args.k
+        found = ix.query_many(fps, k, max_probes=args.max_probes)
+        # query_many groups the matches by query, in the batch's order
+        cuts = np.flatnonzero(found["query"][1:] != found["query"][:-1]) + 1
+        results = [(int(group["query"][0]),
+                    [(int(fp), int(d), ix.keys(int(fp)))
+                     for fp, d in zip(group["fingerprint"], group["distance"])])
+                   for group in np.split(found, cuts) if len(group)]
+    if args.json:
+        print_json(dict(k=k, queried=len(fps), matched=len(results), invalid=invalid, queries=[
+            dict(query=int(fps[i]), query_hex=hex_fp(int(fps[i])),
+                 key=None if labels is None or labels[i] is None else key_json(labels[i]),
+                 matches=[_match_json(*m) for m in matches])
+            for i, matches in results]))
+    else:
+        for i, matches in results:
+            label = "" if labels is None or labels[i] is None else f" ({key_text(labels[i])})"
+            print(f"query {hex_fp(int(fps[i]))}{label} k={k}: "
+                  f"{plural(len(matches), 'match', 'matches')}")
+            for m in matches:
+                print(_match_line(*m))
+        print(f"queried {plural(len(fps), 'fingerprint')}: {len(results):,} with a match"
+              + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
+    return EXIT_OK if results else EXIT_NONE
 
 
 def _parse_key_line(raw: bytes):

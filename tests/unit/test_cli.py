@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import re
 import signal
 import subprocess
@@ -149,6 +150,55 @@ def test_remove_reads_lists_of_fingerprints_and_keys(ix, tmp_path, capsys, monke
     status, out, _ = run(capsys, "remove", ix, "--keys-from", str(tmp_path / "bad.bin"),
                          "--skip-invalid")
     assert status == 0 and out == "removed 1 fingerprint (0 left); skipped 1 invalid line\n"
+
+
+def test_query_reads_a_list_and_answers_as_brute_force(ix, tmp_path, capsys, monkeypatch):
+    rng = random.Random(7)
+    stored = rng.sample(range(1 << 16), 300)          # dense: many within k = 4
+    (tmp_path / "s.txt").write_text("".join(f"{fp} s{fp}\n" for fp in stored))
+    assert run(capsys, "add", ix, str(tmp_path / "s.txt"))[0] == 0
+    far = 0xFFFF_FFFF_FFFF_0000                         # 48 bits from every stored one
+    queries = [rng.getrandbits(16) for _ in range(40)] + stored[:3] + [far]
+    listing = "".join(f"{hex(q)} q{i}\n" if i % 2 else f"{q}\n" for i, q in enumerate(queries))
+    status, out, _ = run(capsys, "query", ix, "--fingerprints-from", "-", "--json",
+                         stdin=listing, monkeypatch=monkeypatch)
+    answer = json.loads(out)
+    expected = []
+    for i, q in enumerate(queries):
+        near = sorted(((q ^ fp).bit_count(), fp) for fp in stored if (q ^ fp).bit_count() <= 4)
+        if near:
+            expected.append(dict(query=q, query_hex=f"0x{q:016x}", key=f"q{i}" if i % 2 else None,
+                                 matches=[dict(fingerprint=fp, fingerprint_hex=f"0x{fp:016x}",
+                                               distance=d, keys=[f"s{fp}"]) for d, fp in near]))
+    assert status == 0 and 0 < len(expected) < len(queries)
+    assert answer == dict(k=4, queried=len(queries), matched=len(expected), invalid=0,
+                          queries=expected)
+    # The text lists the queries with a match, each under its line's key, then counts.
+    (tmp_path / "q.txt").write_text(listing)
+    status, out, _ = run(capsys, "query", ix, "--fingerprints-from", str(tmp_path / "q.txt"),
+                         "-k", "0")
+    exact = [(i, q) for i, q in enumerate(queries) if q in stored]
+    lines = []
+    for i, q in exact:
+        lines += [f"query 0x{q:016x}{f' (q{i})' if i % 2 else ''} k=0: 1 match",
+                  f"  0x{q:016x}  distance  0  s{q}"]
+    lines.append(f"queried {len(queries)} fingerprints: {len(exact)} with a match")
+    assert out.splitlines() == lines and status == (0 if exact else 1)
+    # Nothing matches: exit 1, as a single query.  An invalid line queries nothing.
+    status, out, _ = run(capsys, "query", ix, "--fingerprints-from", "-",
+                         stdin=f"{far}\n", monkeypatch=monkeypatch)
+    assert status == 1 and out == "queried 1 fingerprint: 0 with a match\n"
+    status, out, err = run(capsys, "query", ix, "--fingerprints-from", "-",
+                           stdin=f"{stored[0]}\nzz\n", monkeypatch=monkeypatch)
+    assert status == 2 and out == "" and err.splitlines()[-1] == (
+        "ndindex: <stdin>: 1 invalid line; nothing queried (--skip-invalid queries the valid "
+        "ones)")
+    status, out, _ = run(capsys, "query", ix, "--fingerprints-from", "-", "-k", "0",
+                         "--skip-invalid", stdin=f"{stored[0]}\nzz\n", monkeypatch=monkeypatch)
+    assert status == 0 and out.splitlines()[-1] == \
+        "queried 1 fingerprint: 1 with a match; skipped 1 invalid line"
+    status, _, err = run(capsys, "query", ix, "0x1", "--skip-invalid")
+    assert status == 2 and "--skip-invalid goes with --fingerprints-from" in err
 
 
 def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
