@@ -32,18 +32,22 @@ def add_document_commands(commands) -> None:
                     "the query reaches the threshold, most similar first: candidates share a "
                     "lookup key with the query, whatever their simhash distance, and each is "
                     "verified by its sketch.  The query is a FILE (text in any character set), "
-                    "--text, or --key of a stored document (left out of its own results).  A text "
+                    "--text, or --key of a stored document (left out of its own results).  Given "
+                    "several FILEs or a directory, each file (directories recursively) is a query, "
+                    "and those with similar documents are printed, then a count.  A text "
                     "of fewer than 4 distinct word 3-shingles (about 6 words; at threshold 0.9, 9 "
                     "shingles, about 11 words) can only match the same words: a note on stderr "
                     "says so.",
                     ["ndindex similar docs.ndx draft.md",
                      "ndindex similar docs.ndx --text 'the quick brown fox jumps over the lazy dog'",
                      "ndindex similar docs.ndx --key notes/a.txt --threshold 0.9 --json",
-                     "ndindex similar docs.ndx draft.md --limit 5"],
+                     "ndindex similar docs.ndx draft.md --limit 5",
+                     "ndindex similar docs.ndx incoming/ --json"],
                     cmd_similar)
     p.add_argument("index", metavar="INDEX")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("file", nargs="?", metavar="FILE", help="a text file")
+    what.add_argument("file", nargs="*", default=[], metavar="FILE",
+                      help="a text file; several, or directories: a query each")
     what.add_argument("--file", dest="file_option", metavar="PATH",
                       help="the same as FILE (as `ndindex query --file`)")
     what.add_argument("--text", metavar="TEXT", help="this text")
@@ -163,14 +167,28 @@ def cmd_add_documents(args) -> int:
 def _document_files(paths, counts: dict):
     """Yield (key, text) of the files under paths; report and count the others."""
     from ndindex.records import MAX_DOC_KEY_BYTES
+
+    def key_problem(path):
+        size = _key_bytes(_document_key(os.path.normpath(path)))
+        if size > MAX_DOC_KEY_BYTES:
+            return f"path of {size} bytes, above the {MAX_DOC_KEY_BYTES} of a key"
+        return None
+
+    for path, text in _file_texts(paths, counts, key_problem):
+        yield _document_key(os.path.normpath(path)), text     # ./a.txt is a.txt
+
+
+def _file_texts(paths, counts: dict, problem_of=None):
+    """Yield (path, text) of the files under paths (directories recursively);
+    report on stderr and count in counts["skipped"] those that are not text,
+    cannot be read, or of which problem_of(path) names a problem."""
     from ndindex.textfile import NotText
     for path, problem in document_paths(paths):
-        key = _document_key(os.path.normpath(path))     # ./a.txt is a.txt
-        if not problem and _key_bytes(key) > MAX_DOC_KEY_BYTES:
-            problem = f"path of {_key_bytes(key)} bytes, above the {MAX_DOC_KEY_BYTES} of a key"
+        if not problem and problem_of is not None:
+            problem = problem_of(path)
         if not problem:
             try:
-                yield key, document_text(path)
+                yield path, document_text(path)
                 continue
             except OSError as exc:
                 problem = exc.strerror or str(exc)
@@ -259,10 +277,23 @@ def _exact_only_note(ix: Index, text, threshold: float) -> str | None:
             "so it matches only texts of the same words")
 
 
+def _matches_json(matches) -> list:
+    return [dict(key=key_json(m.key), similarity=round(m.similarity, 4),
+                 fingerprint_hex=hex_fp(m.fingerprint)) for m in matches]
+
+
+def _print_similar(what: str, threshold: float, matches) -> None:
+    print(f"similar to {what} (threshold {threshold:g}): {plural(len(matches), 'document')}")
+    for m in matches:
+        print(f"  {m.similarity:.4f}  {key_text(m.key)}")
+
+
 def cmd_similar(args) -> int:
     note = None
-    if args.file_option is not None:
-        args.file = args.file_option
+    files = [args.file_option] if args.file_option is not None else args.file
+    if len(files) > 1 or any(os.path.isdir(f) for f in files):
+        return _similar_files(args, files)
+    args.file = files[0] if files else None
     with open_index(args.index, readonly=True) as ix:
         if args.key is not None:
             key = _document_key(args.key)
@@ -280,7 +311,7 @@ def cmd_similar(args) -> int:
                     text = document_text(args.file)
                 except NotText as exc:
                     raise FileError(args.file, f"{exc}; documents must be text") from None
-                query = dict(file=args.file)
+                query = dict(file=key_json(_document_key(args.file)))
             matches = ix.similar(text, threshold=args.threshold, limit=args.limit)
         threshold = _threshold_of(ix, args.threshold)
         if args.key is None:
@@ -288,17 +319,40 @@ def cmd_similar(args) -> int:
     if note is not None:
         print(f"ndindex: note: {note}", file=sys.stderr)
     if args.json:
-        print_json(dict(query=query, threshold=threshold, note=note, matches=[
-            dict(key=key_json(m.key), similarity=round(m.similarity, 4),
-                 fingerprint_hex=hex_fp(m.fingerprint)) for m in matches]))
+        print_json(dict(query=query, threshold=threshold, note=note,
+                        matches=_matches_json(matches)))
     else:
         what = (f"key {key_text(_document_key(args.key))}" if args.key is not None
                 else "the text" if args.text is not None else args.file)
-        print(f"similar to {what} (threshold {threshold:g}): {len(matches)} "
-              f"document{'s' if len(matches) != 1 else ''}")
-        for m in matches:
-            print(f"  {m.similarity:.4f}  {key_text(m.key)}")
+        _print_similar(what, threshold, matches)
     return EXIT_OK if matches else EXIT_NONE
+
+
+def _similar_files(args, paths) -> int:
+    """ndindex similar with several files or a directory: each file that has
+    similar stored documents is printed as it is found, then a count."""
+    counts = dict(skipped=0)
+    checked, found = 0, []
+    with open_index(args.index, readonly=True) as ix:
+        threshold = _threshold_of(ix, args.threshold)
+        for path, text in _file_texts(paths, counts):
+            checked += 1
+            matches = ix.similar(text, threshold=args.threshold, limit=args.limit)
+            if not matches:
+                continue
+            if args.json:
+                found.append(dict(file=key_json(_document_key(path)),
+                                  matches=_matches_json(matches)))
+            else:
+                _print_similar(dedup_module.display_path(path), threshold, matches)
+                found.append(path)
+    if args.json:
+        print_json(dict(threshold=threshold, checked=checked, matched=len(found),
+                        skipped=counts["skipped"], files=found))
+    else:
+        print(f"checked {plural(checked, 'file')}: {len(found):,} with similar documents"
+              + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else ""))
+    return EXIT_OK if found else EXIT_NONE
 
 
 def cmd_pairs(args) -> int:

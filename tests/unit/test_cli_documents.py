@@ -262,6 +262,41 @@ def test_similar_text_key_and_file_agree_with_brute_force(docs, tmp_path, capsys
         by_file
 
 
+def test_similar_checks_each_file_of_several_or_of_a_directory(docs, tmp_path, capsys):
+    ix, texts = docs
+    incoming = tmp_path / "incoming"
+    (incoming / "sub").mkdir(parents=True)
+    queries = {incoming / "a.txt": texts["doc03"],
+               incoming / "sub" / "b.txt": texts["doc07"],
+               incoming / "c.txt": " ".join(WORDS[:200])}          # like nothing stored
+    for path, body in queries.items():
+        path.write_text(body)
+    (incoming / "d.bin").write_bytes(bytes(range(256)) * 4)
+    want = {}
+    for path, body in sorted(queries.items()):
+        near = sorted((k for k, t in texts.items() if jaccard(body, t) >= 0.8),
+                      key=lambda k: (-jaccard(body, texts[k]), k))
+        if near:
+            want[str(path)] = near
+    assert 0 < len(want) < len(queries)
+    status, out, err = run(capsys, "similar", ix, incoming, "--json")
+    got = json.loads(out)
+    assert status == 0 and err == f"ndindex: {incoming / 'd.bin'}: looks binary, skipped\n"
+    assert (got["threshold"], got["checked"], got["matched"], got["skipped"]) == \
+        (0.8, 3, len(want), 1)
+    assert {f["file"]: sorted(m["key"] for m in f["matches"]) for f in got["files"]} == \
+        {f: sorted(keys) for f, keys in want.items()}
+    # The text: each file with a match, in the walk's order, then a count; no match is exit 1.
+    status, out, _ = run(capsys, "similar", ix, incoming / "sub" / "b.txt", incoming / "a.txt")
+    heads = [line for line in out.splitlines() if line.startswith("similar to ")]
+    assert [h.split(" (")[0] for h in heads] == [
+        f"similar to {p}" for p in (incoming / "sub" / "b.txt", incoming / "a.txt")
+        if str(p) in want]
+    assert out.splitlines()[-1] == f"checked 2 files: {len(heads)} with similar documents"
+    status, out, _ = run(capsys, "similar", ix, incoming / "c.txt", incoming / "c.txt")
+    assert status == 1 and out == "checked 2 files: 0 with similar documents\n"
+
+
 def test_similar_text_output_limit_and_no_match(docs, capsys):
     ix, texts = docs
     status, out, err = run(capsys, "similar", ix, "--text", texts["doc00"], "--limit", "1")
