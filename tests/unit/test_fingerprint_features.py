@@ -82,6 +82,15 @@ def test_streamed_pieces_equal_whole_text(monkeypatch):  # [FP17]
         assert list(extract(text, spec)) == whole
         pieces = [text[i:i + 37] for i in range(0, len(text), 37)]
         assert list(np.concatenate(list(extract_stream(pieces, spec)))) == whole
+    # A run without a boundary longer than MAX_PIECE_CHARS is cut inside it:
+    # the pieces' features are the same whether the text comes whole or not.
+    monkeypatch.setattr(features_mod, "MAX_PIECE_CHARS", 120)
+    text = TEXT + " " + "x" * 400 + " " + TEXT + "\n" + "y" * 300 + TEXT
+    for spec in (FeatureSpec(ngram=3), FeatureSpec(unit="lines", ngram=2)):
+        whole = extract(text, spec)
+        pieces = [text[i:i + 37] for i in range(0, len(text), 37)]
+        assert np.concatenate(list(extract_stream(pieces, spec))).tolist() == whole.tolist()
+        assert len(whole) > 0
 
 
 def test_feature_spec_rejects_bad_values():

@@ -17,6 +17,9 @@ Rows:
   ndindex both           simhash + minhash 128
   ndindex fingerprint()  simhash + bottom-1024 sketch: what the default
                          near-duplicate pipeline stores per document
+  ... one long text      fingerprint() of the documents joined into one text of
+                         --long-mb MB (hundreds of pieces): its rate over the
+                         per-document rate says whether cost stays linear
   datasketch MinHash     MinHash(num_perm=128).update_batch(word 3-shingles);
                          shingling in Python (re + join) included, as a user
                          of datasketch must do it
@@ -55,6 +58,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peer-mb", type=float, default=2.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--long-mb", type=float, default=64.0)
     args = ap.parse_args(argv)
     docs = corpus.plain_english()
     sizes = [len(d.encode()) for d in docs]
@@ -80,6 +84,11 @@ def main(argv=None) -> int:
     ours("ndindex minhash 128", fp.minhash)
     ours("ndindex simhash + minhash", lambda d: (fp.simhash(d), fp.minhash(d)))
     ours("ndindex fingerprint() (default)", fp.fingerprint)
+    joined = "\n".join(docs)
+    long_text = joined * max(1, round(args.long_mb * 1e6 / len(joined.encode())))
+    long_bytes = len(long_text.encode())
+    long_rate = best_rate(fp.fingerprint, [long_text], long_bytes, 1)
+    del long_text
 
     peers = {}
     word = re.compile(r"\w+")
@@ -135,6 +144,8 @@ def main(argv=None) -> int:
         print(line)
     for n, r in peers.items():
         print(f"{n:34} {'':>9} {r:13.2f}")
+    print(f"\none long text of {long_bytes / 1e6:.0f} MB, fingerprint(): {long_rate:.1f} MB/s, "
+          f"{long_rate / rows[-1][1]:.2f}x the per-document rate (>= 0.5: linear)")
     return 0
 
 
