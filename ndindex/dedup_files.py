@@ -112,7 +112,7 @@ class Walk:
         self.found: list = []       # the _Found in walk order
         self.dirs: set = set()
         self.pending_dirs: list = []  # directories met, to walk next
-        self.symlinks: list = []    # symlinks met, to follow after the real walk
+        self.symlinks = collections.deque()   # symlinks met, to follow after the real walk
 
     def run(self, roots: Sequence[bytes]) -> list:
         for root in sorted(set(roots)):
@@ -123,7 +123,7 @@ class Walk:
             self._entry(root, st)
         self._descend()
         while self.symlinks:
-            path = self.symlinks.pop(0)
+            path = self.symlinks.popleft()
             try:
                 st = os.stat(path)
             except OSError:
