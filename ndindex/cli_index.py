@@ -149,12 +149,15 @@ def _query_list(args) -> int:
     with open_index(args.index, readonly=True) as ix:
         k = ix.k if args.k is None else args.k
         found = ix.query_many(fps, k, max_probes=args.max_probes)
-        # query_many groups the matches by query, in the batch's order
-        cuts = np.flatnonzero(found["query"][1:] != found["query"][:-1]) + 1
-        results = [(int(group["query"][0]),
-                    [(int(fp), int(d), ix.keys(int(fp)))
-                     for fp, d in zip(group["fingerprint"], group["distance"])])
-                   for group in np.split(found, cuts) if len(group)]
+        distinct = np.unique(found["fingerprint"])
+        keys = dict(zip(distinct.tolist(), ix.keys_many(distinct)))
+    # query_many groups the matches by query, in the batch's order
+    results = []
+    for i, fp, d in zip(found["query"].tolist(), found["fingerprint"].tolist(),
+                        found["distance"].tolist()):
+        if not results or results[-1][0] != i:
+            results.append((i, []))
+        results[-1][1].append((fp, d, keys[fp]))
     if args.json:
         print_json(dict(k=k, queried=len(fps), matched=len(results), invalid=invalid, queries=[
             dict(query=int(fps[i]), query_hex=hex_fp(int(fps[i])),
@@ -162,12 +165,17 @@ def _query_list(args) -> int:
                  matches=[_match_json(*m) for m in matches])
             for i, matches in results]))
     else:
+        queries, lines = fps.tolist(), []
         for i, matches in results:
             label = "" if labels is None or labels[i] is None else f" ({key_text(labels[i])})"
-            print(f"query {hex_fp(int(fps[i]))}{label} k={k}: "
-                  f"{plural(len(matches), 'match', 'matches')}")
-            for m in matches:
-                print(_match_line(*m))
+            lines.append(f"query {hex_fp(queries[i])}{label} k={k}: "
+                         f"{plural(len(matches), 'match', 'matches')}")
+            lines.extend(_match_line(*m) for m in matches)
+            if len(lines) >= 10000:
+                print("\n".join(lines))
+                lines = []
+        if lines:
+            print("\n".join(lines))
         print(f"queried {plural(len(fps), 'fingerprint')}: {len(results):,} with a match"
               + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK if results else EXIT_NONE

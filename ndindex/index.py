@@ -679,6 +679,13 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         snap, pend = self._view()
         return snap.keys_of([fp], pend)[0]
 
+    def keys_many(self, fingerprints) -> list:
+        """Return keys() of each fingerprint of a batch, in order: one pass over
+        the key records (query_many's matches, say), not a lookup each."""
+        fps = validate.fingerprints(fingerprints)
+        snap, pend = self._view()
+        return snap.keys_of(fps.tolist(), pend)
+
     def __contains__(self, fingerprint) -> bool:
         return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
 

@@ -1392,6 +1392,14 @@ def test_keys_are_found_wherever_they_are_when_most_fingerprints_have_none(path)
         assert ix.keys(int(fps[1])) == ("one",)                     # in the log
         ix.compact()
         assert ix.keys(int(fps[1])) == ("one",)                     # in the runs
+        # keys_many answers as keys() each, in the order asked, absent ones too
+        ix.add([int(fps[2]), int(fps[2])], keys=["b", "a"])
+        asked = [int(fps[2]), 5, int(fps[1]), int(fps[0]), int(fps[2])]
+        assert ix.keys_many(asked) == [ix.keys(fp) for fp in asked] == [
+            ("a", "b"), (), ("one",), (), ("a", "b")]
+        assert ix.keys_many(np.array([], np.uint64)) == []
+        with pytest.raises(ValueError):
+            ix.keys_many([-1])
         # Its last key gone, the fingerprint goes too (remove's rule).
         assert ix.remove(keys=["one"]) == 1 and int(fps[1]) not in ix
 
