@@ -487,9 +487,19 @@ def _core_records(key: bytes, raw, prefix: bytes, first: bytes) -> list:
         raise _bad(str(exc.args[0]) if exc.args else "bad record block", key) from None
 
 
-def find_records(key: bytes, value, entry, prefix: bytes) -> list:
-    """The records of one sub-block whose key begins with prefix."""
-    return _core_records(key, raw_block(key, value, entry), prefix, entry[4])
+def find_records(key: bytes, value, entry, prefix: bytes, last: list | None = None) -> list:
+    """The records of one sub-block whose key begins with prefix.
+
+    last, a list [tag, raw] the caller keeps across calls, holds the last
+    sub-block read: lookups in key order then check and decompress each
+    sub-block once, not once a lookup.
+    """
+    if last is None:
+        return _core_records(key, raw_block(key, value, entry), prefix, entry[4])
+    tag = (key, entry[0])
+    if last[0] != tag:
+        last[:] = [tag, raw_block(key, value, entry)]
+    return _core_records(key, last[1], prefix, entry[4])
 
 
 def unpack_record_chunk(key: bytes, value, group: bytes | None = None):

@@ -207,9 +207,14 @@ def lookup_record_key(lookup_key: int, fp: int) -> bytes:
 
 def documents_of(snap, pending, fp: int) -> dict:
     """{typed key: StoredDocument} of the documents stored under a fingerprint."""
-    prefix = U64_BE.pack(fp)
-    return {key[8:]: unpack_document(value, key)
-            for key, value in snap.record_group(SPACE_DOCS, prefix, pending).items()}
+    return documents_of_many(snap, pending, [fp])[0]
+
+
+def documents_of_many(snap, pending, fps) -> list[dict]:
+    """documents_of() of each fingerprint (one batched lookup)."""
+    groups = [U64_BE.pack(fp) for fp in fps]
+    return [{key[8:]: unpack_document(value, key) for key, value in found.items()}
+            for found in snap.record_groups(SPACE_DOCS, groups, pending)]
 
 
 def removal_records(snap, pending, deletes: dict) -> list:
@@ -221,8 +226,8 @@ def removal_records(snap, pending, deletes: dict) -> list:
     document of the same fingerprint lists ([D1]).
     """
     out = []
-    for fp, raws in deletes.items():
-        docs = documents_of(snap, pending, fp)
+    for (fp, raws), docs in zip(deletes.items(),
+                                documents_of_many(snap, pending, list(deletes))):
         gone = [raw for raw in raws if raw in docs]
         if not gone:
             continue

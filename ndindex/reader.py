@@ -547,8 +547,13 @@ class Snapshot:
 
     def fps_of_key(self, raw: bytes, pending: PendingOps | None = None) -> list[int]:
         """The fingerprints a typed document key is stored with."""
-        return sorted(U64_BE.unpack_from(key, len(raw))[0]
-                      for key in self.record_group(SPACE_FPS_BY_KEY, raw, pending))
+        return self.fps_of_keys([raw], pending)[0]
+
+    def fps_of_keys(self, raws: list, pending: PendingOps | None = None) -> list[list[int]]:
+        """fps_of_key() of each typed key (one batched lookup)."""
+        return [sorted(U64_BE.unpack_from(key, len(raw))[0] for key in found)
+                for raw, found in zip(raws, self.record_groups(SPACE_FPS_BY_KEY, raws,
+                                                               pending))]
 
     def space_records(self, space: int, pending: PendingOps | None = None):
         """Yield (key, value) of every live record of a record space, in key order.

@@ -22,18 +22,16 @@ def key_deletions(snap, pend, fps: list, raw_keys: list) -> tuple[dict, set]:
     gone = set(fps)
     if not raw_keys and not snap.may_hold_records(SPACE_KEYS_BY_FP, pend):
         return {}, gone  # an index without keys: nothing to look up
+    # Every lookup is batched: one at a time, removing 150,000 keys took 18 s.
     have = dict(zip(gone, snap.raw_keys_many(gone, pend)))
-
-    def keys_of(fp):
-        if fp not in have:
-            have[fp] = snap.raw_keys(fp, pend)
-        return have[fp]
-    deletes = {fp: set(keys_of(fp)) for fp in gone}
-    for raw in raw_keys:
-        for fp in snap.fps_of_key(raw, pend):
+    deletes = {fp: set(have[fp]) for fp in gone}
+    for raw, holders in zip(raw_keys, snap.fps_of_keys(raw_keys, pend)):
+        for fp in holders:
             deletes.setdefault(fp, set()).add(raw)
+    others = [fp for fp in deletes if fp not in have]
+    have.update(zip(others, snap.raw_keys_many(others, pend)))
     for fp, raws in deletes.items():
-        if fp not in gone and not keys_of(fp) - raws:
+        if fp not in gone and not have[fp] - raws:
             gone.add(fp)
     return {fp: raws for fp, raws in deletes.items() if raws}, gone
 

@@ -390,13 +390,14 @@ def record_lookup_many(view: PageView, run: Run, groups: list) -> dict:
                               prefix, groups, cursor)
     out = {}
     mv = memoryview(view.buf)
-    for i, key, off, length in hits:
+    last = [None, None]
+    for i, key, off, length in sorted(hits, key=lambda hit: (hit[1], groups[hit[0]])):
         group = groups[i]
         value = mv[off:off + length]
         _, _, _, blocks, _ = _core.record_chunk(key, value, group)
         found = []
         for entry in blocks:
-            found += [r for r in ch.find_records(key, value, entry, group)
+            found += [r for r in ch.find_records(key, value, entry, group, last)
                       if _record_live(run, r[0])]
         if key[5:].startswith(group):  # the group goes on past this chunk
             found = record_lookup(view, run, group)

@@ -1404,6 +1404,31 @@ def test_keys_are_found_wherever_they_are_when_most_fingerprints_have_none(path)
         assert ix.remove(keys=["one"]) == 1 and int(fps[1]) not in ix
 
 
+def test_removing_many_keys_in_one_call_matches_a_model(path):
+    # The lookups of a removal are batched (key records in key order, a
+    # sub-block read once for all its keys): over several runs and many
+    # record chunks, what goes and what stays is what a model says.
+    rng = np.random.default_rng(31)
+    fps = rng.integers(0, 2**64, 12000, dtype=np.uint64).tolist()
+    model = {}
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        for part in range(3):                       # three runs of key records
+            chunk = fps[part * 4000:(part + 1) * 4000]
+            keys = [f"k{part}-{i}" for i in range(len(chunk))]
+            shared = [f"shared-{i % 700}" for i in range(len(chunk))]
+            ix.add(chunk + chunk, keys=keys + shared)
+            for fp, a, b in zip(chunk, keys, shared):
+                model.setdefault(fp, set()).update((a, b))
+            ix.compact()
+        going = set(rng.choice(sorted({k for ks in model.values() for k in ks}), 5000,
+                               replace=False).tolist())
+        removed = ix.remove(keys=sorted(going))
+        left = {fp: ks - going for fp, ks in model.items() if ks - going}
+        assert removed == len(model) - len(left)
+        assert ix.keys_many(fps) == [tuple(sorted(left.get(fp, ()))) for fp in fps]
+        assert sorted(ix.fingerprints().tolist()) == sorted(left)
+
+
 def test_the_lister_forgets_runs_merged_away(path, background_listing, monkeypatch):
     # An index open for months lists run after run: what it remembers of
     # runs merged away must go with them.  (No vacuum, which starts the
