@@ -355,14 +355,16 @@ def _stored_documents(ix: Index, keys) -> dict:
     """
     from ndindex import docstore, records
     snap, pending = ix._view()
+    keys = list(keys)
+    raws = [records.encode_doc_key(key) for key in keys]
+    held = [(key, raw, fp) for key, raw, fps in zip(keys, raws, snap.fps_of_keys(raws, pending))
+            for fp in fps]
     out = {}
-    for key in keys:
-        raw = records.encode_doc_key(key)
-        for fp in snap.fps_of_key(raw, pending):
-            doc = docstore.documents_of(snap, pending, fp).get(raw)
-            if doc is not None:
-                out[key] = (fp, doc.sketch)
-                break
+    found = docstore.documents_of_many(snap, pending, [fp for _, _, fp in held])
+    for (key, raw, fp), docs in zip(held, found):
+        doc = docs.get(raw)
+        if doc is not None and key not in out:
+            out[key] = (fp, doc.sketch)
     return out
 
 
