@@ -351,7 +351,7 @@ def _similar_files(args, paths) -> int:
                         skipped=counts["skipped"], files=found))
     else:
         print(f"checked {plural(checked, 'file')}: {len(found):,} with similar documents"
-              + (f"; skipped {counts['skipped']:,}" if counts["skipped"] else ""))
+              + (f"; skipped {plural(counts['skipped'], 'file')}" if counts["skipped"] else ""))
     return EXIT_OK if found else EXIT_NONE
 
 

@@ -293,6 +293,9 @@ def test_similar_checks_each_file_of_several_or_of_a_directory(docs, tmp_path, c
         f"similar to {p}" for p in (incoming / "sub" / "b.txt", incoming / "a.txt")
         if str(p) in want]
     assert out.splitlines()[-1] == f"checked 2 files: {len(heads)} with similar documents"
+    status, out, _ = run(capsys, "similar", ix, incoming)
+    assert out.splitlines()[-1] == \
+        f"checked 3 files: {len(want)} with similar documents; skipped 1 file"
     status, out, _ = run(capsys, "similar", ix, incoming / "c.txt", incoming / "c.txt")
     assert status == 1 and out == "checked 2 files: 0 with similar documents\n"
 
