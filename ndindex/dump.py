@@ -51,7 +51,7 @@ def export_index(index: Index, out: BinaryIO) -> dict:
     """Write the dump of an open index to a binary stream; return the counts.
 
     Cost: one decode of table 0, read in slices (memory bounded, not O(N)),
-    and one key lookup per fingerprint unless the index holds no keys; all
+    and one ordered pass over the key records beside it (Index.items); all
     from one snapshot (a concurrent writer does not tear the dump).
     """
     cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)

@@ -12,9 +12,40 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex.arrays import EMPTY_U64, isin_sorted
+from ndindex.records import SPACE_KEYS_BY_FP, U64_BE, decode_doc_key
 
 #: items() and fingerprints() read table 0 about this many values a run at a time.
 ORDER_SLICE_VALUES = 1 << 20
+
+
+class _KeysInOrder:
+    """The keys of ascending pieces of fingerprints, as Snapshot.keys_of gives
+    them, read by one pass over the key records in order (a merge join)
+    instead of a lookup a fingerprint: 19 us a key in an export, then."""
+
+    def __init__(self, snap, pend):
+        self._records = (snap.space_records(SPACE_KEYS_BY_FP, pend)
+                         if snap.may_hold_records(SPACE_KEYS_BY_FP, pend) else None)
+        self._ahead = None   # a record read past the last piece
+
+    def __call__(self, part: np.ndarray) -> list[tuple]:
+        fps = part.tolist()
+        if self._records is None or not fps:
+            return [()] * len(fps)
+        found, last = {}, fps[-1]
+        record = self._ahead or next(self._records, None)
+        while record is not None:
+            fp = U64_BE.unpack_from(record[0])[0]
+            if fp > last:
+                break
+            found.setdefault(fp, []).append(decode_doc_key(record[0][8:]))
+            record = next(self._records, None)
+        self._ahead = record
+        return [tuple(sorted(found[fp], key=_key_order)) if fp in found else () for fp in fps]
+
+
+def _key_order(key):
+    return (isinstance(key, str), key)
 
 
 class ContentMethods:
@@ -35,6 +66,7 @@ class ContentMethods:
         """
         snap, pend = self._view()
         new, gone = self._pending_changes(snap, pend)
+        keys_of = _KeysInOrder(snap, pend)
         held = []   # sorted pieces not yet given out, in order
         count = 0
         for values in self._in_order(snap, new, gone):
@@ -46,11 +78,11 @@ class ContentMethods:
             whole = len(run) - len(run) % chunk
             for start in range(0, whole, chunk):
                 part = run[start:start + chunk]
-                yield part, snap.keys_of(part.tolist(), pend)
+                yield part, keys_of(part)
             held, count = [run[whole:]], len(run) - whole
         if count:
             part = np.concatenate(held)
-            yield part, snap.keys_of(part.tolist(), pend)
+            yield part, keys_of(part)
 
     def _in_order(self, snap, new: np.ndarray, gone: np.ndarray):
         """Yield snap's live fingerprints with new added and gone taken out, in ascending

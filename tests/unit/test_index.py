@@ -983,6 +983,27 @@ def test_iteration_yields_every_live_fingerprint_once(path, small_steps):
 
 
 @pytest.mark.parametrize("state", STATES)
+def test_the_keys_items_reads_in_order_equal_those_looked_up(path, state, small_steps):
+    # items() reads the key records in one ordered pass beside the
+    # fingerprints (a merge join); keys_many looks each one up.
+    rng = np.random.default_rng(41)
+    fps = np.unique(rng.integers(0, 2**64, 4000, dtype=np.uint64))
+    with Index.create(path, k=3, background_compaction=False) as ix:
+        put_in_state(ix, fps, state)
+        some = fps[::3].tolist()
+        ix.add(some, keys=[f"a{i}" for i in range(len(some))])
+        ix.add(some[::2], keys=[b"\xff%d" % i for i in range(len(some[::2]))])  # a second, bytes
+        ix.remove(keys=[f"a{i}" for i in range(0, len(some), 5)])
+        with ix.transaction():
+            ix.add(fps[1:50:2], keys=[f"p{i}" for i in range(25)])
+            parts = list(ix.items(101))
+            listed = np.concatenate([p for p, _ in parts])
+            keys = [k for _, ks in parts for k in ks]
+            assert keys == ix.keys_many(listed)
+            assert sum(1 for k in keys if len(k) == 2) > 300 and sum(map(bool, keys)) > 1000
+
+
+@pytest.mark.parametrize("state", STATES)
 @pytest.mark.parametrize("first_table", ["in order", "permuted"])
 def test_shares_of_iter_chunks_are_ranges_of_values(path, state, first_table, small_steps):
     # Share p of P holds the fingerprints in [p, p + 1) x 2^64 / P, in every
