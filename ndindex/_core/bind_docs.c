@@ -20,16 +20,20 @@ static Py_ssize_t items(const Py_buffer *b, Py_ssize_t size, const char *name) {
 }
 
 PyDoc_STRVAR(band_keys_doc,
-             "band_keys(features, a, b, rows) -> bytearray\n\n"
+             "band_keys(features, a, b, rows, state=None) -> bytearray\n\n"
              "The len(a) band keys (native uint64) of one document: band j hashes the\n"
              "rows smallest distinct ((a[j] * fold(x) + b[j]) mod 2^64) >> 32 over the\n"
-             "native uint64 features x with XXH64 seeded j (format-spec/documents.md).");
+             "native uint64 features x with XXH64 seeded j (format-spec/documents.md).\n"
+             "state, a writable buffer of len(a) * (rows + 1) uint32 (zeroed to begin),\n"
+             "carries the bands' smallest values from call to call: the keys of a\n"
+             "document given in pieces are those of the last call.");
 static PyObject *py_band_keys(PyObject *self, PyObject *args) {
-    Py_buffer feats, a, b;
+    Py_buffer feats, a, b, state = {0};
     int rows;
-    if (!PyArg_ParseTuple(args, "y*y*y*i:band_keys", &feats, &a, &b, &rows))
+    if (!PyArg_ParseTuple(args, "y*y*y*i|w*:band_keys", &feats, &a, &b, &rows, &state))
         return NULL;
     PyObject *out = NULL;
+    uint32_t *low = NULL;
     Py_ssize_t n = items(&feats, 8, "features"), bands = items(&a, 8, "a");
     if (n < 0 || bands < 0)
         goto done;
@@ -39,29 +43,44 @@ static PyObject *py_band_keys(PyObject *self, PyObject *args) {
                      "%zd b, rows %d", DOCS_MAX_ROWS, bands, b.len / 8, rows);
         goto done;
     }
+    Py_ssize_t state_bytes = bands * (rows + 1) * 4;
+    if (state.obj) {
+        if (state.len != state_bytes) {
+            PyErr_Format(PyExc_ValueError, "band state must be %zd bytes, got %zd",
+                         state_bytes, state.len);
+            goto done;
+        }
+        low = state.buf;
+    } else if (!(low = calloc((size_t)state_bytes, 1))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint32_t *count = low + (size_t)bands * rows;
+    for (Py_ssize_t j = 0; j < bands; j++)
+        if (count[j] > (uint32_t)rows) {
+            PyErr_SetString(PyExc_ValueError, "band state holds a count above rows");
+            goto done;
+        }
     out = PyByteArray_FromStringAndSize(NULL, bands * 8);
     if (!out)
         goto done;
-    int rc;
     uint64_t *keys = (uint64_t *)PyByteArray_AS_STRING(out);
     if (n * bands > GIL_RELEASE_ITEMS) {
         Py_BEGIN_ALLOW_THREADS
-        rc = docs_band_keys(feats.buf, (size_t)n, a.buf, b.buf, (int)bands, rows, keys);
+        docs_band_update(feats.buf, (size_t)n, a.buf, b.buf, (int)bands, rows, low, count);
         Py_END_ALLOW_THREADS
     } else {
-        rc = docs_band_keys(feats.buf, (size_t)n, a.buf, b.buf, (int)bands, rows, keys);
+        docs_band_update(feats.buf, (size_t)n, a.buf, b.buf, (int)bands, rows, low, count);
     }
-    if (rc != DOCS_OK) {
-        Py_CLEAR(out);
-        if (rc == DOCS_NOMEM)
-            PyErr_NoMemory();
-        else
-            PyErr_Format(PyExc_ValueError, "band_keys rejected its arguments (status %d)", rc);
-    }
+    docs_band_hash(low, count, (int)bands, rows, keys);
 done:
+    if (!state.obj)
+        free(low);
     PyBuffer_Release(&feats);
     PyBuffer_Release(&a);
     PyBuffer_Release(&b);
+    if (state.obj)
+        PyBuffer_Release(&state);
     return out;
 }
 

@@ -6,26 +6,17 @@
 
 #include "ndx_features.h"
 
-int docs_band_keys(const uint64_t *features, size_t n, const uint64_t *a,
-                   const uint64_t *b, int bands, int rows, uint64_t *keys) {
-    if (bands < 1 || rows < 1 || rows > DOCS_MAX_ROWS)
-        return DOCS_BAD_ARG;
+void docs_band_update(const uint64_t *features, size_t n, const uint64_t *a, const uint64_t *b,
+                      int bands, int rows, uint32_t *low, uint32_t *count) {
     /* Each band keeps its `rows` smallest values so far, sorted; a new value
      * at or above the largest of a full band is rejected by one compare,
      * which is the fate of nearly every feature once the bands fill. */
-    uint32_t *low = malloc((size_t)bands * rows * sizeof *low);
-    int *count = calloc((size_t)bands, sizeof *count);
-    if (!low || !count) {
-        free(low);
-        free(count);
-        return DOCS_NOMEM;
-    }
     for (size_t i = 0; i < n; i++) {
         uint32_t f = (uint32_t)(features[i] ^ (features[i] >> 32));
         for (int j = 0; j < bands; j++) {
             uint32_t h = (uint32_t)((a[j] * f + b[j]) >> 32);
             uint32_t *v = low + (size_t)j * rows;
-            int c = count[j];
+            int c = (int)count[j];
             if (c == rows && h >= v[rows - 1])
                 continue;
             int pos = c;
@@ -37,13 +28,17 @@ int docs_band_keys(const uint64_t *features, size_t n, const uint64_t *a,
             memmove(v + pos + 1, v + pos, (size_t)(last - pos) * sizeof *v);
             v[pos] = h;
             if (c < rows)
-                count[j] = c + 1;
+                count[j] = (uint32_t)(c + 1);
         }
     }
+}
+
+void docs_band_hash(const uint32_t *low, const uint32_t *count, int bands, int rows,
+                    uint64_t *keys) {
     uint8_t buf[4 * DOCS_MAX_ROWS];
     for (int j = 0; j < bands; j++) {
         const uint32_t *v = low + (size_t)j * rows;
-        for (int r = 0; r < count[j]; r++) {
+        for (uint32_t r = 0; r < count[j]; r++) {
             buf[4 * r] = (uint8_t)v[r];
             buf[4 * r + 1] = (uint8_t)(v[r] >> 8);
             buf[4 * r + 2] = (uint8_t)(v[r] >> 16);
@@ -51,9 +46,6 @@ int docs_band_keys(const uint64_t *features, size_t n, const uint64_t *a,
         }
         keys[j] = fp_xxh64(buf, 4 * (size_t)count[j], (uint64_t)j);
     }
-    free(low);
-    free(count);
-    return DOCS_OK;
 }
 
 static inline uint32_t gap_at(const uint32_t *values, size_t i) {

@@ -23,10 +23,17 @@
  * `rows` smallest distinct values of h_j(x) = ((a[j] * fold(x) + b[j]) mod
  * 2^64) >> 32 over the features, fold(x) = (x ^ (x >> 32)) mod 2^32, sorted
  * ascending, written as little-endian uint32 and hashed with XXH64 seeded j.
- * A document with fewer distinct values hashes all it has.  keys: bands
- * outputs.  Returns DOCS_OK, DOCS_BAD_ARG or DOCS_NOMEM. */
-int docs_band_keys(const uint64_t *features, size_t n, const uint64_t *a, const uint64_t *b,
-                   int bands, int rows, uint64_t *keys);
+ * A document with fewer distinct values hashes all it has.
+ *
+ * The state of a document read in pieces: low[j * rows ..] holds band j's
+ * count[j] smallest values so far, sorted (count zeroed to begin).
+ * docs_band_update takes n more features into it (their order does not
+ * matter); docs_band_hash writes the bands keys of what it holds.  The
+ * caller checks 1 <= rows <= DOCS_MAX_ROWS. */
+void docs_band_update(const uint64_t *features, size_t n, const uint64_t *a, const uint64_t *b,
+                      int bands, int rows, uint32_t *low, uint32_t *count);
+void docs_band_hash(const uint32_t *low, const uint32_t *count, int bands, int rows,
+                    uint64_t *keys);
 
 /* Bits the Rice code of n strictly increasing values takes with parameter
  * k: sum of (gap >> k) + n * (k + 1), gaps as in [DR05]. */

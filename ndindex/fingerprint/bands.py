@@ -155,21 +155,28 @@ class KeyMaker:
         family = MinHashFamily(design.bands, minhash_seed)
         self._a, self._b = family.a, family.b
 
-    def band_keys(self, features) -> np.ndarray:
-        """Return the ``bands`` band keys (uint64) of a document's shingle hashes
-        ([DK21]).  Cost: O(n * bands) in C."""
-        f = np.ascontiguousarray(features, dtype=np.uint64)
-        return np.frombuffer(_core.band_keys(f, self._a, self._b, self.design.rows),
-                             dtype=np.uint64)
+    def band_state(self) -> bytearray:
+        """A document's band state: band_keys(..., state) over its features in
+        pieces gives, at the last piece, the keys of all of them."""
+        return bytearray(4 * self.design.bands * (self.design.rows + 1))
 
-    def lookup_keys(self, features, sketch) -> np.ndarray:
+    def band_keys(self, features, state: bytearray | None = None) -> np.ndarray:
+        """Return the ``bands`` band keys (uint64) of a document's shingle hashes
+        ([DK21]), and of those state holds from earlier pieces (see
+        band_state).  Cost: O(n * bands) in C."""
+        f = np.ascontiguousarray(features, dtype=np.uint64)
+        args = (f, self._a, self._b, self.design.rows) + (() if state is None else (state,))
+        return np.frombuffer(_core.band_keys(*args), dtype=np.uint64)
+
+    def lookup_keys(self, features, sketch, state: bytearray | None = None) -> np.ndarray:
         """Return every lookup key of a document ([DK23]): the exact key of its
         bottom-k sketch; its band keys when the sketch holds at least ``rows``
         values; then, when it holds DELETION_MIN_VALUES..DELETION_MAX_VALUES,
-        the deletion keys in the order of the deleted value."""
+        the deletion keys in the order of the deleted value.  state: the band
+        state of the document's earlier features (features then its last)."""
         keys = [np.array([exact_key(sketch)], dtype=np.uint64)]
         if len(sketch) >= self.design.rows:
-            keys.append(self.band_keys(features))
+            keys.append(self.band_keys(features, state))
         if DELETION_MIN_VALUES <= len(sketch) <= DELETION_MAX_VALUES:
             keys.append(deletion_keys(sketch))
         return np.concatenate(keys)

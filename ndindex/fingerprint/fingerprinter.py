@@ -17,10 +17,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from ndindex.errors import FormatError
-from ndindex.fingerprint.features import PIECE_CHARS, FeatureSpec, FeatureStream, extract
+from ndindex.fingerprint.features import (PIECE_CHARS, FeatureSpec, FeatureStream, extract,
+                                          extract_pieces)
 from ndindex.fingerprint.html import html_to_text
 from ndindex.fingerprint.minhash import (DEFAULT_BOTTOM_K, DEFAULT_NUM_PERM, MinHashFamily,
-                                         bottom_k, bottom_k_jaccard, jaccard_estimate)
+                                         bottom_k_jaccard, bottom_k_more, jaccard_estimate)
 from ndindex.fingerprint.normalize import decode_text
 from ndindex.fingerprint.simhash import SimhashAccumulator
 from ndindex.fingerprint.volatility import DEFAULT_FLIP_MODEL, FlipModel
@@ -249,13 +250,19 @@ class Fingerprinter:
     def sketch(self, document: str | bytes) -> np.ndarray:
         """Return the bottom-k sketch (sorted uint32, at most bottom_k values)
         of the MinHash features: the whole shingle set when it is small."""
-        return bottom_k(extract(self.text(document), self.minhash_features), self.bottom_k)
+        return self._sketch_of_text(self.text(document))
 
     def fingerprint(self, document: str | bytes) -> tuple[int, np.ndarray]:
         """Return (simhash, sketch): what the index stores per document."""
         text = self.text(document)
-        return (self._simhash_of_text(text)[0],
-                bottom_k(extract(text, self.minhash_features), self.bottom_k))
+        return self._simhash_of_text(text)[0], self._sketch_of_text(text)
+
+    def _sketch_of_text(self, text: str) -> np.ndarray:
+        # a long text a piece at a time: its features are not held at once
+        sketch = np.empty(0, np.uint32)
+        for features in extract_pieces(text, self.minhash_features):
+            sketch = bottom_k_more(sketch, features, self.bottom_k)
+        return sketch
 
     def simhash_of_text(self, text: str) -> int:
         """Return the simhash of a text already decoded by :meth:`text`."""
@@ -413,12 +420,10 @@ def _feature_pieces(fp: Fingerprinter, stream: FeatureStream, pieces, prepared: 
         first = False
         if fp.html and not prepared:
             piece = html_to_text(piece)
-        feats = stream.feed(piece)
+        for feats in stream.feed_pieces(piece):   # a long piece, a PIECE_CHARS at a time
+            if len(feats):
+                yield feats
+    tail = decoder.decode(b"", final=True)      # a character cut short at the end
+    for feats in [*stream.feed_pieces(tail), stream.close()]:
         if len(feats):
             yield feats
-    tail = decoder.decode(b"", final=True)
-    if tail:
-        stream.feed(tail)
-    feats = stream.close()
-    if len(feats):
-        yield feats

@@ -231,6 +231,14 @@ def bottom_k(features, k: int = DEFAULT_BOTTOM_K) -> np.ndarray:
     return sorted_unique(top)[:k]
 
 
+def bottom_k_more(sketch: np.ndarray, features, k: int = DEFAULT_BOTTOM_K) -> np.ndarray:
+    """Return the bottom-k sketch of a set given in pieces, the pieces so far
+    (sketch) and features, one more: the k smallest of the pieces' k
+    smallest are the whole set's."""
+    more = bottom_k(features, k)
+    return sorted_unique(np.concatenate([sketch, more]))[:k] if len(sketch) else more
+
+
 def bottom_k_jaccard(a: np.ndarray, b: np.ndarray, k: int = DEFAULT_BOTTOM_K) -> float:
     """Return the Jaccard estimate of two bottom-k sketches: among the k
     smallest values of their union, the fraction present in both.  Exact when

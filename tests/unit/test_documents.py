@@ -291,3 +291,29 @@ def test_verify_with_threshold_is_exact_above_it_and_below_it_otherwise():
         assert np.array_equal(fast[above], exact[above])
         assert np.all(fast[~above] < t) and np.all(fast[~above] >= exact[~above])
         assert 0 < above.sum() < len(exact)
+
+
+def test_a_long_text_sketched_in_pieces_gets_what_it_gets_whole(monkeypatch):
+    # Past PIECE_CHARS a text's sketch and band keys are built a piece at a
+    # time (the bottom-k of the pieces' bottom-k, band minima carried in a
+    # state), so that its features are never held at once; the result is
+    # the whole text's.
+    from ndindex.fingerprint import features as features_mod
+    rng = np.random.default_rng(5)
+    vocab = [f"w{i}" for i in range(5000)]
+    texts = [" ".join(rng.choice(vocab, n)) for n in (3, 40, 900, 4000)]
+    whole = fingerprint_documents(texts, FP, workers=1, simhash=True)
+    monkeypatch.setattr(features_mod, "PIECE_CHARS", 300)
+    pieces = fingerprint_documents(texts, FP, workers=1, simhash=True)
+    for field in ("values", "offsets", "keys", "key_offsets", "simhashes"):
+        assert np.array_equal(getattr(pieces, field), getattr(whole, field)), field
+    assert len(whole.sketch(3)) == FP.bottom_k                 # the long ones fill their sketch
+    # The band state: any split of the features gives the keys of all of them.
+    maker = KeyMaker(KeyDesign(), FP.minhash_seed)
+    feats = extract(texts[3], FP.minhash_features)
+    state = maker.band_state()
+    for part in np.array_split(feats[::-1], 7):
+        keys = maker.band_keys(part, state)
+    assert np.array_equal(keys, maker.band_keys(feats))
+    with pytest.raises(ValueError, match="band state must be"):
+        maker.band_keys(feats, bytearray(8))

@@ -124,6 +124,12 @@ def test_long_text_streams_with_bounded_pieces(monkeypatch):  # [FP17]
     chunks = [text[i:i + 777].encode() for i in range(0, len(text), 777)]
     assert fp.simhash_stream(chunks)[0] == whole
     assert np.array_equal(fp.minhash_stream(chunks), fp.minhash(text))
+    # A character cut short at the end of the bytes (U+FFFD) tips the last
+    # piece over the size: the words it completes still count.
+    data = " ".join(f"w{i}" for i in range(400))[:1000].encode() + b"\xe2\x82"
+    assert len(data.decode("utf-8", "replace")) == 1001
+    assert fp.simhash_stream([data[:400], data[400:]])[0] == \
+        fp.simhash(data.decode("utf-8", "replace"))
 
 
 def test_to_bytes_round_trip_and_small():  # [FP50], [FP51]
