@@ -212,15 +212,20 @@ def cmd_remove(args) -> int:
     with open_index(args.index) as ix:
         removed = 0
         with ix.transaction():      # one commit: all of it, or none of it
+            stored = sum(1 for held in ix.fingerprints_of(keys) if held) if keys else 0
             if len(fps):
                 removed += ix.remove(fingerprints=fps)
             if keys:
                 removed += ix.remove(keys=keys)
         total = len(ix)
     if args.json:
-        print_json(dict(removed=removed, fingerprints=total, invalid=invalid))
+        print_json(dict(removed=removed, fingerprints=total, invalid=invalid,
+                        **(dict(keys_removed=stored) if keys else {})))
     else:
-        print(f"removed {plural(removed, 'fingerprint')} ({total:,} left)"
+        # A key removed alone (its fingerprint held by other keys) removes no
+        # fingerprint: say what went, not "removed 0".
+        print("removed " + (f"{plural(stored, 'key')} ({len(keys):,} named) and " if keys else "")
+              + f"{plural(removed, 'fingerprint')} ({total:,} left)"
               + (f"; skipped {plural(invalid, 'invalid line')}" if invalid else ""))
     return EXIT_OK
 

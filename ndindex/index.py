@@ -686,6 +686,16 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         snap, pend = self._view()
         return snap.keys_of(fps.tolist(), pend)
 
+    def fingerprints_of(self, keys):
+        """Return the fingerprints stored with a document key (a sorted list of
+        ints, empty if none), or with each key of a list (a list of them):
+        keys() the other way.  One batched pass over the key records."""
+        one = isinstance(keys, (str, bytes))
+        raws = [rec.encode_doc_key(key) for key in ([keys] if one else list(keys))]
+        snap, pend = self._view()
+        found = snap.fps_of_keys(raws, pend)
+        return found[0] if one else found
+
     def __contains__(self, fingerprint) -> bool:
         return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
 

@@ -137,7 +137,7 @@ def test_remove_reads_lists_of_fingerprints_and_keys(ix, tmp_path, capsys, monke
     # Keys one a line, as they are (inner spaces kept, CRLF ends taken off).
     status, out, _ = run(capsys, "remove", ix, "--keys-from", "-", "--key", "f",
                          stdin="d e\r\n\nnot stored\n", monkeypatch=monkeypatch)
-    assert status == 0 and out == "removed 2 fingerprints (1 left)\n"
+    assert status == 0 and out == "removed 2 keys (3 named) and 2 fingerprints (1 left)\n"
     # An invalid line removes nothing, unless --skip-invalid.
     (tmp_path / "bad.bin").write_bytes(b"b\n\xff\xfe\n")
     status, out, err = run(capsys, "remove", ix, "--keys-from", str(tmp_path / "bad.bin"))
@@ -149,7 +149,14 @@ def test_remove_reads_lists_of_fingerprints_and_keys(ix, tmp_path, capsys, monke
         assert index.fingerprints().tolist() == [0x20]
     status, out, _ = run(capsys, "remove", ix, "--keys-from", str(tmp_path / "bad.bin"),
                          "--skip-invalid")
-    assert status == 0 and out == "removed 1 fingerprint (0 left); skipped 1 invalid line\n"
+    assert status == 0 and out == "removed 1 key (1 named) and 1 fingerprint (0 left); " \
+                                  "skipped 1 invalid line\n"
+    # A key removed alone, its fingerprint held by another: the key is what went.
+    run(capsys, "add", ix, stdin="0x60 x\n0x60 y\n", monkeypatch=monkeypatch)
+    status, out, _ = run(capsys, "remove", ix, "--key", "x", "gone")
+    assert status == 0 and out == "removed 1 key (2 named) and 0 fingerprints (1 left)\n"
+    with ndindex.open(ix, readonly=True) as index:
+        assert index.keys(0x60) == ("y",)
 
 
 def test_query_reads_a_list_and_answers_as_brute_force(ix, tmp_path, capsys, monkeypatch):
@@ -204,7 +211,8 @@ def test_query_reads_a_list_and_answers_as_brute_force(ix, tmp_path, capsys, mon
 def test_remove_compact_stats_verify(ix, capsys, monkeypatch):
     run(capsys, "add", ix, stdin="1 one\n2 two\n3\n", monkeypatch=monkeypatch)
     status, out, _ = run(capsys, "remove", ix, "--fingerprint", "3", "--key", "one", "--json")
-    assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 1, "invalid": 0}
+    assert status == 0 and json.loads(out) == {"removed": 2, "fingerprints": 1, "invalid": 0,
+                                               "keys_removed": 1}
     status, out, _ = run(capsys, "compact", ix, "--json")
     doc = json.loads(out)
     assert status == 0 and doc["steps"] >= 1 and set(doc["runs"]) == {1} and "seconds" in doc

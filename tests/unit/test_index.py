@@ -1419,6 +1419,12 @@ def test_keys_are_found_wherever_they_are_when_most_fingerprints_have_none(path)
         assert ix.keys_many(asked) == [ix.keys(fp) for fp in asked] == [
             ("a", "b"), (), ("one",), (), ("a", "b")]
         assert ix.keys_many(np.array([], np.uint64)) == []
+        # fingerprints_of: keys() the other way, one key or a list
+        assert ix.fingerprints_of("a") == [int(fps[2])]
+        assert ix.fingerprints_of(["one", "nope", "b"]) == [[int(fps[1])], [], [int(fps[2])]]
+        ix.add([7, 3], keys=["a", "a"])
+        assert ix.fingerprints_of(b"\x01a") == [] and ix.fingerprints_of("a") == sorted(
+            [3, 7, int(fps[2])])
         with pytest.raises(ValueError):
             ix.keys_many([-1])
         # Its last key gone, the fingerprint goes too (remove's rule).
