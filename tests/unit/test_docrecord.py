@@ -116,3 +116,72 @@ def test_the_rice_stream_is_the_specified_bits_at_any_parameter(values, k):
     raw = np.array(values, np.uint32).tobytes()
     assert _core.rice_encode(raw, k) == (k, _rice_stream(values, k))
     assert _core.rice_decode(_rice_stream(values, k), len(values), k) == raw
+
+
+def _rice_values_or_error(data: bytes, n: int, k: int):
+    """format-spec/documents.md's decoding, a bit at a time: the values, or
+    which rule the bytes break first."""
+    bits = [(byte >> j) & 1 for byte in data for j in range(8)]
+    pos, prev, out = 0, -1, []
+    for _ in range(n):
+        q = 0
+        while True:
+            if pos >= len(bits):
+                return "truncated"
+            bit, pos = bits[pos], pos + 1
+            if not bit:
+                break
+            q += 1
+            if q > 0xFFFFFFFF >> k:
+                return "overflow"
+        if pos + k > len(bits):
+            return "truncated"
+        low = sum(bits[pos + j] << j for j in range(k))
+        pos += k
+        prev = prev + 1 + ((q << k) | low)
+        if prev > 2**32 - 1:
+            return "overflow"
+        out.append(prev)
+    if (pos + 7) // 8 < len(data):
+        return "trailing"
+    if any(bits[pos:]):
+        return "padding"
+    return out
+
+
+@given(st.binary(max_size=40), st.integers(0, 40), st.integers(0, 31))
+def test_rice_decoding_of_any_bytes_is_the_specified_one(data, n, k):
+    # The decoder reads 57 bits at a time; on any bytes (damaged ones
+    # included) it gives the values or the status reading a bit at a time gives.
+    from ndindex import _core
+    want = _rice_values_or_error(data, n, k)
+    if isinstance(want, list):
+        assert np.frombuffer(_core.rice_decode(data, n, k), np.uint32).tolist() == want
+    else:
+        with pytest.raises(CorruptionError) as caught:
+            _core.rice_decode(data, n, k)
+        kinds = {"ends before": "truncated", "cannot fit": "truncated",
+                 "passes 2^32": "overflow", "padding bits": "padding", "bytes after": "trailing"}
+        assert [kind for text, kind in kinds.items() if text in str(caught.value)] == [want]
+
+
+@given(st.lists(st.integers(0, 2**20), max_size=30, unique=True), st.integers(6, 31),
+       st.integers(0, 3), st.integers(0, 2**16), st.integers(-1, 1))
+def test_rice_decoding_of_damaged_streams_is_the_specified_one(values, k, how, where, extra):
+    # A real stream, then a bit flipped, its tail cut, a byte added, or n off by one.
+    from ndindex import _core
+    values = sorted(values)
+    data = bytearray(_rice_stream(values, k))
+    if how == 1 and data:
+        data[where % len(data)] ^= 1 << (where % 8)
+    elif how == 2:
+        del data[where % (len(data) + 1):]
+    elif how == 3:
+        data.append(where % 256)
+    n = max(0, len(values) + extra)
+    want = _rice_values_or_error(bytes(data), n, k)
+    if isinstance(want, list):
+        assert np.frombuffer(_core.rice_decode(bytes(data), n, k), np.uint32).tolist() == want
+    else:
+        with pytest.raises(CorruptionError):
+            _core.rice_decode(bytes(data), n, k)
