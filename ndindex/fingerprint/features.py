@@ -266,8 +266,8 @@ def extract(text: str, spec: FeatureSpec = FeatureSpec()) -> np.ndarray:
 
 
 def extract_pieces(text: str, spec: FeatureSpec = FeatureSpec()) -> Iterator[np.ndarray]:
-    """Yield extract(text, spec) in pieces (their concatenation is it), so that a
-    long text's features need not be held at once."""
+    """Yield extract(text, spec) in pieces (their concatenation is it; the last
+    may be empty), so that a long text's features need not be held at once."""
     stream = FeatureStream(spec)
     yield from stream.feed_pieces(text)
     yield stream.close()
@@ -277,9 +277,7 @@ def extract_stream(pieces: Iterable[str], spec: FeatureSpec = FeatureSpec()) -> 
     """Yield the feature arrays of a text given as an iterable of str pieces."""
     stream = FeatureStream(spec)
     for piece in pieces:
-        feats = stream.feed(piece)
-        if len(feats):
-            yield feats
+        yield from (feats for feats in stream.feed_pieces(piece) if len(feats))
     feats = stream.close()
     if len(feats):
         yield feats
