@@ -21,10 +21,9 @@ Part 2, storage for the lead's sizing (--docs synthetic documents, default
 1M, each a random run of 30-400 consecutive words of the corpus text):
 bytes per document of the record (Rice-coded sketch) and of the lookup
 keys as (u64 key, u32 document id) entries, raw and with the sorted keys
-delta-coded (LEB128); and, for the same documents, today's dedup layout: an
-index created with k = 10 holding the simhashes keyed by a path, plus the
-SQLite state file of ndindex.dedup's schema (path, size, mtime, kind,
-BLAKE2b-128, simhash, sketch, sketch prefix per file).
+delta-coded (LEB128); and the same documents stored in an index file keyed
+by a path, as add_documents (``ndindex add --docs``, dedup) stores them:
+the file's bytes per document after compact(full=True).
 
     python tools/bench/bench_documents.py [--short 59000] [--long 5000] [--docs 1000000]
 """
@@ -32,11 +31,9 @@ BLAKE2b-128, simhash, sketch, sketch prefix per file).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import re
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -178,13 +175,13 @@ def storage(n: int, seed: int, fp: Fingerprinter, workers: int) -> list[str]:
              f"p99 {np.percentile(per_doc, 99):.0f}, mean {per_doc.mean():.1f}",
              f"fingerprinting one ~2 KB text (sketch + keys, one call): p50 "
              f"{1e6 * np.median(times):.0f} us over {len(times)} texts"]
-    # The index maps document ids to the caller's keys either way; today's
-    # files below include them (the same paths), so add them for comparison.
+    # An index maps document ids to the caller's keys; the file below
+    # includes them (the same paths), so add them for comparison.
     key_bytes = sum(len(p) + 8 for p in _paths(n)) / n
     lines.append(f"with the same document keys as below (path + u64 id each, {key_bytes:.1f} "
                  f"B/doc): {(record_bytes + 12 * entries) / n + key_bytes:.1f} B/doc raw, "
                  f"{(record_bytes + delta + 4 * entries) / n + key_bytes:.1f} B/doc delta-coded")
-    lines += dedup_layout(texts, docs, fp)
+    lines += index_layout(texts, fp, workers)
     return lines
 
 
@@ -192,38 +189,26 @@ def _paths(n: int) -> list[str]:
     return [f"/data/corpus/part-{i // 1000:04d}/doc-{i:07d}.txt" for i in range(n)]
 
 
-def dedup_layout(texts, docs, fp: Fingerprinter) -> list[str]:
-    """Today's dedup files for the same documents: the k = 10 index and the SQLite state."""
+def index_layout(texts, fp: Fingerprinter, workers: int) -> list[str]:
+    """The same documents in an index file, keyed by the paths above: what
+    add_documents (and so ndindex add --docs and dedup) stores on disk."""
     from ndindex import Index
-    from ndindex.dedup import _SCHEMA, PREFILTER_VALUES
     n = len(texts)
-    simhashes = np.fromiter((fp.simhash(t) for t in texts), dtype=np.uint64, count=n)
     paths = _paths(n)
     with tempfile.TemporaryDirectory() as tmp:
-        index_path = os.path.join(tmp, "dedup.ndx")
-        with Index.create(index_path, k=10, expected_n=n, fingerprinter=fp.to_bytes()) as ix:
+        path = os.path.join(tmp, "docs.ndx")
+        started = time.perf_counter()
+        with Index.create(path, expected_n=n, fingerprinter=fp,
+                          background_compaction=False) as ix:
             for start in range(0, n, 100_000):
-                ix.add(simhashes[start:start + 100_000], keys=paths[start:start + 100_000])
-            ix.compact()
-        db = sqlite3.connect(index_path + ".files")
-        db.executescript(_SCHEMA)
-        with db:
-            db.executemany(
-                "INSERT INTO files(path, size, mtime_ns, kind, content_hash, simhash, sketch, "
-                "prefix, paired) VALUES (?, ?, ?, 0, ?, ?, ?, ?, 1)",
-                ((os.fsencode(p), len(t.encode()), 1_700_000_000_000_000_000,
-                  hashlib.blake2b(t.encode(), digest_size=16).digest(),
-                  int(h) - (1 << 64) if h >= 1 << 63 else int(h),
-                  docs.sketch(i).astype("<u4").tobytes(),
-                  docs.sketch(i)[:PREFILTER_VALUES].astype("<u4").tobytes())
-                 for i, (p, t, h) in enumerate(zip(paths, texts, simhashes.tolist()))))
-        db.execute("VACUUM")
-        db.close()
-        index_bytes = os.path.getsize(index_path)
-        state_bytes = os.path.getsize(index_path + ".files")
-    return [f"today's dedup for the same documents: index (k = 10, simhash -> path) "
-            f"{index_bytes / n:.1f} B/doc + SQLite state {state_bytes / n:.1f} B/doc = "
-            f"{(index_bytes + state_bytes) / n:.1f} B/doc (document keys included)"]
+                ix.add_documents(texts[start:start + 100_000], paths[start:start + 100_000],
+                                 workers=workers)
+            ix.compact(full=True)
+        seconds = time.perf_counter() - started
+        size = os.path.getsize(path)
+    return [f"in an index file (add_documents keyed by the paths, then compact(full=True), "
+            f"{seconds:.0f} s): {size / n:.1f} B/doc, simhash tables, records, lookup keys "
+            f"and paths included"]
 
 
 def main(argv=None) -> int:
