@@ -42,9 +42,9 @@ from ndindex.arrays import sorted_unique
 from ndindex.cluster import clusters_from_pairs
 from ndindex.errors import interrupt_kept
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
-from ndindex.fingerprint.minhash import bottom_k_more
 from ndindex.fingerprint import features as feature_pieces
 from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
+from ndindex.fingerprint.minhash import bottom_k_more
 
 __all__ = ["DocumentSketches", "NearDuplicatePairs", "NearDuplicateClusters", "PAIR_DTYPE",
            "fingerprint_documents", "band_candidates", "verify", "near_duplicate_pairs",

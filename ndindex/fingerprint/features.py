@@ -199,7 +199,8 @@ class FeatureStream:
 
     def feed_pieces(self, piece: str) -> Iterator[np.ndarray]:
         """feed(), yielding the features of each PIECE_CHARS piece it cuts
-        (memory: one piece's, not the whole text's)."""
+        (memory: one piece's, not the whole text's).  Run it to its end
+        before the next feed or close: the rest is kept for them then."""
         text = self._pending + piece
         # The text is cut at offsets: slicing off the rest after each piece
         # copied it, which made one long text quadratic (16 of 22 s for 200 MB).
