@@ -293,7 +293,7 @@ def cmd_similar(args) -> int:
     files = [args.file_option] if args.file_option is not None else args.file
     if len(files) > 1 or any(os.path.isdir(f) for f in files):
         return _similar_files(args, files)
-    args.file = files[0] if files else None
+    file = files[0] if files else None
     with open_index(args.index, readonly=True) as ix:
         if args.key is not None:
             key = _document_key(args.key)
@@ -308,10 +308,10 @@ def cmd_similar(args) -> int:
             else:
                 from ndindex.textfile import NotText
                 try:
-                    text = document_text(args.file)
+                    text = document_text(file)
                 except NotText as exc:
-                    raise FileError(args.file, f"{exc}; documents must be text") from None
-                query = dict(file=key_json(_document_key(args.file)))
+                    raise FileError(file, f"{exc}; documents must be text") from None
+                query = dict(file=key_json(_document_key(file)))
             matches = ix.similar(text, threshold=args.threshold, limit=args.limit)
         threshold = _threshold_of(ix, args.threshold)
         if args.key is None:
@@ -323,7 +323,7 @@ def cmd_similar(args) -> int:
                         matches=_matches_json(matches)))
     else:
         what = (f"key {key_text(_document_key(args.key))}" if args.key is not None
-                else "the text" if args.text is not None else args.file)
+                else "the text" if args.text is not None else file)
         _print_similar(what, threshold, matches)
     return EXIT_OK if matches else EXIT_NONE
 
