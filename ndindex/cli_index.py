@@ -158,14 +158,15 @@ def _query_list(args) -> int:
         if not results or results[-1][0] != i:
             results.append((i, []))
         results[-1][1].append((fp, d, keys[fp]))
+    queries = fps.tolist()
     if args.json:
         print_json(dict(k=k, queried=len(fps), matched=len(results), invalid=invalid, queries=[
-            dict(query=int(fps[i]), query_hex=hex_fp(int(fps[i])),
+            dict(query=queries[i], query_hex=hex_fp(queries[i]),
                  key=None if labels is None or labels[i] is None else key_json(labels[i]),
                  matches=[_match_json(*m) for m in matches])
             for i, matches in results]))
     else:
-        queries, lines = fps.tolist(), []
+        lines = []
         for i, matches in results:
             label = "" if labels is None or labels[i] is None else f" ({key_text(labels[i])})"
             lines.append(f"query {hex_fp(queries[i])}{label} k={k}: "
@@ -210,13 +211,12 @@ def cmd_remove(args) -> int:
                                  verb="remove")
         keys, invalid = keys + listed, invalid + bad
     with open_index(args.index) as ix:
-        removed = 0
+        removed = stored = 0
         with ix.transaction():      # one commit: all of it, or none of it
-            stored = sum(1 for held in ix.fingerprints_of(keys) if held) if keys else 0
+            if keys:                # first: every named key is still there to count
+                removed, stored = ix._remove(None, keys)
             if len(fps):
                 removed += ix.remove(fingerprints=fps)
-            if keys:
-                removed += ix.remove(keys=keys)
         total = len(ix)
     if args.json:
         print_json(dict(removed=removed, fingerprints=total, invalid=invalid,

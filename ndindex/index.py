@@ -900,6 +900,11 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         is live in the newest commit it reads, so a fingerprint that another
         process adds while the call runs may stay (as in check_and_add).
         """
+        return self._remove(fingerprints, keys)[0]
+
+    def _remove(self, fingerprints, keys) -> tuple[int, int]:
+        """remove(): (fingerprints removed, keys named that were stored), the
+        second for `ndindex remove`'s report, from the lookups remove makes."""
         self._check_writable()
         if fingerprints is None and keys is None:
             raise TypeError("remove() needs fingerprints= or keys=")
@@ -919,7 +924,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                     ops.set_key(fp, raw, False)
             _, key_deletes, records = ops.to_record_parts()
             self._writer.apply(LogRecord(EMPTY_U64, live, [], key_deletes, records))
-        return len(live)
+        going = set().union(*deletes.values()) if raw_keys else set()
+        return len(live), sum(1 for raw in raw_keys if raw in going)
 
     @contextlib.contextmanager
     def transaction(self):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ndindex.arrays import EMPTY_U64, isin_sorted
+from ndindex.reader import key_order
 from ndindex.records import SPACE_KEYS_BY_FP, U64_BE, decode_doc_key
 
 #: items() and fingerprints() read table 0 about this many values a run at a time.
@@ -41,11 +42,7 @@ class _KeysInOrder:
             found.setdefault(fp, []).append(decode_doc_key(record[0][8:]))
             record = next(self._records, None)
         self._ahead = record
-        return [tuple(sorted(found[fp], key=_key_order)) if fp in found else () for fp in fps]
-
-
-def _key_order(key):
-    return (isinstance(key, str), key)
+        return [tuple(sorted(found[fp], key=key_order)) if fp in found else () for fp in fps]
 
 
 class ContentMethods:

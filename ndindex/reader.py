@@ -90,6 +90,11 @@ class Lineage(NamedTuple):
     log_tables: list | None
 
 
+def key_order(key):
+    """The order of a fingerprint's keys as keys() gives them: bytes keys, then str."""
+    return (isinstance(key, str), key)
+
+
 class Snapshot:
     """One committed state of the index, as queries see it."""
 
@@ -542,7 +547,7 @@ class Snapshot:
         groups = [U64_BE.pack(fp) for fp in fps]
         for found in self.record_groups(SPACE_KEYS_BY_FP, groups, pending):
             keys = [decode_doc_key(key[8:]) for key in found]
-            out.append(tuple(sorted(keys, key=lambda v: (isinstance(v, str), v))))
+            out.append(tuple(sorted(keys, key=key_order)))
         return out
 
     def fps_of_key(self, raw: bytes, pending: PendingOps | None = None) -> list[int]:
