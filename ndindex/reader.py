@@ -529,10 +529,6 @@ class Snapshot:
         return [{key: value for key, (flag, value) in d.items() if flag == ch.RECORD_PUT}
                 for d in decided]
 
-    def raw_keys(self, fp: int, pending: PendingOps | None = None) -> set:
-        """The typed document keys of one fingerprint."""
-        return self.raw_keys_many([fp], pending)[0]
-
     def raw_keys_many(self, fps, pending: PendingOps | None = None) -> list[set]:
         """The typed document keys of each fingerprint (one batched lookup)."""
         groups = [U64_BE.pack(fp) for fp in fps]
