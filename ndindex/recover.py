@@ -56,6 +56,7 @@ from ndindex import records as rec
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError, FormatError
 from ndindex.overlay import LogOverlay
+from ndindex.store import check_path_for_open
 from ndindex.recover_scan import (FileImage, Found, scan_leaves, scan_overflow,
                                   tombstone_chunk, unframe_value)
 
@@ -470,13 +471,12 @@ def _in_ranges(key: bytes, ranges: list) -> bool:
 def salvage(path) -> Salvage:
     """Read everything that verifies in a damaged index file; return what to rebuild.
 
-    Raises FileNotFoundError, IsADirectoryError; never CorruptionError (damage is
-    reported in the result).  Cost: one pass over the file's pages and a decode of
-    the runs it needs.
+    Raises FileNotFoundError, IsADirectoryError, FormatError (a named pipe or a
+    device: not a regular file); never CorruptionError (damage is reported in the
+    result).  Cost: one pass over the file's pages and a decode of the runs it needs.
     """
     path = os.fsdecode(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not an index file", path)
+    check_path_for_open(path)
     image = FileImage(path)
     try:
         return _salvage(image)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import struct
 import sys
 import threading
@@ -144,12 +145,27 @@ def _read_only_fs(path: str) -> bool:
         return False
 
 
+#: What the file types an index cannot be are called in errors.
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def check_path_for_open(path: str) -> None:
-    """Refuse what is not a regular file, with the error a user can act on."""
+    """Refuse what is not a regular file, with the error a user can act on.
+
+    A named pipe would not just fail: opening one to read waits for a
+    writer, so a reader's open (``ndindex stats PIPE``) hung for good."""
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "is a directory, not an index file", path)
     if not os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, "no such index", path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise translate_error(exc, path) from exc
+    if not stat.S_ISREG(mode):
+        what = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+        raise FormatError(f"{path}: not an ndindex file ({what})")
 
 
 def check_access(path: str, readonly: bool) -> None:

@@ -269,6 +269,43 @@ def test_directory_path_raises_and_is_left_alone(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["dir.ndx"]
 
 
+SPECIAL_FILE_OPENS = textwrap.dedent("""
+    import sys
+    import ndindex
+    from ndindex.errors import FormatError
+    from ndindex.recover import salvage
+    from ndindex.upgrade import file_format
+    path = sys.argv[1]
+    calls = [lambda: ndindex.open(path), lambda: ndindex.open(path, readonly=True),
+             lambda: salvage(path), lambda: file_format(path)]
+    for call in calls:
+        try:
+            call()
+        except FormatError as exc:
+            print(exc)
+        else:
+            print("opened")
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_or_a_device_is_not_an_index_and_opens_fail_at_once(tmp_path):
+    # Opening a named pipe to read waits for a writer: a reader's open of
+    # one hung for good.  In a child, so that a hang fails the test.
+    pipe = tmp_path / "pipe.ndx"
+    os.mkfifo(pipe)
+    for path, what in ((str(pipe), "a named pipe"), (os.devnull, "a character device")):
+        out = subprocess.run([sys.executable, "-c", SPECIAL_FILE_OPENS, path],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [f"{path}: not an ndindex file ({what})"] * 4
+        cli = subprocess.run([sys.executable, "-m", "ndindex", "stats", path],
+                             capture_output=True, text=True, timeout=60)
+        assert (cli.returncode, cli.stdout) == (2, "")
+        assert f"not an ndindex file ({what})" in cli.stderr
+    assert sorted(os.listdir(tmp_path)) == ["pipe.ndx"]  # no lock file beside it
+
+
 # -- closed and read-only indexes ----------------------------------------------
 
 
