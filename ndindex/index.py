@@ -156,9 +156,10 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         log_limit as in :meth:`open`.
 
         The file appears atomically: a crash leaves no file or a whole one.
-        Raises FileExistsError (unless exist_ok), ValueError/TypeError for
-        bad parameters, ReadOnlyError if the directory cannot be written,
-        CapacityError if the disk is full.
+        Raises FileExistsError (unless exist_ok), FileNotFoundError if its
+        directory does not exist, ValueError/TypeError for bad parameters,
+        ReadOnlyError if the directory cannot be written, CapacityError if
+        the disk is full.
         """
         path = _absolute(path)
         if exist_ok and os.path.exists(path):

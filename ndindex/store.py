@@ -203,6 +203,15 @@ def same_inode(fd: int, name: str) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def check_directory_of(path: str) -> None:
+    """FileNotFoundError naming path's directory if there is none: a file
+    about to be built there would otherwise fail naming its hidden build
+    name ("/x/.y.ndx.recover: No such file or directory")."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
+
+
 def claim_build(tmp: str, path: str) -> int:
     """Open the build name tmp and hold it (an flock); return the descriptor.
 
@@ -213,6 +222,7 @@ def claim_build(tmp: str, path: str) -> int:
     """
     import fcntl
     import time
+    check_directory_of(path)
     deadline = time.monotonic() + BUILD_WAIT_SECONDS
     while True:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -333,6 +343,7 @@ def written_aside(dest: str, kind: str):
     and on an exception it is deleted.  A killed writer leaves only the hidden
     ``.NAME.XXXX.kind`` file, never a part of one under dest."""
     full = os.path.abspath(dest)
+    check_directory_of(full)
     tmp = os.path.join(os.path.dirname(full),
                        f".{os.path.basename(full)}.{os.urandom(6).hex()}.{kind}")
     try:
@@ -495,11 +506,13 @@ class Store:
         and linked into place, so a crash at any point leaves either no
         index or a complete one (open it with :meth:`open`).  Raises
         FileExistsError if path exists, ReadOnlyError or CapacityError if
-        the directory cannot take it.
+        the directory cannot take it, FileNotFoundError if there is no
+        such directory.
         """
         path = os.fsdecode(path)
         if os.path.lexists(path):
             raise FileExistsError(errno.EEXIST, "already exists", path)
+        check_directory_of(path)
         tmp = build_path(path, "creating")
         build = None
         try:
