@@ -97,6 +97,11 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
         return mdbp_fail(e, (uint64_t)slot, "meta pages disagree on the page size");
     if (!(out->env_flags & DB_INTEGERKEY))
         return mdbp_fail(e, (uint64_t)slot, "free database lacks its integer-key flag");
+    /* The free database's other tree flags are never set: with
+     * MDB_DUPSORT LMDB's cursor on it asserts (abort) for want of a
+     * duplicates cursor, and the others it refuses as MDB_INVALID. */
+    if (out->env_flags & DB_FLAGS_KNOWN & ~DB_INTEGERKEY)
+        return mdbp_fail(e, (uint64_t)slot, "free database has tree flags besides its integer key");
     if (out->last_pg < 1 || out->last_pg >= ((uint64_t)1 << 48))
         return mdbp_fail(e, (uint64_t)slot, "meta page's last page out of range");
     if (out->mapsize % psize)
@@ -107,8 +112,10 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
     if (check_db(out->last_pg + 1, &free_db, (uint64_t)slot, e) < 0 ||
         check_db(out->last_pg + 1, &out->main_db, (uint64_t)slot, e) < 0)
         return MDBP_CORRUPT;
-    if (out->main_db.flags & ~DB_FLAGS_KNOWN)
-        return mdbp_fail(e, (uint64_t)slot, "main database has unknown flags");
+    /* The main database names the others: plain byte keys, no flags (with
+     * one, LMDB lost the named databases or refused the file). */
+    if (out->main_db.flags)
+        return mdbp_fail(e, (uint64_t)slot, "main database has tree flags");
     return 0;
 }
 

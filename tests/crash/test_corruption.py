@@ -569,3 +569,42 @@ def test_a_vacuum_of_a_damaged_file_raises_and_never_crashes(built, tmp_path):
     for spec in [f"{p}:{a}:{m}" for p, a, m in damages[:len(COPY_CRASHES)]]:
         assert [ln.split()[-1] for ln in lines if ln.startswith(spec + " ")] == \
             ["CorruptionError"] * 2, lines
+
+
+def test_tree_flags_in_the_newer_meta_page_are_damage_not_an_abort(built, tmp_path):
+    # A bit set in the free database's flags (MDB_DUPSORT) made LMDB's
+    # cursor on it assert and abort the process at open
+    # (tools/sweep_corruption.py --index large --seed 290, trial 281).
+    # In a child, so that an abort fails the test rather than the run.
+    src, _ = built
+    with open(src, "rb") as fh:
+        head = fh.read(2 * 4096)
+    slot = int(struct.unpack_from("<Q", head, 4096 + 144)[0] >
+               struct.unpack_from("<Q", head, 144)[0])
+    cases = [(slot * 4096 + 16 + 24 + 4, flag) for flag in (0x02, 0x04, 0x10, 0x20, 0x40)] + \
+            [(slot * 4096 + 16 + 72 + 4, flag) for flag in (0x02, 0x04, 0x08, 0x40)]
+    code = (
+        "import shutil, sys, ndindex\n"
+        "sys.path.insert(0, sys.argv[3])\n"
+        "from damage import flip\n"
+        "src, work = sys.argv[1], sys.argv[2]\n"
+        "for i, spec in enumerate(sys.argv[4:]):\n"
+        "    at, mask = map(int, spec.split(':'))\n"
+        "    path = f'{work}/f{i}.ndx'\n"
+        "    shutil.copyfile(src, path)\n"
+        "    flip(path, at, mask)\n"
+        "    for readonly in (False, True):\n"
+        "        try:\n"
+        "            with ndindex.open(path, readonly=readonly) as ix:\n"
+        "                ix.query(1)\n"
+        "            print(spec, 'opened')\n"
+        "        except ndindex.CorruptionError as exc:\n"
+        "            print(spec, 'CorruptionError', 'meta page' in str(exc))\n")
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", code, src, str(tmp_path),
+                           os.path.dirname(__file__)] + [f"{a}:{m}" for a, m in cases],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.splitlines() == [f"{a}:{m} CorruptionError True"
+                                        for a, m in cases for _ in range(2)]

@@ -347,6 +347,24 @@ def test_free_database_integer_key_flag(lmdb_file):
     expect(b, "free database lacks its integer-key flag", newer_slot(b), None)
 
 
+@pytest.mark.parametrize("flag", [0x02, 0x04, 0x10, 0x20, 0x40])
+def test_free_database_other_tree_flags(lmdb_file, flag):
+    """[L7]: with MDB_DUPSORT (0x04) LMDB's cursor on the free database
+    asserted (abort) for want of a duplicates cursor; the checker passed
+    the file (tools/sweep_corruption.py --index large --seed 290, trial 281)."""
+    b = bytearray(lmdb_file)
+    b[newer_slot(b) * PSIZE + META_FREE_DB + 4] ^= flag
+    expect(b, "free database has tree flags besides its integer key", newer_slot(b), None)
+
+
+@pytest.mark.parametrize("flag", [0x02, 0x04, 0x08, 0x10, 0x20, 0x40, 0x80, 0x100, 0x8000])
+def test_main_database_tree_flags(lmdb_file, flag):
+    """[L8]"""
+    b = bytearray(lmdb_file)
+    put16(b, newer_slot(b) * PSIZE + META_MAIN_DB + 4, flag)
+    expect(b, "main database has tree flags", newer_slot(b), None)
+
+
 @pytest.mark.parametrize("bit, problem", [
     (0, "meta page holds a transaction id of the other page's parity"),  # [L9]
     (4, "meta pages' transaction ids are not consecutive"),  # [L10]
