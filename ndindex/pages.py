@@ -165,12 +165,16 @@ class FileMap:
 class PageView:
     """One committed snapshot's pages: lookups and scans of its named trees."""
 
-    def __init__(self, buf, psize: int, npages: int, txnid: int, trees: dict):
+    def __init__(self, buf, psize: int, npages: int, txnid: int, trees: dict,
+                 last_pg: int = 0):
         self.buf = buf
         self.psize = psize
         self.npages = npages
         self.txnid = txnid
         self.trees = trees
+        #: The snapshot's last page (its meta page's): the free list's
+        #: records are checked as lists of pages up to it (0: not known).
+        self.last_pg = last_pg
 
     def get(self, tree: str, key: bytes):
         """The value stored under key (a memoryview into the map), or None."""
@@ -203,7 +207,8 @@ class PageView:
         """Check a whole tree as scan(tree, check_all=True) does, without
         building its rows; return its number of entries."""
         return _core.lmdb_check_tree(self.buf, self.psize, self.npages, self.trees[tree],
-                                0x04 if tree == "main" else 0x06)
+                                     0x04 if tree == "main" else 0x06,
+                                     self.last_pg if tree == "free" else 0)
 
 
 def named_trees(buf, psize: int, npages: int, main: Tree, names) -> dict:

@@ -14,7 +14,8 @@ step.  What LMDB does not give, the store adds:
   bounds-checked page reader, so a damaged page gives CorruptionError, not an
   assertion or a fault.
 - **Writes check the pages LMDB will walk first**: the main and free trees
-  whole, and the path to every key written (``WriteTxn``).
+  whole (the free list's page lists too: LMDB reuses what they name
+  unchecked), and the path to every key written (``WriteTxn``).
 - **Opening checks both meta pages against the commit record** the index
   writes in every transaction (``state.txnid``), so LMDB cannot silently
   open an older commit because a meta page was damaged (FORMAT.md [F9]).
@@ -652,7 +653,7 @@ class Store:
         trees = pages.named_trees(buf, psize, npages, main, rec.ALL_DBS)
         trees["main"] = main
         trees["free"] = pages.Tree.from_record(meta["free"])._replace(flags=0x08)
-        return pages.PageView(buf, psize, npages, txnid, trees)
+        return pages.PageView(buf, psize, npages, txnid, trees, meta["last_pg"])
 
     # -- writing ---------------------------------------------------------------
 

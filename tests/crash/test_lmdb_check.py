@@ -803,6 +803,43 @@ def test_free_list_order(lmdb_file):
     expect(b, "free-list page numbers do not decrease", tree="(free)")
 
 
+def free_tree_check(b):
+    """What a write transaction checks of the free list (pages.PageView.check("free")):
+    the tree, and each record as an ID list of the newer snapshot's pages."""
+    slot = newer_slot(b) * PSIZE
+    tree = (u64(b, slot + META_FREE_DB + 40), u16(b, slot + META_FREE_DB + 6), 0x08)
+    return _core.lmdb_check_tree(bytes(b), PSIZE, len(b) // PSIZE, tree, 0x06,
+                                 u64(b, slot + META_LAST_PG))
+
+
+@pytest.mark.parametrize("damage, problem", [
+    ("order", "free-list page numbers do not decrease"),
+    ("range", "free-list page number outside the snapshot's pages"),
+    ("low", "free-list page number outside the snapshot's pages"),
+    ("count", "free-list count exceeds its value"),
+])
+def test_a_write_checks_the_free_lists_it_will_reuse(lmdb_file, damage, problem):
+    """[L32] in the write path: LMDB trusts the lists, and one out of order
+    aborted a later commit (mdb_freelist_save: "pglast <= env->me_pglast";
+    tools/sweep_corruption.py --index large --seed 291, trial 159)."""
+    b = bytearray(lmdb_file)
+    assert free_tree_check(b) == 2
+    rec = free_records(b)[0]
+    first, second = u64(b, rec + 8), u64(b, rec + 16)
+    if damage == "order":
+        put64(b, rec + 8, second)
+        put64(b, rec + 16, first)
+    elif damage == "range":
+        put64(b, rec + 8, u64(b, newer_slot(b) * PSIZE + META_LAST_PG) + 1)
+    elif damage == "low":
+        put64(b, rec + 8 * u64(b, rec), 1)
+    else:
+        put64(b, rec, 1 << 40)
+    with pytest.raises(CorruptionError) as info:
+        free_tree_check(b)
+    assert problem in str(info.value) and info.value.database == "lmdb"
+
+
 def test_free_list_count(lmdb_file):
     """[L32] [L35]: one entry fewer leaves its page neither used nor free; too many overrun."""
     b = bytearray(lmdb_file)
