@@ -223,17 +223,13 @@ static int leaf_node(walker *w, tree_walk *t, uint64_t pgno, const uint8_t *nd) 
     }
     owner->value_bytes += dsize;
     if (t->role == ROLE_FREE) {
-        /* An ID list: a count, then that many page numbers (mdb.c, midl.h);
-         * LMDB may reserve a longer value than the list fills. */
-        if (dsize < 8 || dsize % 8)
-            return mdbp_fail(w->e, pgno, "free-list value is not a whole number of 8-byte words");
-        uint64_t count = ld64(val);
-        if (count > dsize / 8 - 1)
-            return mdbp_fail(w->e, pgno, "free-list count exceeds its value");
+        uint64_t holder = (flags & MDBP_F_BIGDATA) ? ld64(key + ksize) : pgno;
+        const char *problem = mdbp_free_list_problem(val, dsize, w->last_pg);
+        if (problem)
+            return mdbp_fail(w->e, holder, problem);
         if (grow((void **)&w->free, &w->free_cap, w->nfree + 1, sizeof *w->free) < 0)
             return MDBC_NOMEM;
-        uint64_t holder = (flags & MDBP_F_BIGDATA) ? ld64(key + ksize) : pgno;
-        w->free[w->nfree++] = (free_record){val, count, holder};
+        w->free[w->nfree++] = (free_record){val, ld64(val), holder};
         w->r->free_records++;
     }
     return 0;
@@ -341,20 +337,15 @@ static int walk_tree(walker *w, int tree, enum role role, const mdbp_db *db, tre
     return 0;
 }
 
-/* Mark every page the free list names; each must be a page of the snapshot
- * that no tree uses and no other record lists. */
+/* Mark every page the free list names (each list checked as it was
+ * walked: mdbp_free_list_problem); each must be a page that no tree uses
+ * and no other record lists. */
 static int mark_free(walker *w) {
     mdbc_report *r = w->r;
     for (size_t i = 0; i < w->nfree; i++) {
         const free_record *f = &w->free[i];
-        uint64_t prev = 0;
         for (uint64_t j = 1; j <= f->count; j++) {
             uint64_t pg = ld64(f->ids + 8 * j);
-            if (j > 1 && pg >= prev)
-                return mdbp_fail(w->e, f->pgno, "free-list page numbers do not decrease");
-            prev = pg;
-            if (pg < 2 || pg > w->last_pg)
-                return mdbp_fail(w->e, f->pgno, "free-list page number outside the snapshot's pages");
             r->free_pages++;
             if (pg >= w->file_pages) {
                 if (grow((void **)&w->past_end, &w->past_cap, w->npast + 1, sizeof(uint64_t)) < 0)

@@ -119,6 +119,24 @@ int mdbp_read_meta(const uint8_t *file, size_t avail, int slot, uint32_t psize_h
     return 0;
 }
 
+const char *mdbp_free_list_problem(const uint8_t *val, size_t vlen, uint64_t last_pg) {
+    if (vlen < 8 || vlen % 8)
+        return "free-list value is not a whole number of 8-byte words";
+    uint64_t count = ld64(val);
+    if (count > vlen / 8 - 1)
+        return "free-list count exceeds its value";
+    uint64_t prev = 0;
+    for (uint64_t j = 1; j <= count; j++) {
+        uint64_t pg = ld64(val + 8 * j);
+        if (j > 1 && pg >= prev)
+            return "free-list page numbers do not decrease";
+        if (pg < 2 || pg > last_pg)
+            return "free-list page number outside the snapshot's pages";
+        prev = pg;
+    }
+    return NULL;
+}
+
 int mdbp_parse_db(const mdbp_map *map, const uint8_t *raw, mdbp_db *out, mdbp_error *e) {
     parse_db_raw(raw, out);
     if (out->flags & ~DB_FLAGS_KNOWN)

@@ -111,6 +111,14 @@ typedef struct {
     uint16_t lo_len[MDBP_MAX_DEPTH], hi_len[MDBP_MAX_DEPTH];
 } mdbp_cursor;
 
+/* What is wrong with a free-list value, or NULL: an ID list (mdb.c,
+ * midl.h), a count, then that many page numbers, decreasing, each a page
+ * of the snapshot (2..last_pg); LMDB may reserve a longer value than the
+ * list fills (format-spec/lmdb.md [L32]).  The checker and every write
+ * check each record with it: LMDB trusts the lists, and one out of order
+ * aborted a later commit (mdb_freelist_save: "pglast <= env->me_pglast"). */
+const char *mdbp_free_list_problem(const uint8_t *val, size_t vlen, uint64_t last_pg);
+
 /* Parse and check the meta page in slot 0 or 1 of a file's first bytes
  * (`avail` of them).  psize_hint 0 takes the page size from the page itself
  * (slot 0 only).  Returns 0, or MDBP_CORRUPT with *e set. */
