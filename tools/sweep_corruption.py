@@ -1,7 +1,7 @@
 """Whole-file corruption sweep: damage one byte of an index, run the public API on it, classify.
 
 Run:  python tools/sweep_corruption.py [--trials 5000] [--jobs 2] [--seed 1]
-          [--index small|large|documents]
+          [--index small|large|documents] [--strata "meta,leaf:(free)"]
 
 It builds an index of 20,000 fingerprints with document keys through the
 public API (adds with keys, many keys for some fingerprints, a compaction,
@@ -20,7 +20,9 @@ runs at several levels, removals and replacements by key, a log; its
 trials also run similar() for 35 texts and documents(), compared with
 the in-memory pipeline (ndindex.documents) over the live texts.  It classifies every page of the file
 with the LMDB checker's page map (meta, branch/leaf/overflow pages of each
-tree, free, tail) and spreads the trials evenly over those strata.  Each
+tree, free, tail) and spreads the trials evenly over those strata (--strata:
+over the ones named; the meta and free-list pages are a few of a large
+index's thousands, and a damaged field there aborted LMDB twice).  Each
 trial writes a copy of the file with one byte damaged (xor 0xFF, or one bit
 flipped, alternately) at a random offset among the bytes of a random page
 of its stratum that LMDB uses, then, in a forked child, runs open(),
@@ -631,11 +633,27 @@ def _checker_verdict(data: bytearray) -> str:
 # -- the run ------------------------------------------------------------------------------
 
 
+def aimed_trials(names: list, trials: int, aim: list | None) -> list:
+    """The first `trials` trial numbers whose stratum (trial_damage: the
+    sorted strata in turn) is one of aim, or range(trials) with no aim.
+    Trial numbers stay those of the unaimed sweep: --trial N reruns one."""
+    if not aim:
+        return list(range(trials))
+    unknown = sorted(set(aim) - set(names))
+    if unknown:
+        raise SystemExit(f"sweep_corruption: no stratum {', '.join(unknown)} in this index; "
+                         f"it has {', '.join(names)}")
+    hits = [i for i, name in enumerate(names) if name in aim]
+    return [cycle * len(names) + i for cycle in range(-(-trials // len(hits))) for i in hits][:trials]
+
+
 def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, workdir: str | None,
-          only: int | None = None, progress=None, index: str = "small") -> dict:
+          only: int | None = None, progress=None, index: str = "small",
+          strata: list | None = None) -> dict:
     """Run the sweep; return the per-trial results and counts.
 
     index: "small" (build_base), "large" (build_large) or "documents" (build_documents).
+    strata: only trials that damage pages of these strata (aimed_trials).
     """
     tmp = tempfile.mkdtemp(prefix="ndx-sweep-", dir=workdir or scratch_dir())
     try:
@@ -646,9 +664,10 @@ def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, work
         remove_index_files(base + "-lock")
         init = (base, oracle, options, seed, timeout, tmp)
         with open(base, "rb") as fh:
-            strata = {name: len(pages) for name, pages in page_strata(fh.read()).items()}
+            counts = {name: len(pages) for name, pages in page_strata(fh.read()).items()}
         # Forks happen only in the (single-threaded) workers, never here.
-        todo = [-1] + ([only] if only is not None else list(range(trials)))
+        todo = [-1] + ([only] if only is not None else
+                       aimed_trials(sorted(counts), trials, strata))
         ctx = multiprocessing.get_context("spawn")
         results = []
         with ctx.Pool(max(1, jobs), initializer=_worker_init, initargs=init) as pool:
@@ -662,7 +681,7 @@ def sweep(trials: int, jobs: int, seed: int, timeout: float, options: dict, work
                              f"({control['why']}); the harness is broken")
         results = [r for r in results if r["trial"] != -1]
         results.sort(key=lambda r: r["trial"])
-        return dict(results=results, strata_pages=strata, seconds=time.monotonic() - t0,
+        return dict(results=results, strata_pages=counts, seconds=time.monotonic() - t0,
                     file_bytes=os.path.getsize(base), fingerprints=oracle["fingerprints"],
                     documents=oracle.get("documents", 0),
                     journals=len(glob.glob(glob.escape(base) + ".journal-*")))
@@ -747,12 +766,16 @@ def main(argv=None) -> int:
                     help="keyword for Index.create and ndindex.open, if they accept it")
     ap.add_argument("--workdir", help="where trial files go (default: /dev/shm or the temp dir)")
     ap.add_argument("--trial", type=int, help="run only this trial and print its details")
+    ap.add_argument("--strata", help="only trials damaging pages of these strata, comma-separated "
+                                     "(names as the report prints them: meta,leaf:(free),...); "
+                                     "trial numbers stay the unaimed sweep's")
     ap.add_argument("--json", help="also write the summary and every trial's result here")
     ap.add_argument("--expect-clean", action="store_true",
                     help="exit 1 if any trial is crash, hang, untyped, wrong or rollback")
     args = ap.parse_args(argv)
     run = sweep(args.trials, args.jobs, args.seed, args.timeout, parse_options(args.option),
                 args.workdir, only=args.trial, index=args.index,
+                strata=args.strata.split(",") if args.strata else None,
                 progress=lambda n, total: print(f"  {n}/{total}", file=sys.stderr, flush=True))
     summary = summarize(run)
     if args.trial is not None:

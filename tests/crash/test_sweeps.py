@@ -290,3 +290,13 @@ def test_interrupt_sweep_bounded(tmp_path, documents):
     for run_seed, outcome, detail in results:
         assert outcome == "ok", (run_seed, detail)
     assert sum(int(detail.split()[1]) for _, _, detail in results) > 0  # some landed in calls
+
+
+def test_aimed_trials_are_the_unaimed_sweep_s_trials_of_those_strata():
+    names = ["branch:(free)", "leaf:(free)", "leaf:chunks", "meta", "overflow:chunks"]
+    aimed = sweep_corruption.aimed_trials(names, 7, ["meta", "leaf:(free)"])
+    assert aimed == [1, 3, 6, 8, 11, 13, 16]
+    assert all(names[t % len(names)] in ("meta", "leaf:(free)") for t in aimed)
+    assert sweep_corruption.aimed_trials(names, 4, None) == [0, 1, 2, 3]
+    with pytest.raises(SystemExit, match="no stratum leaf:nowhere"):
+        sweep_corruption.aimed_trials(names, 4, ["leaf:nowhere"])
