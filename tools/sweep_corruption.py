@@ -458,7 +458,13 @@ def trial_damage(data: bytes, strata: dict, psize: int, seed: int, trial: int):
             offset = a + pick
             break
         pick -= n
-    mask = 0xFF if trial % 2 == 0 else 1 << int(rng.integers(8))
+    # Xor and a bit flip alternately, on each stratum's pages too: with an
+    # even number of strata, trial % 2 gave each stratum one mode only (the
+    # documents index's meta pages never had a single bit flipped).
+    # Unchanged with an odd number, so that earlier trial numbers still name
+    # the same damage.
+    turn = trial if len(names) % 2 else trial + trial // len(names)
+    mask = 0xFF if turn % 2 == 0 else 1 << int(rng.integers(8))
     return stratum, page, offset, mask
 
 

@@ -300,3 +300,15 @@ def test_aimed_trials_are_the_unaimed_sweep_s_trials_of_those_strata():
     assert sweep_corruption.aimed_trials(names, 4, None) == [0, 1, 2, 3]
     with pytest.raises(SystemExit, match="no stratum leaf:nowhere"):
         sweep_corruption.aimed_trials(names, 4, ["leaf:nowhere"])
+
+
+@pytest.mark.parametrize("n_strata", [4, 5])
+def test_each_stratum_gets_both_kinds_of_damage(n_strata):
+    # With an even number of strata, trial % 2 gave each stratum one mode.
+    strata = {f"s{i}": [i + 2] for i in range(n_strata)}
+    data = bytes(4096 * (n_strata + 2))
+    modes = {}
+    for trial in range(8 * n_strata):
+        stratum, _, _, mask = sweep_corruption.trial_damage(data, strata, 4096, 1, trial)
+        modes.setdefault(stratum, set()).add("xor" if mask == 0xFF else "bit")
+    assert modes == {name: {"xor", "bit"} for name in strata}
