@@ -223,7 +223,6 @@ def claim_build(tmp: str, path: str) -> int:
     """
     import fcntl
     import time
-    check_directory_of(path)
     deadline = time.monotonic() + BUILD_WAIT_SECONDS
     while True:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
@@ -298,6 +297,7 @@ def index_build(path: str, what: str):
     to build the index under.  What a killed build left is deleted first (the
     name is this process's now), and what remains is deleted at the end: the
     caller renames or links its index to path before."""
+    check_directory_of(path)
     held_name, tmp, leftovers = index_build_files(path, what)
     fd = claim_build(held_name, path)
     try:

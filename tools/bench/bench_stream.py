@@ -560,21 +560,18 @@ def report(n, p, s, items, mh, fresh, cycles, churn_fraction) -> list[str]:
     b = s["bursts"]
     tab.add("  ... the stream with query bursts (off its clock): overall; last/first",
             f"{b['overall_fps']:,.0f}; {b['last_fps'] / b['first_fps']:.2f}")
-    s = dict(s, **{key: p[key] for key in ("lat_ms", "lat_max_ms", "slow_calls", "wa_stream",
-                                           "wa_writer", "wa_logical", "wa_write_bytes",
-                                           "settle_s", "wa_settled")})
-    lat = s["lat_ms"]
+    lat = p["lat_ms"]
     tab.add("add() latency p50 / p99 ms", f"{lat[50]:.1f} / {lat[99]:.1f}")
     tab.add("add() latency p99.9 ms", f"{lat[99.9]:.1f}", f"<= {T['p999_ms']:.0f}",
             lat[99.9] <= T["p999_ms"])
-    tab.add("add() latency max ms (calls > 50 ms)", f"{s['lat_max_ms']:.1f} ({s['slow_calls']})")
-    tab.add("write amplification, stream (wchar)", f"{s['wa_stream']:.2f}")
+    tab.add("add() latency max ms (calls > 50 ms)", f"{p['lat_max_ms']:.1f} ({p['slow_calls']})")
+    tab.add("write amplification, stream (wchar)", f"{p['wa_stream']:.2f}")
     tab.add("  ... by the writer (add() commits) / by compaction",
-            f"{s['wa_writer']:.2f} / {s['wa_stream'] - s['wa_writer']:.2f}")
+            f"{p['wa_writer']:.2f} / {p['wa_stream'] - p['wa_writer']:.2f}")
     tab.add("  ... record bytes put (Store.bytes_written); write_bytes (folios)",
-            f"{s['wa_logical']:.2f}; {s['wa_write_bytes']:.1f}")
+            f"{p['wa_logical']:.2f}; {p['wa_write_bytes']:.1f}")
     tab.add(f"write amplification, with compaction owed ({p['settle_s']:.1f} s; wchar)",
-            f"{s['wa_settled']:.2f}", f"<= {T['write_amp']:.0f}", s["wa_settled"] <= T["write_amp"])
+            f"{p['wa_settled']:.2f}", f"<= {T['write_amp']:.0f}", p["wa_settled"] <= T["write_amp"])
     worst = max(s["samples"], key=lambda m: m["p50_us"])
     worst_many = min(s["samples"], key=lambda m: m["many_qps"])
     # First pass against first pass, the copy warmed up first (warm_up).
