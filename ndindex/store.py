@@ -355,6 +355,66 @@ def written_aside(dest: str, kind: str):
             os.unlink(tmp)  # the published name is a link of its own
 
 
+def lock_file_error(path: str, what: str) -> CorruptionError:
+    """The error for a damaged lock file: the index file is fine, and the
+    first process to open it once none has it open writes the lock file afresh."""
+    return CorruptionError(
+        f"{path}-lock: LMDB's lock file is damaged: {what}; the index file is not: close "
+        "every process that has the index open, and the next open makes the lock file again",
+        database="lock")
+
+
+#: LMDB's lock file (mdb.c, MDB_txninfo): two 64-byte lines of header (the
+#: reader mutex, the newest transaction id and the count of reader slots in
+#: use; the writer mutex), then the reader slots, 64 bytes each.
+LMDB_LOCK_MAGIC = 0xBEEFC0DE
+LMDB_LOCK_HEAD_BYTES = 128
+LMDB_READER_SLOT_BYTES = 64
+
+
+def check_lock_file(path: str) -> None:
+    """CorruptionError if the lock file, which another process has open, counts
+    more reader slots than it holds (see Store.check_lock_table).
+
+    Checked before LMDB opens it: py-lmdb's open begins a transaction, which
+    takes a slot by a walk over that many and keeps the count for close's walk
+    (SIGSEGV).  A lock file no process has open is written afresh by the
+    opener, whatever it holds.
+    """
+    layout = _core.lmdb_lock_layout()
+    if layout is None:
+        return
+    count_at = layout[1]
+    try:
+        fd = os.open(path + "-lock", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return  # LMDB's open says what is wrong
+    try:
+        head = os.pread(fd, count_at + 4, 0)
+        slots = (os.fstat(fd).st_size - LMDB_LOCK_HEAD_BYTES) // LMDB_READER_SLOT_BYTES
+        if len(head) < count_at + 4 or struct.unpack_from("=I", head)[0] != LMDB_LOCK_MAGIC:
+            return  # never written, or LMDB refuses it as it opens (Store.open)
+        count = struct.unpack_from("=I", head, count_at)[0]
+        if count <= slots or not _locked_elsewhere(fd):
+            return
+    finally:
+        os.close(fd)
+    raise lock_file_error(path, f"it counts {count:,} reader slots, in a table of {slots:,}")
+
+
+def _locked_elsewhere(fd: int) -> bool:
+    """Whether another process holds a lock on byte 0 of fd's file, as every
+    process with an LMDB environment open holds one on its lock file's."""
+    import fcntl
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (as locks.byte_lock).
+    query = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
+    try:
+        answer = fcntl.fcntl(fd, getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK), query)
+    except OSError:
+        return True  # cannot tell: assume the damage is live
+    return struct.unpack_from("h", answer)[0] != fcntl.F_UNLCK
+
+
 def prepare_lock_file(path: str, readonly: bool) -> bool:
     """Make sure LMDB's lock file exists with its pages allocated; return whether to lock.
 
@@ -429,6 +489,7 @@ class Store:
         self.durability = durability
         self.filemap = pages.FileMap(path)
         self.filemap.metas()
+        self.check_lock_table()  # open_db begins a transaction
         self._dbs = {name: env.open_db(name.encode(), create=False) for name in rec.ALL_DBS}
         self._write_lock = threading.RLock()
         self.bytes_written = 0  # by this process's commits (values and pages are not counted apart)
@@ -468,6 +529,8 @@ class Store:
         finally:
             fm.close()
         lock = prepare_lock_file(path, readonly)
+        if lock:
+            check_lock_file(path)
         try:
             # As bytes: py-lmdb encodes a str path as strict UTF-8, which a
             # name in another encoding (os.fsdecode's surrogates) fails.
@@ -481,6 +544,16 @@ class Store:
                 raise NdindexError(
                     f"{path}: this process has the index open already (an Index not "
                     "closed yet); use that one, or close it first") from exc
+            # The index file passed above: LMDB refused the header of the
+            # lock file, which it reads only while another process has it
+            # open (the first opener writes it afresh).
+            if lock and isinstance(exc, lmdb.InvalidError):
+                raise lock_file_error(path, "its header is not LMDB's (MDB_INVALID)") from exc
+            if lock and isinstance(exc, lmdb.VersionMismatchError):
+                raise FormatError(
+                    f"{path}-lock: another process has the index open through an LMDB build "
+                    "whose lock file is laid out otherwise (MDB_VERSION_MISMATCH); open it "
+                    "from the same installation, or once that process has closed it") from exc
             raise translate_error(exc, path) from exc
         try:
             return cls(path, env, readonly, durability)
@@ -599,11 +672,47 @@ class Store:
 
     def latest_txnid(self) -> int:
         """The newest committed transaction id, from the meta pages (two loads)."""
+        return max(self.meta_txnids())
+
+    def meta_txnids(self) -> tuple[int, int]:
+        """The transaction ids of meta pages 0 and 1."""
         psize = self.filemap.psize
         buf = self.filemap.buffer(2 * psize)
-        a = struct.unpack_from("<Q", buf, pages.META_TXNID_OFFSET)[0]
-        b = struct.unpack_from("<Q", buf, psize + pages.META_TXNID_OFFSET)[0]
-        return max(a, b)
+        return (struct.unpack_from("<Q", buf, pages.META_TXNID_OFFSET)[0],
+                struct.unpack_from("<Q", buf, psize + pages.META_TXNID_OFFSET)[0])
+
+    def check_lock_table(self) -> None:
+        """CorruptionError if LMDB's reader table counts more slots than it has.
+
+        Every process with the index open maps ``<path>-lock`` and LMDB
+        trusts its count of reader slots: a reader taking a slot, a writer
+        looking for the oldest snapshot and close all loop over that many.
+        A count past the table (a damaged lock file) made them read past the
+        mapping: SIGSEGV in every process that began a transaction.  One
+        load (mdb_env_info), before each transaction this store begins.
+        """
+        try:
+            info = self.env.info()
+        except lmdb.Error as exc:
+            raise translate_error(exc, self.path) from exc
+        if info["num_readers"] > info["max_readers"]:
+            raise lock_file_error(self.path, f"it counts {info['num_readers']:,} reader slots, "
+                                  f"in a table of {info['max_readers']:,}")
+
+    def _check_write_txnid(self, txn) -> None:
+        """CorruptionError unless a write transaction follows the newest commit.
+
+        LMDB takes a writer's transaction id, and with it the meta page the
+        writer builds on, from the lock file (mti_txnid), which holds the
+        newest commit's id while its writer mutex is held (a writer that
+        died mid-commit is cleaned up as the next one takes it).  A damaged
+        id would build on the older meta page, undoing the last commit.
+        """
+        latest = self.latest_txnid()
+        if txn.id() != latest + 1:
+            named = (txn.id() - 1) % (1 << 64)
+            raise lock_file_error(self.path, f"it names transaction {named:,} as the "
+                                  f"newest commit, the index {latest:,}")
 
     def snapshot(self):
         """Begin a read transaction and return (txn, PageView) of its snapshot.
@@ -613,6 +722,8 @@ class Store:
         named trees are damaged.
         """
         env = self.env
+        self.check_lock_table()
+        txnid = None
         for _ in range(SNAPSHOT_RETRIES):
             try:
                 try:
@@ -637,6 +748,12 @@ class Store:
             if view is not None:
                 return txn, view
             txn.abort()  # a writer reused the meta page meanwhile: begin again
+        held = self.meta_txnids()
+        if txnid is not None and txnid not in held:
+            # LMDB took the id from the lock file, and it stayed wrong through
+            # every retry (a writer reusing a meta page moves it on).
+            raise lock_file_error(self.path, f"it names transaction {txnid:,}, which neither "
+                                  f"meta page of the index holds ({held[0]:,}, {held[1]:,})")
         raise CorruptionError(f"{self.path}: no meta page matches the reader's transaction",
                               database="lmdb")
 
@@ -672,11 +789,13 @@ class Store:
         self.check_in_place()
         self.clear_dead_readers()
         with self._write_lock:
+            self.check_lock_table()
             try:
                 txn = env.begin(write=True)
             except lmdb.Error as exc:
                 raise translate_error(exc, self.path) from exc
             try:
+                self._check_write_txnid(txn)
                 wt = WriteTxn(self, txn)
                 result = body(wt)
                 txn.commit()
@@ -733,6 +852,7 @@ class Store:
         if now - self._readers_checked < READER_CHECK_SECONDS:
             return
         self._readers_checked = now
+        self.check_lock_table()
         try:
             self.env.reader_check()
         except lmdb.Error as exc:
@@ -755,6 +875,7 @@ class Store:
         between reads, txnid "-", is left out).  Slots of processes that died
         inside a read are freed first: they hold back page reuse too, but no
         one will end them (clear_dead_readers, unthrottled)."""
+        self.check_lock_table()
         try:
             self.env.reader_check()
             text = self.env.readers()

@@ -46,8 +46,8 @@ from ndindex.arrays import EMPTY_U64, merge_unique
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 from ndindex.records import format_version_of
-from ndindex.store import (check_path_for_open, fsync_path, pick_meta, publish,
-                           translate_error)
+from ndindex.store import (check_lock_file, check_path_for_open, fsync_path, pick_meta,
+                           publish, translate_error)
 from ndindex.writer import put_header
 
 # -- format 1, as its spec defines it (section 7) ----------------------------------
@@ -569,6 +569,8 @@ def _scan(view: pages.PageView, tree: str):
 def _open_env(path: str, lock: bool | None) -> lmdb.Environment:
     kwargs = dict(subdir=False, readonly=True, max_dbs=len(V1_DBS) + 1, readahead=False,
                   meminit=False, map_size=max(os.path.getsize(path), 1 << 20))
+    if lock is not False:
+        check_lock_file(path)
     try:
         try:
             return lmdb.open(os.fsencode(path), lock=lock is not False, **kwargs)

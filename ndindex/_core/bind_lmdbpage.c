@@ -390,8 +390,44 @@ int lmdbpage_module_init(PyObject *m) {
 }
 #endif
 
+#ifndef _WIN32
+#include <pthread.h>
+#include <stddef.h>
+/* The head of LMDB's lock file as this platform's LMDB lays it out
+ * (mdb.c, MDB_txbody): its reader mutex is a pthread mutex, or SysV
+ * semaphore ids where mdb.c picks MDB_USE_SYSV_SEM. */
+typedef struct {
+    uint32_t magic;
+    uint32_t format;
+#if defined(__APPLE__) || defined(BSD) || defined(__FreeBSD_kernel__)
+    int semid;
+    int rlocked;
+#else
+    pthread_mutex_t rmutex;
+#endif
+    size_t txnid; /* mdb_size_t */
+    unsigned numreaders;
+} lmdb_lock_head;
+#endif
+
+PyDoc_STRVAR(lmdb_lock_layout_doc,
+             "lmdb_lock_layout() -> (txnid_offset, numreaders_offset, txnid_bytes) or None\n\n"
+             "Where LMDB's lock file holds the newest transaction id and the count of\n"
+             "reader slots on this platform (None where it is not known).");
+
+static PyObject *py_lmdb_lock_layout(PyObject *self, PyObject *noargs) {
+#ifndef _WIN32
+    return Py_BuildValue("(nnn)", (Py_ssize_t)offsetof(lmdb_lock_head, txnid),
+                         (Py_ssize_t)offsetof(lmdb_lock_head, numreaders),
+                         (Py_ssize_t)sizeof(size_t));
+#else
+    Py_RETURN_NONE;
+#endif
+}
+
 PyMethodDef lmdbpage_methods[] = {
     {"lmdb_meta", py_lmdb_meta, METH_VARARGS, lmdb_meta_doc},
+    {"lmdb_lock_layout", py_lmdb_lock_layout, METH_NOARGS, lmdb_lock_layout_doc},
     {"lmdb_get", py_lmdb_get, METH_VARARGS, lmdb_get_doc},
     {"lmdb_scan", (PyCFunction)(void (*)(void))py_lmdb_scan, METH_VARARGS | METH_KEYWORDS,
      lmdb_scan_doc},

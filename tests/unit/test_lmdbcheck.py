@@ -1,4 +1,4 @@
-"""The Python face of the LMDB checker: arguments, geometry, results (format-spec/lmdb.md section 12)."""
+"""The Python face of the LMDB checker: arguments, geometry, results (format-spec/lmdb.md section 13)."""
 
 from __future__ import annotations
 
