@@ -34,6 +34,7 @@ import fcntl
 import itertools
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -57,6 +58,49 @@ FLUSH_IDLE_SECONDS = 1.0
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
 IDLE_WAIT_SECONDS = 0.5
+class Wakeup:
+    """threading.Event's set, clear, is_set and wait, safe against Ctrl-C in
+    the thread that sets or waits (the writer's, often the main thread).
+
+    An Event keeps a Condition whose lock its Python code takes: a
+    KeyboardInterrupt landing just after that acquire left the lock held,
+    and every later set() or wait(), in any thread, waited for it forever
+    (tools/sweep_interrupt.py: close() hung, the compactor stuck in its
+    wait, once in about 200 runs).  A SimpleQueue's put and get are single
+    C calls: an interrupt leaves nothing held.  A waiter that takes the
+    token while the flag is set passes one on, so that every waiter wakes.
+    """
+
+    def __init__(self):
+        self._flag = False
+        self._tokens = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._flag = True
+        self._tokens.put(None)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._tokens.get_nowait()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, waiting at most timeout seconds for a set()."""
+        if self._flag:
+            return True
+        try:
+            self._tokens.get(timeout=timeout)
+        except queue.Empty:
+            return self._flag
+        if self._flag:
+            self._tokens.put(None)
+        return self._flag
+
+
 #: Backpressure, as RocksDB's write slowdown and stop: a writer whose log
 #: holds more than SLOWDOWN_LOGS x log_limit operations sleeps a little
 #: after each commit; more than STOP_LOGS x log_limit, it waits for the
@@ -107,9 +151,9 @@ class Compactor:
         self._ix = index
         self.background = background
         self._lock = threading.Lock()  # one step at a time in this process
-        self._wake = threading.Event()
-        self._progress = threading.Event()
-        self._stop = threading.Event()
+        self._wake = Wakeup()
+        self._progress = Wakeup()
+        self._stop = Wakeup()
         self._last_write = time.monotonic()
         self._next_space = 0
         #: The background thread's last failed step, None once a step (its
@@ -193,19 +237,18 @@ class Compactor:
         if self._thread is None or state is None or self.error is not None:
             return  # a compactor failing its steps makes no progress to wait for
         deadline = began + STOP_WAIT_SECONDS
-        with interrupt_kept():      # an Event's wait is a Condition's
-            while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or
-                   self.level0_runs >= STOP_RUNS) \
-                    and time.monotonic() < deadline and not self._stop.is_set():
-                self._progress.clear()
-                if not self._lease_elsewhere:
-                    self._progress.wait(max(0.0, deadline - time.monotonic()))
-                    continue
-                # Another process compacts: its progress sets no event here, so
-                # look at the file's figures every slice of the wait.
-                self._progress.wait(max(0.0, min(STOP_WAIT_SECONDS / 8,
-                                                 deadline - time.monotonic())))
-                self._read_figures()
+        while (self.log_ops / max(log_limit, 1) >= STOP_LOGS or
+               self.level0_runs >= STOP_RUNS) \
+                and time.monotonic() < deadline and not self._stop.is_set():
+            self._progress.clear()
+            if not self._lease_elsewhere:
+                self._progress.wait(max(0.0, deadline - time.monotonic()))
+                continue
+            # Another process compacts: its progress sets no event here, so
+            # look at the file's figures every slice of the wait.
+            self._progress.wait(max(0.0, min(STOP_WAIT_SECONDS / 8,
+                                             deadline - time.monotonic())))
+            self._read_figures()
         if state.log_ops / max(log_limit, 1) >= SLOWDOWN_LOGS or self.level0_runs >= SLOWDOWN_RUNS:
             time.sleep(min(SLOWDOWN_SECONDS, max(0.0, deadline - time.monotonic())))
 
