@@ -27,6 +27,7 @@ import sweep_common  # noqa: E402
 import sweep_corruption  # noqa: E402
 import sweep_interrupt  # noqa: E402
 import sweep_kill  # noqa: E402
+import sweep_lock_file  # noqa: E402
 from ndindex.index import Index  # noqa: E402
 
 
@@ -290,6 +291,17 @@ def test_interrupt_sweep_bounded(tmp_path, documents):
     for run_seed, outcome, detail in results:
         assert outcome == "ok", (run_seed, detail)
     assert sum(int(detail.split()[1]) for _, _, detail in results) > 0  # some landed in calls
+
+
+@pytest.mark.slow
+def test_lock_file_sweep_bounded(tmp_path):
+    # A damaged lock file beside a live holder: no crash, hang or loss.
+    import random
+    rng = random.Random(3)
+    for _ in range(4):
+        at, line, bad = sweep_lock_file.trial(str(tmp_path / "lock.ndx"), rng)
+        assert not bad, (at, line)
+        assert line.endswith("after:ok") and line.count(":") >= 5
 
 
 def test_aimed_trials_are_the_unaimed_sweep_s_trials_of_those_strata():
