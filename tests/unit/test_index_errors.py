@@ -412,12 +412,15 @@ _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
     import sys, threading
     from ndindex.index import Index
 
+    MAIN = threading.get_ident()
+
     def taken_then_ctrl_c(self):
         # Condition.__enter__ as Ctrl-C can cut it: the lock taken, then the
         # KeyboardInterrupt raised before the with statement holds it, so no
-        # __exit__ ever lets it go.
+        # __exit__ ever lets it go.  (Signals reach the main thread alone;
+        # current_thread() here would register a thread still starting.)
         self._lock.acquire()
-        if threading.current_thread() is threading.main_thread():
+        if threading.get_ident() == MAIN:
             raise KeyboardInterrupt
         return self
 
