@@ -43,12 +43,13 @@ import numpy as np
 
 from ndindex import _core, chunks as ch, codec, docstore, levels, locks, runs as rn
 from ndindex.arrays import EMPTY_U64, isin_sorted, merge_unique
-from ndindex.errors import ClosedError, CorruptionError, NdindexError, interrupt_kept
+from ndindex.errors import ClosedError, CorruptionError, NdindexError
 from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HUFFMAN,
                              KIND_RAW,
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
+from ndindex.threadpool import ThreadPool
 
 _log = logging.getLogger("ndindex")
 
@@ -176,9 +177,7 @@ class Compactor:
         self._growing: dict = {}
         self._thread = None
         workers = min(os.cpu_count() or 1, 4)
-        import concurrent.futures  # here: read-only opens do not pay for it
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, "ndindex-merge") \
-            if workers > 1 else None
+        self._pool = ThreadPool(workers, "ndindex-merge") if workers > 1 else None
         if background:
             self._thread = threading.Thread(target=self._loop, name="ndindex-compaction",
                                             daemon=True)
@@ -267,10 +266,8 @@ class Compactor:
 
     def _map(self, fn, jobs: list) -> list:
         """[fn(job) for job in jobs], on the merge threads when there are
-        several jobs and a pool; on this thread once the pool refuses work.
-        At interpreter exit, concurrent.futures shuts every pool down before
-        it joins the program's threads (which may still write), and this
-        thread's steps then failed, logged, until the exit."""
+        several jobs and a pool; on this thread once the pool refuses work
+        (close() in another thread shut it down)."""
         pool, futures = self._pool, []
         if pool is not None and len(jobs) > 1:
             try:
@@ -278,8 +275,7 @@ class Compactor:
                     futures.append(pool.submit(fn, job))
             except RuntimeError:        # "cannot schedule new futures after shutdown"
                 pass
-        with interrupt_kept():      # compact() runs steps on the caller's thread
-            done = [f.result() for f in futures]
+        done = [f.result() for f in futures]
         return done + [fn(job) for job in jobs[len(futures):]]
 
     def _loop(self) -> None:

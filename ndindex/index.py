@@ -37,8 +37,7 @@ from ndindex import _core, checked_add, codec, compaction, docstore, levels, loc
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
 from ndindex.dircache import DirectoryCache
-from ndindex.errors import (ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError,
-                            interrupt_kept)
+from ndindex.errors import ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
@@ -584,9 +583,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         with self._pool_lock:
             futures = [self._batch_pool(workers).submit(run, a, b)
                        for a, b in zip(bounds[:-1], bounds[1:])]
-        with interrupt_kept():
-            return np.concatenate([_to_matches(*f.result(), offset=int(a))
-                                   for f, a in zip(futures, bounds[:-1])])
+        return np.concatenate([_to_matches(*f.result(), offset=int(a))
+                               for f, a in zip(futures, bounds[:-1])])
 
     def _batch_pool(self, workers: int):
         """query_many's thread pool (self._pool_lock held), made at first use.
@@ -599,8 +597,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         if self._pool is False:
             raise ClosedError(f"{self.path}: index is closed")
         if self._pool is None:
-            import concurrent.futures  # here: a reader that never batches does not pay for it
-            self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ndindex")
+            from ndindex.threadpool import ThreadPool  # Ctrl-C safe; see its module
+            self._pool = ThreadPool(workers, "ndindex")
         return self._pool
 
     def query_text(self, text, k: int | None = None, *, keys: bool = True,

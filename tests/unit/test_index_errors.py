@@ -378,30 +378,36 @@ def test_an_index_names_its_file_and_state_and_is_neither_pickled_nor_copied(pat
         assert repr(ix).endswith(" read-only>")
 
 
-def _unheld_lock_after_ctrl_c(*args, **kwargs):
-    """What Future.result() raises when Ctrl-C lands as Condition.wait takes
-    its lock back: the with statement then releases a lock it does not hold."""
-    try:
-        raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        raise RuntimeError("cannot release un-acquired lock")
+def _ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
 
 
-def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_not_a_runtime_error(
+def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_and_the_index_goes_on(
         path, monkeypatch):
     import concurrent.futures
-    from ndindex import index as index_module
+    from ndindex import index as index_module, threadpool
     from ndindex.errors import result_of
     fps = stored_fingerprints()
     with Index.open(path) as ix:
         want = ix.query_many(fps[:4000])
         monkeypatch.setattr(index_module, "PARALLEL_QUERY_MIN", 1)
-        monkeypatch.setattr(concurrent.futures.Future, "result", _unheld_lock_after_ctrl_c)
+        monkeypatch.setattr(threadpool.Job, "result", _ctrl_c)
         with pytest.raises(KeyboardInterrupt):
-            ix.query_many(fps[:4000])                   # its thread pool's futures
+            ix.query_many(fps[:4000])                   # its thread pool's jobs
         monkeypatch.undo()
+        monkeypatch.setattr(index_module, "PARALLEL_QUERY_MIN", 1)
         assert np.array_equal(ix.query_many(fps[:4000]), want)   # and the Index goes on
-    # Any other RuntimeError passes as it is.
+    # result_of (the process pools' futures): Ctrl-C as Condition.wait takes its
+    # lock back surfaces as RuntimeError "cannot release un-acquired lock".
+    def unheld(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("cannot release un-acquired lock")
+    monkeypatch.setattr(concurrent.futures.Future, "result", unheld)
+    with pytest.raises(KeyboardInterrupt):
+        result_of(concurrent.futures.Future())
+    monkeypatch.undo()
     broken = concurrent.futures.Future()
     broken.set_exception(RuntimeError("something else"))
     with pytest.raises(RuntimeError, match="something else"):
@@ -410,6 +416,7 @@ def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_not_a_runtime_error(
 
 _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
     import sys, threading
+    from ndindex import index as index_module
     from ndindex.index import Index
 
     MAIN = threading.get_ident()
@@ -425,14 +432,18 @@ _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
         return self
 
     enter = threading.Condition.__enter__
+    index_module.PARALLEL_QUERY_MIN = 1
     with Index.open(sys.argv[1], log_limit=100) as ix:
         ix.add([1 << 40])                           # the compactor runs
+        ix.query_many([1, 2, 3])                    # query_many's pool runs
         threading.Condition.__enter__ = taken_then_ctrl_c
         for fp in range(2 << 40, (2 << 40) + 20):
-            try:
-                ix.add([fp])
-            except KeyboardInterrupt:
-                pass
+            for call in (lambda: ix.add([fp]), lambda: ix.query_many([fp, 1, 2, 3]),
+                         lambda: ix.compact()):
+                try:
+                    call()
+                except KeyboardInterrupt:
+                    pass
         threading.Condition.__enter__ = enter
         ix.add([3 << 40])
         print(bool(ix.query(3 << 40, k=0)), bool(ix.query(2 << 40, k=0)), flush=True)
@@ -440,11 +451,14 @@ _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_as_a_commit_wakes_the_compactor_leaves_no_lock_held(path):
-    """After every commit the writer wakes the background compactor.  With a
-    threading.Event, Ctrl-C landing in its set() could leave the Event's lock
-    held: the compactor then waited for it forever, and close() joined it
-    forever (tools/sweep_interrupt.py, once in about 200 runs)."""
+def test_ctrl_c_in_the_writer_s_signals_and_pool_waits_leaves_no_lock_held(path):
+    """After every commit the writer wakes the background compactor, and
+    query_many and compact() wait for jobs on their thread pools.  With a
+    threading.Event and concurrent.futures, Ctrl-C landing in the Event's
+    set() or a Future's result() (or submit's Semaphore) could leave their
+    lock held: the compactor, or the worker finishing the job, then waited
+    for it forever, and close() joined them forever (tools/sweep_interrupt.py,
+    about once in 200 runs each)."""
     try:
         done = subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_CONDITION, path],
                               capture_output=True, text=True, timeout=60)

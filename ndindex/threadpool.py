@@ -1,0 +1,83 @@
+"""Worker threads that Ctrl-C in the calling thread cannot wedge.
+
+concurrent.futures' ThreadPoolExecutor takes Condition locks in Python code
+on the caller's thread: submit() its idle Semaphore's, Future.result() the
+Future's.  Ctrl-C landing just after such an acquire, before the with
+statement holds the lock, left it held: the worker that finished the job
+then waited for it forever in set_result, and so did close() joining the
+pool (tools/sweep_interrupt.py: compact() interrupted, close() hung, one
+run in about 250).  Here the caller only puts to and gets from
+SimpleQueues, whose put and get are single C calls: an interrupt leaves
+nothing held, and a job interrupted in its wait still runs to its end.
+
+The workers are daemon threads, started with the pool: at interpreter
+exit they stop where they are, as the compactor's own thread does.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+_STOP = object()
+
+
+class Job:
+    """One submitted call: result() waits for it (Ctrl-C interrupts the wait,
+    not the job) and returns its value or raises its exception."""
+
+    __slots__ = ("_done", "_outcome")
+
+    def __init__(self):
+        self._done = queue.SimpleQueue()
+        self._outcome = None
+
+    def result(self):
+        if self._outcome is None:
+            self._outcome = self._done.get()
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+
+class ThreadPool:
+    """submit(fn, *args) -> Job on `workers` threads; shutdown() ends them."""
+
+    def __init__(self, workers: int, name: str):
+        self._jobs = queue.SimpleQueue()
+        self._shut = False
+        self._threads = [threading.Thread(target=_work, args=(self._jobs,), name=f"{name}_{i}",
+                                          daemon=True) for i in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn, *args) -> Job:
+        if self._shut:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        job = Job()
+        self._jobs.put((job, fn, args))
+        return job
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Let the jobs submitted so far finish, then end the threads."""
+        self._shut = True
+        for _ in self._threads:
+            self._jobs.put(_STOP)
+        if wait:
+            for t in self._threads:
+                t.join()
+
+
+def _work(jobs: queue.SimpleQueue) -> None:
+    while True:
+        item = jobs.get()
+        if item is _STOP:
+            return
+        job, fn, args = item
+        try:
+            outcome = (True, fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's result()
+            outcome = (False, exc)
+        job._done.put(outcome)
+        del item, job, outcome
