@@ -34,7 +34,6 @@ import fcntl
 import itertools
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -49,7 +48,7 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HU
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
-from ndindex.threadpool import ThreadPool
+from ndindex.threadpool import ThreadPool, Wakeup
 
 _log = logging.getLogger("ndindex")
 
@@ -59,49 +58,6 @@ FLUSH_IDLE_SECONDS = 1.0
 STEP_CHUNKS = 16
 #: The background thread waits this long for work before looking again.
 IDLE_WAIT_SECONDS = 0.5
-class Wakeup:
-    """threading.Event's set, clear, is_set and wait, safe against Ctrl-C in
-    the thread that sets or waits (the writer's, often the main thread).
-
-    An Event keeps a Condition whose lock its Python code takes: a
-    KeyboardInterrupt landing just after that acquire left the lock held,
-    and every later set() or wait(), in any thread, waited for it forever
-    (tools/sweep_interrupt.py: close() hung, the compactor stuck in its
-    wait, once in about 200 runs).  A SimpleQueue's put and get are single
-    C calls: an interrupt leaves nothing held.  A waiter that takes the
-    token while the flag is set passes one on, so that every waiter wakes.
-    """
-
-    def __init__(self):
-        self._flag = False
-        self._tokens = queue.SimpleQueue()
-
-    def set(self) -> None:
-        self._flag = True
-        self._tokens.put(None)
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def clear(self) -> None:
-        self._flag = False
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self._tokens.get_nowait()
-
-    def wait(self, timeout: float) -> bool:
-        """Whether the flag is set, waiting at most timeout seconds for a set()."""
-        if self._flag:
-            return True
-        try:
-            self._tokens.get(timeout=timeout)
-        except queue.Empty:
-            return self._flag
-        if self._flag:
-            self._tokens.put(None)
-        return self._flag
-
-
 #: Backpressure, as RocksDB's write slowdown and stop: a writer whose log
 #: holds more than SLOWDOWN_LOGS x log_limit operations sleeps a little
 #: after each commit; more than STOP_LOGS x log_limit, it waits for the

@@ -10,12 +10,15 @@ run in about 250).  Here the caller only puts to and gets from
 SimpleQueues, whose put and get are single C calls: an interrupt leaves
 nothing held, and a job interrupted in its wait still runs to its end.
 
+Wakeup is threading.Event made the same way.
+
 The workers are daemon threads, started with the pool: at interpreter
 exit they stop where they are, as the compactor's own thread does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 
@@ -81,3 +84,46 @@ def _work(jobs: queue.SimpleQueue) -> None:
             outcome = (False, exc)
         job._done.put(outcome)
         del item, job, outcome
+
+
+class Wakeup:
+    """threading.Event's set, clear, is_set and wait, safe against Ctrl-C in
+    the thread that sets or waits (the writer's, often the main thread): the
+    compactor's wake-up, progress and stop signals, the checkpoint thread's
+    stop.
+
+    An Event keeps a Condition whose lock its Python code takes, as a
+    Future does (module doc): the writer's post-commit set() of the
+    compactor's wake-up left it held once in about 200 interrupt-sweep
+    runs, and close() hung.  A waiter that takes the token while the flag
+    is set passes one on, so that every waiter wakes.
+    """
+
+    def __init__(self):
+        self._flag = False
+        self._tokens = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._flag = True
+        self._tokens.put(None)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def clear(self) -> None:
+        self._flag = False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._tokens.get_nowait()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, waiting at most timeout seconds for a set()."""
+        if self._flag:
+            return True
+        try:
+            self._tokens.get(timeout=timeout)
+        except queue.Empty:
+            return self._flag
+        if self._flag:
+            self._tokens.put(None)
+        return self._flag

@@ -33,6 +33,7 @@ from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
                              frame, log_padding, read_meta, unframe)
 from ndindex.store import translate_error
+from ndindex.threadpool import Wakeup
 
 
 def log_ops(record: LogRecord) -> int:
@@ -73,7 +74,7 @@ class Writer:
         self.journal = None
         self._checkpointed = 0  # the journal's offset the last checkpoint covers
         self._in_place_at = -jr.CHECKPOINT_SECONDS  # when the file last bore its name
-        self._stop = threading.Event()
+        self._stop = Wakeup()  # set in close(): see threadpool
         self._thread = None
         if durability == "normal":
             self.journal = jr.Journal(index.path, index.file_id)

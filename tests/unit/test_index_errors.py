@@ -468,10 +468,10 @@ def test_ctrl_c_in_the_writer_s_signals_and_pool_waits_leaves_no_lock_held(path)
     assert done.stdout.split() == ["True", "True", "closed"]
 
 
-def test_the_compactor_s_wakeup_behaves_as_an_event():
+def test_wakeup_behaves_as_an_event():
     import threading
     import time
-    from ndindex.compaction import Wakeup
+    from ndindex.threadpool import Wakeup
     w = Wakeup()
     assert not w.is_set() and w.wait(0.01) is False
     woken = []
