@@ -27,17 +27,30 @@ OPEN_BYTE = 1
 
 _F_SETLK = getattr(fcntl, "F_OFD_SETLK", fcntl.F_SETLK)
 _F_SETLKW = getattr(fcntl, "F_OFD_SETLKW", fcntl.F_SETLKW)
+_F_GETLK = getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK)
+#: struct flock: l_type, l_whence, l_start, l_len, l_pid (Linux x86-64 layout).
+_FLOCK = "hhqqi4x"
 
 
 def byte_lock(fd: int, byte: int, kind: int, wait: bool = False) -> bool:
     """Lock one byte of a file (fcntl F_RDLCK/F_WRLCK/F_UNLCK); False if held elsewhere."""
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (Linux x86-64 layout).
-    lk = struct.pack("hhqqi4x", kind, os.SEEK_SET, byte, 1, 0)
+    lk = struct.pack(_FLOCK, kind, os.SEEK_SET, byte, 1, 0)
     try:
         fcntl.fcntl(fd, _F_SETLKW if wait else _F_SETLK, lk)
         return True
     except OSError:
         return False
+
+
+def held_elsewhere(fd: int, byte: int) -> bool:
+    """Whether another process (or open file description) holds a lock on
+    one byte of fd's file, of any kind; True when it cannot tell."""
+    try:
+        answer = fcntl.fcntl(fd, _F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, byte,
+                                                       1, 0))
+    except OSError:
+        return True
+    return struct.unpack_from("h", answer)[0] != fcntl.F_UNLCK
 
 
 class NotAlone(ReadOnlyError):

@@ -395,24 +395,13 @@ def check_lock_file(path: str) -> None:
         if len(head) < count_at + 4 or struct.unpack_from("=I", head)[0] != LMDB_LOCK_MAGIC:
             return  # never written, or LMDB refuses it as it opens (Store.open)
         count = struct.unpack_from("=I", head, count_at)[0]
-        if count <= slots or not _locked_elsewhere(fd):
+        from ndindex import locks  # (it imports this module)
+        # Every process with an LMDB environment open locks its lock file's byte 0.
+        if count <= slots or not locks.held_elsewhere(fd, 0):
             return
     finally:
         os.close(fd)
     raise lock_file_error(path, f"it counts {count:,} reader slots, in a table of {slots:,}")
-
-
-def _locked_elsewhere(fd: int) -> bool:
-    """Whether another process holds a lock on byte 0 of fd's file, as every
-    process with an LMDB environment open holds one on its lock file's."""
-    import fcntl
-    # struct flock: l_type, l_whence, l_start, l_len, l_pid (as locks.byte_lock).
-    query = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0)
-    try:
-        answer = fcntl.fcntl(fd, getattr(fcntl, "F_OFD_GETLK", fcntl.F_GETLK), query)
-    except OSError:
-        return True  # cannot tell: assume the damage is live
-    return struct.unpack_from("h", answer)[0] != fcntl.F_UNLCK
 
 
 def prepare_lock_file(path: str, readonly: bool) -> bool:

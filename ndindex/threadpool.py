@@ -12,7 +12,7 @@ nothing held, and a job interrupted in its wait still runs to its end.
 
 Wakeup is threading.Event made the same way.
 
-The workers are daemon threads, started with the pool: at interpreter
+The workers are daemon threads, started at the first job: at interpreter
 exit they stop where they are, as the compactor's own thread does.
 """
 
@@ -50,25 +50,34 @@ class ThreadPool:
     def __init__(self, workers: int, name: str):
         self._jobs = queue.SimpleQueue()
         self._shut = False
-        self._threads = [threading.Thread(target=_work, args=(self._jobs,), name=f"{name}_{i}",
-                                          daemon=True) for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._workers, self._name = workers, name
+        self._threads: list = []
+        self._lock = threading.Lock()
 
     def submit(self, fn, *args) -> Job:
-        if self._shut:
-            raise RuntimeError("cannot schedule new futures after shutdown")
         job = Job()
-        self._jobs.put((job, fn, args))
+        with self._lock:  # a C lock: its with statement cannot be cut in two
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            if not self._threads:  # at the first job: a writer that never merges starts none
+                threads = [threading.Thread(target=_work, args=(self._jobs,),
+                                            name=f"{self._name}_{i}", daemon=True)
+                           for i in range(self._workers)]
+                for t in threads:
+                    t.start()
+                self._threads = threads  # (all started: shutdown joins them)
+            self._jobs.put((job, fn, args))
         return job
 
     def shutdown(self, wait: bool = True) -> None:
         """Let the jobs submitted so far finish, then end the threads."""
-        self._shut = True
-        for _ in self._threads:
+        with self._lock:
+            self._shut = True
+            threads = self._threads
+        for _ in threads:
             self._jobs.put(_STOP)
         if wait:
-            for t in self._threads:
+            for t in threads:
                 t.join()
 
 
