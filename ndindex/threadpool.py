@@ -23,6 +23,8 @@ import queue
 import threading
 
 _STOP = object()
+#: How long shutdown() waits for a worker before it sends one more stop.
+STOP_RETRY_SECONDS = 0.5
 
 
 class Job:
@@ -78,7 +80,13 @@ class ThreadPool:
             self._jobs.put(_STOP)
         if wait:
             for t in threads:
-                t.join()
+                # A Ctrl-C that cut an earlier start() in two leaves a thread
+                # running unrecorded, which may take a stop meant for these
+                # (sweep_interrupt: close() joined a worker that never got one).
+                t.join(STOP_RETRY_SECONDS)
+                while t.is_alive():
+                    self._jobs.put(_STOP)
+                    t.join(STOP_RETRY_SECONDS)
 
 
 def _work(jobs: queue.SimpleQueue) -> None:

@@ -1,0 +1,54 @@
+"""ndindex.threadpool.ThreadPool: results, errors, shutdown, and threads a Ctrl-C left unrecorded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ndindex import threadpool
+from ndindex.threadpool import ThreadPool
+
+
+def test_jobs_return_their_values_and_raise_their_errors():
+    pool = ThreadPool(2, "t")
+    try:
+        jobs = [pool.submit(pow, i, 2) for i in range(20)]
+        assert [j.result() for j in jobs] == [i * i for i in range(20)]
+        bad = pool.submit(int, "x")
+        with pytest.raises(ValueError):
+            bad.result()
+        with pytest.raises(ValueError):
+            bad.result()  # the same outcome again
+    finally:
+        pool.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(pow, 2, 2)
+
+
+def test_no_thread_before_the_first_job_and_jobs_submitted_finish_before_shutdown_ends():
+    pool = ThreadPool(2, "t")
+    assert pool._threads == []
+    done = []
+    jobs = [pool.submit(lambda i=i: (time.sleep(0.01), done.append(i))) for i in range(10)]
+    pool.shutdown()
+    assert sorted(done) == list(range(10)) and all(j.result() for j in jobs)
+    assert not any(t.is_alive() for t in pool._threads)
+
+
+def test_shutdown_ends_its_threads_though_unrecorded_workers_take_stops(monkeypatch):
+    # A Ctrl-C inside Thread.start() leaves a worker running that the pool did
+    # not record; it takes a stop meant for a recorded one, which then waited
+    # forever in close() (tools/sweep_interrupt.py).
+    monkeypatch.setattr(threadpool, "STOP_RETRY_SECONDS", 0.05)
+    for _ in range(20):
+        pool = ThreadPool(2, "t")
+        pool.submit(pow, 2, 2).result()
+        for _ in range(3):
+            threading.Thread(target=threadpool._work, args=(pool._jobs,), daemon=True).start()
+        closer = threading.Thread(target=pool.shutdown, daemon=True)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive()
+        assert not any(t.is_alive() for t in pool._threads)
