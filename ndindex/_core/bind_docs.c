@@ -154,12 +154,12 @@ static PyObject *py_rice_decode(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "need n >= 0 and k in 0..31, got n=%zd k=%d", n, k);
         goto done;
     }
-    if (n > data.len * 8) { /* every value takes at least one bit */
-        ndx_raise_corruption(PyUnicode_FromFormat("%zd values cannot fit in %zd bytes", n,
-                                                  data.len), "document record", -1);
-        goto done;
-    }
-    out = PyByteArray_FromStringAndSize(NULL, n * 4);
+    /* Every value takes at least one bit: a count past the bits (damage)
+     * cannot decode, and the decoder writes at most that many values before
+     * it says why, the same status a bit-at-a-time read gives (an overflow
+     * can come before the end: "cannot fit" here misnamed it). */
+    Py_ssize_t room = n > data.len * 8 ? data.len * 8 : n;
+    out = PyByteArray_FromStringAndSize(NULL, room * 4);
     if (!out)
         goto done;
     int rc = docs_rice_decode(data.buf, (size_t)data.len, (size_t)n, k,
