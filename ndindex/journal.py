@@ -109,7 +109,15 @@ class Journal:
             return
         os.ftruncate(self._fd, HEADER.size)
         self.generation += 1
-        os.pwrite(self._fd, HEADER.pack(MAGIC, self._file_id, self.journal_id, self.generation), 0)
+        # Through a descriptor of its own: on Linux a pwrite() to an O_APPEND
+        # one appends, whatever the offset, and the new header followed the
+        # old one, which every read then took for the journal's: the records
+        # appended since were unreadable, to a crash's replay too.
+        fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            os.pwrite(fd, HEADER.pack(MAGIC, self._file_id, self.journal_id, self.generation), 0)
+        finally:
+            os.close(fd)
         self.offset = 0
 
     def close(self, delete: bool) -> None:

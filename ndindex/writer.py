@@ -211,12 +211,18 @@ class Writer:
             if not len(p):
                 return
             record = p.to_record()
-            self._commit(record, extra=[(jr.journal_key(self.journal.journal_id),
-                                         self.journal.position())])
-            self.pending = PendingOps(self.lock)
-            self._checkpointed = self.journal.offset
-            self.journal.rotate_if_large()
-            self._checkpointed = self.journal.offset  # 0 after a rotation
+            # Ctrl-C held back from the commit to the new offsets: cut in
+            # between, the pending set, the journal and _checkpointed
+            # disagreed, and the rebuild after a later interrupted call read
+            # the journal from a stale offset (past a rotation's end: the
+            # acknowledged operations since were lost; sweep_interrupt seed 14).
+            with interrupts_deferred():
+                self._commit(record, extra=[(jr.journal_key(self.journal.journal_id),
+                                             self.journal.position())])
+                self.pending = PendingOps(self.lock)
+                self._checkpointed = self.journal.offset
+                self.journal.rotate_if_large()
+                self._checkpointed = self.journal.offset  # 0 after a rotation
 
     def _pending_from_journal(self, fallback: PendingOps | None = None) -> None:
         """The pending operations as the journal holds them: its records past the

@@ -975,6 +975,78 @@ def test_a_second_interrupt_while_the_pending_set_is_rebuilt_leaves_all_or_nothi
         assert np.array_equal(index.fingerprints(), want)
 
 
+_CRASH_AFTER_A_ROTATION = textwrap.dedent("""
+    import os, sys
+    import ndindex.journal as jr
+    from ndindex.index import Index
+    jr.ROTATE_BYTES = 1                   # every checkpoint rotates the journal
+    index = Index.open(sys.argv[1], durability="normal", background_compaction=False)
+    index.add([1 << 42])
+    index.sync()                          # a checkpoint, and a rotation
+    index.add([2 << 42])                  # acknowledged: in the journal
+    os._exit(0)                           # a crash: no close, no checkpoint
+""")
+
+
+def test_operations_journaled_after_a_rotation_survive_a_crash(path):
+    # A rotation rewrote the journal's header with pwrite() on its O_APPEND
+    # descriptor: Linux appended it after the old header, every read took
+    # the old generation, and the records appended since were unreadable:
+    # a crash lost them, against what durability="normal" promises.
+    done = subprocess.run([sys.executable, "-c", _CRASH_AFTER_A_ROTATION, path],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with Index.open(path) as index:       # replays the dead writer's journal
+        assert (1 << 42) in index and (2 << 42) in index
+
+
+def test_an_interrupt_inside_a_checkpoint_loses_no_acknowledged_operation(path, monkeypatch):
+    # A checkpoint commits the pending set, then moves the journal's offsets
+    # (rotating a large journal).  Ctrl-C between the two left _checkpointed
+    # past the rotated journal's end, and the rebuild after the next
+    # interrupted call read nothing from it: the operations acknowledged
+    # since were lost (sweep_interrupt, seed 14 run 44).
+    import signal
+    from ndindex import overlay
+    monkeypatch.setattr(jr, "ROTATE_BYTES", 1)
+    index = Index.open(path, durability="normal", background_compaction=False)
+    try:
+        real_rotate = jr.Journal.rotate_if_large
+
+        def rotate_then_ctrl_c(self):
+            real_rotate(self)
+            os.kill(os.getpid(), signal.SIGINT)      # lands before the offset is set
+            for _ in range(1000):                    # bytecodes for the handler to run at
+                pass
+
+        monkeypatch.setattr(jr.Journal, "rotate_if_large", rotate_then_ctrl_c)
+        index.add([1 << 41])
+        try:
+            index.sync()                             # the checkpoint
+        except KeyboardInterrupt:
+            pass
+        monkeypatch.setattr(jr.Journal, "rotate_if_large", real_rotate)
+        index.add([2 << 41])                         # acknowledged after the rotation
+        real_apply = overlay.PendingOps.apply
+
+        def halfway(self, record):                   # the next call, interrupted: a rebuild
+            monkeypatch.setattr(overlay.PendingOps, "apply", real_apply)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(overlay.PendingOps, "apply", halfway)
+        with pytest.raises(KeyboardInterrupt):
+            index.add([3 << 41])
+        monkeypatch.undo()
+        got = {int(x) for x in index.fingerprints()} & {1 << 41, 2 << 41, 3 << 41}
+        assert {1 << 41, 2 << 41} <= got
+        index.sync()
+    finally:
+        monkeypatch.undo()
+        index.close()
+    with Index.open(path, readonly=True) as index:
+        assert (1 << 41) in index and (2 << 41) in index
+
+
 FILE_SIZE_LIMITED_WRITER = textwrap.dedent("""
     import os, resource, signal, sys
     import numpy as np
