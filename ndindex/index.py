@@ -151,7 +151,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         ``to_bytes()``): the index then stores documents too
         (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
         with lookup keys designed for its ``threshold``; exist_ok, open the file instead if it already exists (its own
-        k and plan are kept); durability, background_compaction and
+        k and plan are kept; ValueError if its k is below the one asked
+        for, or its fingerprinter is not the one given); durability, background_compaction and
         log_limit as in :meth:`open`.
 
         The file appears atomically: a crash leaves no file or a whole one.
@@ -162,8 +163,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         """
         path = _absolute(path)
         if exist_ok and os.path.exists(path):
-            return cls.open(path, durability=durability,
-                            background_compaction=background_compaction, log_limit=log_limit)
+            return cls._open_existing(path, k, fingerprinter, durability=durability,
+                                      background_compaction=background_compaction,
+                                      log_limit=log_limit)
         k = validate.planner_k(k)
         expected_n = validate.positive_int(expected_n, "expected_n")
         if expected_n > plans.MAX_EXPECTED_N:      # the header holds it as a u64
@@ -195,8 +197,37 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         except FileExistsError:
             if not exist_ok:
                 raise
+            return cls._open_existing(path, k, fingerprinter, durability=durability,
+                                      background_compaction=background_compaction,
+                                      log_limit=log_limit)
         return cls.open(path, durability=durability, background_compaction=background_compaction,
                         log_limit=log_limit)
+
+    @classmethod
+    def _open_existing(cls, path, k, fingerprinter, **options) -> "Index":
+        """create(exist_ok=True) on a file that exists: open it, unless it
+        cannot serve what the call asked for.  Its plan and expected_n are
+        hints the stored design replaces; a k above the file's (queries
+        would be refused) or another fingerprinter (documents would be
+        fingerprinted otherwise than the caller's own) is a ValueError."""
+        ix = cls.open(path, **options)
+        try:
+            if isinstance(k, int) and not isinstance(k, bool) and k > ix.k:
+                raise ValueError(f"{path} exists with k={ix.k}, below the k={k} asked for: "
+                                 f"it cannot answer queries past k={ix.k}; open it with "
+                                 f"Index.open, or create a new index elsewhere")
+            if fingerprinter is not None:
+                wanted = docstore.as_fingerprinter(fingerprinter).to_bytes()
+                if ix.fingerprinter != wanted:
+                    held = ("no fingerprinter (it stores fingerprints only)"
+                            if ix.fingerprinter is None else "another fingerprinter")
+                    raise ValueError(f"{path} exists with {held} than the one asked for: "
+                                     f"open it with Index.open, or create a new index "
+                                     f"elsewhere")
+        except BaseException:
+            ix.close()
+            raise
+        return ix
 
     @classmethod
     def open(cls, path, *, readonly: bool = False, durability: str = "full",

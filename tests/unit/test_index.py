@@ -1050,10 +1050,29 @@ def test_shares_read_on_either_side_of_a_compaction_hold_each_fingerprint_once(p
 def test_create_exist_ok_opens_the_existing_index(path):
     with Index.create(path, k=2, expected_n=100) as ix:
         ix.add([42])
-    with Index.create(path, k=5, expected_n=10**6, exist_ok=True) as ix:
+    with Index.create(path, k=1, expected_n=10**6, exist_ok=True) as ix:
         assert ix.k == 2 and 42 in ix  # the stored index, its own k
     with pytest.raises(FileExistsError):
         Index.create(path, k=2, expected_n=100)
+
+
+def test_create_exist_ok_refuses_a_file_that_cannot_serve_the_call(path):
+    from ndindex.fingerprint import Fingerprinter
+    with Index.create(path, k=2, expected_n=100) as ix:
+        ix.add([42])
+    with pytest.raises(ValueError, match="k=2, below the k=5"):
+        Index.create(path, k=5, exist_ok=True)
+    with pytest.raises(ValueError, match="no fingerprinter"):
+        Index.create(path, k=2, exist_ok=True, fingerprinter=Fingerprinter())
+    docs = str(path) + ".docs"
+    with Index.create(docs, k=3, fingerprinter=Fingerprinter(num_perm=64)) as ix:
+        pass
+    with pytest.raises(ValueError, match="another fingerprinter"):
+        Index.create(docs, k=3, exist_ok=True, fingerprinter=Fingerprinter(num_perm=32))
+    with Index.create(docs, k=3, exist_ok=True, fingerprinter=Fingerprinter(num_perm=64)) as ix:
+        assert ix.fingerprinter == Fingerprinter(num_perm=64).to_bytes()
+    with Index.open(path) as ix:        # refusals left both files as they were, unlocked
+        assert ix.fingerprints().tolist() == [42] and ix.k == 2
 
 
 def test_two_dimensional_input_is_refused(path):
