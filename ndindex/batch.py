@@ -248,10 +248,11 @@ def _run_local(tables, tasks, self_join, k, out_paths, workers, opened):
         workers, mp_context=procs.context(),  # not fork: see procs
         initializer=_init_worker, initargs=(pickle.dumps(tables),))
     try:
-        yield from _ordered(lambda task, out: pool.submit(_worker_task, task, self_join, k, out),
+        yield from _ordered(lambda task, out: procs.PoolTask(pool, _worker_task, task, self_join,
+                                                             k, out),
                             tasks, out_paths, workers)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        procs.shutdown(pool)
 
 
 def _ordered(submit, tasks, out_paths, workers):

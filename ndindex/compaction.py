@@ -48,7 +48,7 @@ from ndindex.records import (DB_CHUNKS, DB_LOG, KEY_MANIFEST, KEY_STATE, KIND_HU
                              KIND_RECORDS, KIND_TOMBSTONES, RECORD_SPACES, RUN_MERGE_INPUT,
                              RUN_MERGE_OUTPUT, SPACE_DOCS, SPACE_LOOKUP,
                              SPACE_TOMBSTONES, U64_BE, Manifest, Run, State, read_meta)
-from ndindex.threadpool import ThreadPool, Wakeup
+from ndindex.threadpool import ThreadPool, Wakeup, start_thread
 
 _log = logging.getLogger("ndindex")
 
@@ -135,9 +135,7 @@ class Compactor:
         workers = min(os.cpu_count() or 1, 4)
         self._pool = ThreadPool(workers, "ndindex-merge") if workers > 1 else None
         if background:
-            self._thread = threading.Thread(target=self._loop, name="ndindex-compaction",
-                                            daemon=True)
-            self._thread.start()
+            self._thread = start_thread(self._loop, "ndindex-compaction")
 
     # -- scheduling -----------------------------------------------------------
 

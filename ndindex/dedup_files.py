@@ -19,7 +19,6 @@ import stat
 from typing import TYPE_CHECKING, Sequence
 
 from ndindex import procs, textfile
-from ndindex.errors import result_of
 from ndindex.fingerprint.html import html_to_text
 
 if TYPE_CHECKING:
@@ -334,12 +333,12 @@ def examined(todo: list, opts: Options, jobs):
         tasks = (todo[i:i + TASK_FILES] for i in range(0, len(todo), TASK_FILES))
         flight = collections.deque()
         for task in tasks:
-            flight.append(pool.submit(_examine_many, task, opts))
+            flight.append(procs.PoolTask(pool, _examine_many, task, opts))
             if len(flight) >= 4 * workers:
-                yield from result_of(flight.popleft())
+                yield from flight.popleft().result()
         while flight:
-            yield from result_of(flight.popleft())
+            yield from flight.popleft().result()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        procs.shutdown(pool)
 
 

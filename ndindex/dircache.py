@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from ndindex import _core, runs as rn
+from ndindex.threadpool import start_thread
 
 if TYPE_CHECKING:
     from ndindex.reader import Snapshot
@@ -130,9 +131,7 @@ class DirectoryCache(dict):
             self._asked.add((run.run_id, job))
             self._jobs.append((snap, run, job))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._list_loop, name="ndindex-lister",
-                                                daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._list_loop, "ndindex-lister")
             self._wake.notify()
 
     def _list_loop(self) -> None:

@@ -40,7 +40,6 @@ import numpy as np
 from ndindex import _core, procs
 from ndindex.arrays import sorted_unique
 from ndindex.cluster import clusters_from_pairs
-from ndindex.errors import interrupt_kept
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
 from ndindex.fingerprint import features as feature_pieces
 from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
@@ -219,9 +218,14 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     chunks = [texts[i:i + TEXTS_PER_TASK] for i in range(0, len(texts), TEXTS_PER_TASK)]
     pool = _pool(workers)
     try:
-        with interrupt_kept():
-            parts = list(pool.map(_sketch_texts, chunks, [fingerprinter] * len(chunks),
-                                  [design] * len(chunks), [simhash] * len(chunks)))
+        tasks = [procs.PoolTask(pool, _sketch_texts, chunk, fingerprinter, design, simhash)
+                 for chunk in chunks]
+        try:
+            parts = [task.result() for task in tasks]
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
     except concurrent.futures.process.BrokenProcessPool as exc:
         _drop_pool(workers)
         raise RuntimeError(

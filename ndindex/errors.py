@@ -83,7 +83,9 @@ def interrupt_kept():
 
 
 def result_of(future):
-    """future.result(), a KeyboardInterrupt let out as itself (interrupt_kept)."""
+    """future.result(), a KeyboardInterrupt let out as itself (interrupt_kept):
+    for Dask's futures (batch joins); the process pools' own calls go
+    through procs.PoolTask."""
     with interrupt_kept():
         return future.result()
 

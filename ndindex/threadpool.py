@@ -10,7 +10,8 @@ run in about 250).  Here the caller only puts to and gets from
 SimpleQueues, whose put and get are single C calls: an interrupt leaves
 nothing held, and a job interrupted in its wait still runs to its end.
 
-Wakeup is threading.Event made the same way.
+Wakeup is threading.Event made the same way, and start_thread starts a
+thread with Ctrl-C held back (Thread.start() waits on an Event).
 
 The workers are daemon threads, started at the first job: at interpreter
 exit they stop where they are, as the compactor's own thread does.
@@ -21,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+
+from ndindex.errors import interrupts_deferred
 
 _STOP = object()
 #: How long shutdown() waits for a worker before it sends one more stop.
@@ -62,12 +65,8 @@ class ThreadPool:
             if self._shut:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if not self._threads:  # at the first job: a writer that never merges starts none
-                threads = [threading.Thread(target=_work, args=(self._jobs,),
-                                            name=f"{self._name}_{i}", daemon=True)
-                           for i in range(self._workers)]
-                for t in threads:
-                    t.start()
-                self._threads = threads  # (all started: shutdown joins them)
+                self._threads = [start_thread(_work, f"{self._name}_{i}", self._jobs)
+                                 for i in range(self._workers)]
             self._jobs.put((job, fn, args))
         return job
 
@@ -87,6 +86,21 @@ class ThreadPool:
                 while t.is_alive():
                     self._jobs.put(_STOP)
                     t.join(STOP_RETRY_SECONDS)
+
+
+def start_thread(target, name: str, *args) -> threading.Thread:
+    """A daemon thread running target(*args), started with Ctrl-C held back.
+
+    Thread.start() waits until the new thread runs, on an Event: a Ctrl-C
+    landing just as that wait's Condition took its lock left the lock held
+    (the module doc's race), and the new thread then waited for it for ever
+    in its first step, its set() of that Event.  Starting a thread takes a
+    fraction of a millisecond; the interrupt is handed on after it.
+    """
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    with interrupts_deferred():
+        thread.start()
+    return thread
 
 
 def _work(jobs: queue.SimpleQueue) -> None:

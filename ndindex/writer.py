@@ -33,7 +33,7 @@ from ndindex.overlay import PendingOps, RecordOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
                              frame, log_padding, read_meta, unframe)
 from ndindex.store import translate_error
-from ndindex.threadpool import Wakeup
+from ndindex.threadpool import Wakeup, start_thread
 
 
 def log_ops(record: LogRecord) -> int:
@@ -78,9 +78,7 @@ class Writer:
         self._thread = None
         if durability == "normal":
             self.journal = jr.Journal(index.path, index.file_id)
-            self._thread = threading.Thread(target=self._checkpoint_loop, name="ndindex-checkpoint",
-                                            daemon=True)
-            self._thread.start()
+            self._thread = start_thread(self._checkpoint_loop, "ndindex-checkpoint")
 
     # -- what readers see --------------------------------------------------------
 

@@ -468,6 +468,54 @@ def test_ctrl_c_in_the_writer_s_signals_and_pool_waits_leaves_no_lock_held(path)
     assert done.stdout.split() == ["True", "True", "closed"]
 
 
+_CTRL_C_AS_A_POOL_STARTS_A_WORKER = textwrap.dedent("""
+    import os, signal, sys
+    import multiprocessing.process as mpp
+    from ndindex import documents, dedup_files
+    from ndindex.cli import main
+
+    start = mpp.BaseProcess.start
+
+    def start_then_ctrl_c(self):
+        # A real SIGINT as a pool's worker has started: the executor records
+        # a worker only once start() returns.
+        start(self)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    texts = [f"text {i} " * 40 for i in range(64)]
+    documents.TEXTS_PER_TASK = 4
+    dedup_files.TASK_FILES = 1
+    mpp.BaseProcess.start = start_then_ctrl_c
+    try:
+        documents.fingerprint_documents(texts, workers=2)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    # (the command reports Ctrl-C by its exit status)
+    print(main(["dedup", "-q", "--jobs", "2", "--index", sys.argv[2], sys.argv[1]]), flush=True)
+    mpp.BaseProcess.start = start
+    print(len(documents.fingerprint_documents(texts, workers=2)), flush=True)   # the kept pool goes on
+""")
+
+
+def test_ctrl_c_as_a_process_pool_starts_a_worker_leaves_none_behind(tmp_path):
+    """ProcessPoolExecutor.submit starts a worker and records it after
+    start() returns: Ctrl-C in between left a worker the pool never sent a
+    stop, and the process waited for it for ever at exit (`ndindex dedup
+    --jobs 2` interrupted at random moments: 2 hangs in 40)."""
+    corpus = tmp_path / "files"
+    corpus.mkdir()
+    for i in range(200):
+        (corpus / f"f{i}.txt").write_text(f"file {i % 50} " + "words in a file " * 30)
+    try:
+        done = subprocess.run([sys.executable, "-c", _CTRL_C_AS_A_POOL_STARTS_A_WORKER,
+                               str(corpus), str(tmp_path / "dedup.ndx")],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the process waited at exit for a worker no pool had recorded")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted", "130", "64"]
+
+
 def test_wakeup_behaves_as_an_event():
     import threading
     import time

@@ -1,7 +1,11 @@
-"""ndindex.threadpool.ThreadPool: results, errors, shutdown, and threads a Ctrl-C left unrecorded."""
+"""ndindex.threadpool: ThreadPool's results, errors, shutdown, and threads a
+Ctrl-C left unrecorded; start_thread against Ctrl-C."""
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
 import threading
 import time
 
@@ -52,3 +56,25 @@ def test_shutdown_ends_its_threads_though_unrecorded_workers_take_stops(monkeypa
         closer.join(10)
         assert not closer.is_alive()
         assert not any(t.is_alive() for t in pool._threads)
+
+
+def test_ctrl_c_as_a_thread_starts_leaves_it_running(monkeypatch):
+    # Thread.start() waits on an Event; a real SIGINT just after its
+    # Condition took the lock, as the race has it, left the lock held and
+    # the new thread waiting for it in its first step, for ever (and a
+    # close() that joins it with it).  start_thread holds the SIGINT back.
+    main = threading.get_ident()
+
+    def taken_then_sigint(self):
+        self._lock.acquire()
+        if threading.get_ident() == main:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self
+
+    ran = queue.SimpleQueue()
+    monkeypatch.setattr(threading.Condition, "__enter__", taken_then_sigint)
+    with pytest.raises(KeyboardInterrupt):
+        threadpool.start_thread(ran.put, "t", "ran")
+        time.sleep(1)       # (not reached: the held-back SIGINT is raised)
+    monkeypatch.undo()
+    assert ran.get(timeout=10) == "ran"
