@@ -516,6 +516,72 @@ def test_ctrl_c_as_a_process_pool_starts_a_worker_leaves_none_behind(tmp_path):
     assert done.stdout.split() == ["interrupted", "130", "64"]
 
 
+_CTRL_C_AFTER_THE_WRITER_LOCK = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    import numpy as np
+    from ndindex import overlay
+    from ndindex.index import Index
+
+    class SigintAfterAcquire:
+        # The writer's lock, with a real SIGINT right after each acquire that
+        # succeeds: Ctrl-C between the acquire and the try that releases it.
+        def __init__(self, lock):
+            self._l = lock
+        def acquire(self, *args, **kwargs):
+            got = self._l.acquire(*args, **kwargs)
+            if got:
+                os.kill(os.getpid(), signal.SIGINT)
+            return got
+        def release(self):
+            self._l.release()
+        def _is_owned(self):
+            return self._l._is_owned()
+
+    def free(lock):
+        got = lock.acquire(timeout=5)
+        if got:
+            lock.release()
+        return got
+
+    fps = np.arange(1, overlay.PENDING_SCAN_MAX * 2, dtype=np.uint64) << np.uint64(20)
+    with Index.open(sys.argv[1], durability=sys.argv[2]) as ix:
+        try:
+            with ix.transaction():
+                ix.add(fps)
+                ix._writer.pending._lock = SigintAfterAcquire(ix._writer.lock)
+                ix.query(int(fps[0]))
+                time.sleep(1)   # (not reached: the held-back SIGINT is raised)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        got = []
+        other = threading.Thread(target=lambda: got.append(free(ix._writer.lock)))
+        other.start()
+        other.join()
+        print("free" if got == [True] else "held", flush=True)
+        print(int(fps[0]) in ix, flush=True)     # the transaction was discarded
+        ix.add(fps[:3])
+    with Index.open(sys.argv[1]) as ix:
+        print(int(fps[2]) in ix, int(fps[5]) in ix, flush=True)
+""")
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_ctrl_c_as_a_query_takes_the_writer_lock_to_index_pending_adds_leaves_it_free(
+        path, durability):
+    """A query in a transaction of more than PENDING_SCAN_MAX additions
+    indexes them under the writer's lock, taken without a with statement:
+    Ctrl-C just after the acquire left the lock held, and the checkpoint
+    thread (durability "normal"), other threads' writes and close() waited
+    for ever (sweep_interrupt seed 15, run 77)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _CTRL_C_AFTER_THE_WRITER_LOCK, path,
+                               durability], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("close() waited for the writer's lock that Ctrl-C left held")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["interrupted", "free", "False", "True", "False"]
+
+
 def test_wakeup_behaves_as_an_event():
     import threading
     import time
