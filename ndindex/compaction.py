@@ -289,10 +289,14 @@ class Compactor:
         yields False, holding nothing, when another process has the lease."""
         with self._lock:
             fd = self._ix._lock_fd
-            if not locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
-                yield False
-                return
+            # Taken inside the try: Ctrl-C just after the lock call returned,
+            # before a try after it, left the lease held by this process until
+            # it closed the file, and no other process compacted.  Letting go
+            # of a byte this description does not hold changes nothing.
             try:
+                if not locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
+                    yield False
+                    return
                 yield True
             finally:
                 locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_UNLCK)

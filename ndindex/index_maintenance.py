@@ -70,10 +70,14 @@ class MaintenanceMethods:
         """Hold the open lock exclusively while the block runs: no other process
         has the file open, and one that opens it meanwhile waits (see
         locks.open_locked).  Raises ReadOnlyError, ending in advice, otherwise."""
-        if not locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
-            raise locks.NotAlone(f"{self.path}: another process has the index open; close it "
-                            f"first, {advice}")
+        # Taken inside the try, as Compactor._leased's lease: Ctrl-C just
+        # after the lock call left the file held exclusively, and every other
+        # process's open waited until this one closed it.  Without the
+        # exclusive lock, the finally's shared lock is the one held already.
         try:
+            if not locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
+                raise locks.NotAlone(f"{self.path}: another process has the index open; "
+                                     f"close it first, {advice}")
             yield
         finally:
             # On the descriptor of the day: vacuum replaces it with the new file's.

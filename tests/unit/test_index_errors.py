@@ -582,6 +582,43 @@ def test_ctrl_c_as_a_query_takes_the_writer_lock_to_index_pending_adds_leaves_it
     assert done.stdout.split() == ["interrupted", "free", "False", "True", "False"]
 
 
+@pytest.mark.parametrize("call", ["compact", "vacuum"])
+def test_ctrl_c_just_after_a_file_lock_is_taken_leaves_it_to_other_processes(
+        path, monkeypatch, call):
+    """compact() takes the compaction lease, vacuum() the open lock
+    exclusively, each a byte lock on the file: Ctrl-C just after the lock
+    call returned, before the try that lets it go, left it held until the
+    process closed the file (no other process compacted; every other open
+    waited)."""
+    import fcntl
+    import signal
+    from ndindex import locks
+    byte = locks.LEASE_BYTE if call == "compact" else locks.OPEN_BYTE
+    real = locks.byte_lock
+
+    def sigint_after_taking(fd, which, kind, wait=False):
+        got = real(fd, which, kind, wait)
+        if got and which == byte and kind == fcntl.F_WRLCK:
+            os.kill(os.getpid(), signal.SIGINT)
+        return got
+
+    with Index.open(path, background_compaction=False) as ix:
+        ix.add([7 << 30])
+        monkeypatch.setattr(locks, "byte_lock", sigint_after_taking)
+        with pytest.raises(KeyboardInterrupt):
+            getattr(ix, call)()
+        monkeypatch.undo()
+        other = os.open(path, os.O_RDWR)     # another open file description: as another process
+        try:
+            assert real(other, byte, fcntl.F_RDLCK), "the lock stayed held"
+            real(other, byte, fcntl.F_UNLCK)
+        finally:
+            os.close(other)
+        assert 7 << 30 in ix
+        ix.compact()                          # and both work again
+        ix.vacuum()
+
+
 def test_wakeup_behaves_as_an_event():
     import threading
     import time
