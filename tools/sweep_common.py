@@ -71,7 +71,16 @@ class IndexModel:
     """The live fingerprints and their document keys, as the index should hold them."""
 
     def __init__(self):
-        self.keys: dict[int, set] = {}  # every live fingerprint -> its keys (maybe none)
+        self.keys = {}
+
+    @property
+    def keys(self) -> dict:
+        """Every live fingerprint -> its keys (maybe none)."""
+        return self._keys
+
+    @keys.setter
+    def keys(self, value: dict) -> None:
+        self._keys, self._sorted = value, None
 
     def copy(self) -> "IndexModel":
         other = IndexModel()
@@ -79,6 +88,7 @@ class IndexModel:
         return other
 
     def add(self, fps, keys=None) -> None:
+        self._sorted = None
         for i, fp in enumerate(int(v) for v in fps):
             self.keys.setdefault(fp, set())
             if keys is not None and keys[i] is not None:
@@ -86,6 +96,7 @@ class IndexModel:
 
     def remove(self, fingerprints=None, keys=None) -> None:
         """Remove fingerprints with all their keys; or keys, and fingerprints left without one."""
+        self._sorted = None
         for fp in fingerprints if fingerprints is not None else ():
             self.keys.pop(int(fp), None)
         doomed = set(keys or ())
@@ -96,7 +107,12 @@ class IndexModel:
                     del self.keys[fp]
 
     def fingerprints(self) -> np.ndarray:
-        return np.array(sorted(self.keys), dtype=np.uint64)
+        """Sorted and read-only; kept until the next change (query() asks per query:
+        sorting anew made a sweep of 2,000-entry logs crawl)."""
+        if self._sorted is None:
+            self._sorted = np.array(sorted(self._keys), dtype=np.uint64)
+            self._sorted.flags.writeable = False
+        return self._sorted
 
     def state(self) -> dict:
         """A comparable snapshot: fingerprint -> sorted key tuple."""
