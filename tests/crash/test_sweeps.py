@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
 
 import sweep_common  # noqa: E402
 import sweep_corruption  # noqa: E402
+import sweep_dedup_interrupt  # noqa: E402
 import sweep_interrupt  # noqa: E402
 import sweep_kill  # noqa: E402
 import sweep_lock_file  # noqa: E402
@@ -302,6 +303,19 @@ def test_lock_file_sweep_bounded(tmp_path):
         at, line, bad = sweep_lock_file.trial(str(tmp_path / "lock.ndx"), rng)
         assert not bad, (at, line)
         assert line.endswith("after:ok") and line.count(":") >= 5
+
+
+def test_dedup_interrupt_sweep_bounded(tmp_path, monkeypatch):
+    # `ndindex dedup --jobs 2` interrupted: it exits, and its index verifies.
+    import random
+    monkeypatch.setattr(sweep_dedup_interrupt, "DIRS", 2)
+    monkeypatch.setattr(sweep_dedup_interrupt, "FILES", 200)
+    corpus = str(tmp_path / "corpus")
+    sweep_dedup_interrupt.make_corpus(corpus, 5)
+    rng = random.Random(5)
+    for t in range(3):
+        fine, what = sweep_dedup_interrupt.trial(rng, corpus, str(tmp_path / "d.ndx"), t)
+        assert fine, what
 
 
 def test_aimed_trials_are_the_unaimed_sweep_s_trials_of_those_strata():
