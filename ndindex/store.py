@@ -540,9 +540,10 @@ class Store:
                 raise lock_file_error(path, "its header is not LMDB's (MDB_INVALID)") from exc
             if lock and isinstance(exc, lmdb.VersionMismatchError):
                 raise FormatError(
-                    f"{path}-lock: another process has the index open through an LMDB build "
-                    "whose lock file is laid out otherwise (MDB_VERSION_MISMATCH); open it "
-                    "from the same installation, or once that process has closed it") from exc
+                    f"{path}-lock: another process has the index open, and LMDB's lock file "
+                    "says another layout (MDB_VERSION_MISMATCH): that process runs another "
+                    "LMDB build, or the lock file is damaged (the index file is not); open it "
+                    "from the same installation, or once every process has closed it") from exc
             raise translate_error(exc, path) from exc
         try:
             return cls(path, env, readonly, durability)
