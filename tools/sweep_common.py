@@ -107,11 +107,14 @@ class IndexModel:
                     del self.keys[fp]
 
     def fingerprints(self) -> np.ndarray:
-        """Sorted and read-only; kept until the next change (query() asks per query:
-        sorting anew made a sweep of 2,000-entry logs crawl)."""
+        """Sorted (the caller's own copy)."""
+        return self._sorted_fps().copy()
+
+    def _sorted_fps(self) -> np.ndarray:
+        # Kept until the next change: query() asks per query, and sorting
+        # anew made a sweep of 2,000-entry logs crawl.
         if self._sorted is None:
             self._sorted = np.array(sorted(self._keys), dtype=np.uint64)
-            self._sorted.flags.writeable = False
         return self._sorted
 
     def state(self) -> dict:
@@ -120,7 +123,7 @@ class IndexModel:
 
     def query(self, q: int, k: int) -> list[tuple]:
         """query(q, k, keys=True) as (fingerprint, distance, keys) tuples, nearest first."""
-        fps = self.fingerprints()
+        fps = self._sorted_fps()
         if not len(fps):
             return []
         dist = popcount64(fps ^ np.uint64(q))
