@@ -1,7 +1,7 @@
 """Interrupt sweep: Ctrl-C (SIGINT) at random moments of writes; each call is all or nothing.
 
 Run:  python tools/sweep_interrupt.py [--runs 20] [--ops 150] [--seed 1] [--documents]
-                                      [--workdir DIR] [--expect-clean]
+                                      [--workdir DIR] [--timeout 600] [--expect-clean]
 
 Each run starts a child process that creates an index (durability "full"
 or "normal", background compaction on or off, by the run's seed) and makes
@@ -19,9 +19,15 @@ ignores the signal elsewhere), and after every call checks the content:
 - at the end, a reopen holds what the child last saw, and verify() passes.
 
 A run is bad if the child exits other than cleanly: a failed check, an
-exception other than the interrupt, a closed index.  Found: pending
-operations half applied under durability "normal", an Index left closed by
-an interrupted vacuum (d4c1bae, d4c5fcf, 379ca08).
+exception other than the interrupt, a closed index, or a hang (a child
+alive after --timeout seconds is killed; with py-spy on the PATH, the
+report shows a dump of its threads).  A failed check
+of an interrupted call says which earlier calls the missing fingerprints
+came from.  Found: pending operations half applied under durability
+"normal", an Index left closed by an interrupted vacuum (d4c1bae,
+d4c5fcf, 379ca08), close() waiting for a lock a Ctrl-C left held, a
+rotated journal's records unreadable, a transaction's operations left in
+no journal (dropped by the next rebuild).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ def child(path: str, seed: int, ops: int, documents: bool) -> None:
                       durability=r.choice(["full", "normal"]))
     print("ready", flush=True)  # the parent's interrupts start now
     known: set = set()
+    history: list = []  # (call, the fingerprints it added) of each call
     interrupts = docs = 0
     kinds = ["add", "add", "remove", "transaction", "transaction_remove", "compact",
              "check_and_add_many"] + (["documents", "documents"] if documents else [])
@@ -114,10 +121,17 @@ def child(path: str, seed: int, ops: int, documents: bool) -> None:
             assert known <= got, (op, "removed stored fingerprints", len(known - got))
         elif done or op == "compact":
             assert got == whole, (op, "done, but the content differs", len(got), len(whole))
-        else:
-            assert got in (known, whole), (op, "applied in part", len(got), len(known), len(whole))
+        elif got not in (known, whole):
+            missing = known - got
+            origin = {f"{len(history) - j} calls back ({name})": len(missing & values)
+                      for j, (name, values) in enumerate(history) if missing & values}
+            raise AssertionError((op, "applied in part", len(got), len(known), len(whole),
+                                  f"{len(missing)} stored before are missing, from {origin}; "
+                                  f"{len(got - whole)} present that the call did not add"))
         for fp in list(got)[:5]:
             assert any(m.fingerprint == fp for m in ix.query(fp, 0)), (op, "a query missed")
+        history.append((op, set(extra.tolist()) if op == "transaction_remove" else
+                        set(batch.tolist()) if whole is added else set()))
         known = got
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ix.close()
@@ -128,9 +142,10 @@ def child(path: str, seed: int, ops: int, documents: bool) -> None:
 
 
 def sweep(runs: int, ops: int, seed: int, documents: bool, workdir: str,
-          timeout: float = 600) -> list:
+          timeout: float = 600, on_result=None) -> list:
     """Run the sweep; return one (seed, outcome, detail) a run: "ok" with "interrupts N
-    fingerprints M", or "bad" with the child's exit and the end of its stderr."""
+    fingerprints M", or "bad" with the child's exit and the end of its stderr;
+    on_result(seed, outcome, detail) is called as each run ends."""
     results = []
     for i in range(runs):
         run_seed = seed * 1000 + i
@@ -149,13 +164,20 @@ def sweep(runs: int, ops: int, seed: int, documents: bool, workdir: str,
                 proc.send_signal(signal.SIGINT)
             except ProcessLookupError:
                 break
+        dump = ""
         if proc.poll() is None:
+            if shutil.which("py-spy"):      # where it hangs, before it goes
+                dump = subprocess.run(["py-spy", "dump", "--pid", str(proc.pid)],
+                                      capture_output=True, text=True).stdout
             proc.kill()
         out, err = proc.communicate()
         ok = proc.returncode == 0 and out.startswith("ok")
         results.append((run_seed, "ok" if ok else "bad",
                         out.strip().removeprefix("ok ") if ok
-                        else f"exit {proc.returncode}: {err[-3000:]}"))
+                        else f"exit {proc.returncode}: {err[-3000:]}"
+                        + (f"\nhung after {timeout:.0f} s:\n{dump}" if dump else "")))
+        if on_result is not None:
+            on_result(*results[-1])
         for name in os.listdir(workdir):
             if name.startswith(f"run{i}.ndx"):
                 os.unlink(os.path.join(workdir, name))
@@ -170,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--documents", action="store_true", help="an index with a fingerprinter")
     ap.add_argument("--workdir", help="where the runs' files go (default: a temp dir)")
     ap.add_argument("--expect-clean", action="store_true", help="exit 1 if any run is bad")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds a run may take before it counts as a hang")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -179,9 +203,9 @@ def main(argv=None) -> int:
     workdir = args.workdir or tempfile.mkdtemp(prefix="sweep_interrupt-")
     os.makedirs(workdir, exist_ok=True)
     t0 = time.monotonic()
-    results = sweep(args.runs, args.ops, args.seed, args.documents, workdir)
-    for run_seed, outcome, detail in results:
-        print(f"run {run_seed}: {outcome} {detail}")
+    results = sweep(args.runs, args.ops, args.seed, args.documents, workdir, args.timeout,
+                    on_result=lambda run_seed, outcome, detail:
+                    print(f"run {run_seed}: {outcome} {detail}", flush=True))
     bad = sum(outcome != "ok" for _, outcome, _ in results)
     print(f"{len(results)} runs of {args.ops} calls in {time.monotonic() - t0:.0f} s: "
           f"{len(results) - bad} ok, {bad} bad")
