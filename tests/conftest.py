@@ -1,6 +1,7 @@
 """Shared fixtures and hypothesis profiles."""
 
 import os
+import signal
 import time
 
 import pytest
@@ -34,3 +35,16 @@ def wait_for(condition, seconds=30.0):
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt during the test (Python's default),
+    whatever the runner inherited: a background job of a shell starts with
+    SIGINT ignored, and a test that sends itself a real SIGINT saw nothing.
+    (A child process inherits the disposition too: child scripts set it.)"""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if inherited is None else inherited)

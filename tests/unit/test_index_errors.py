@@ -471,6 +471,7 @@ def test_ctrl_c_in_the_writer_s_signals_and_pool_waits_leaves_no_lock_held(path)
 _CTRL_C_AS_A_POOL_STARTS_A_WORKER = textwrap.dedent("""
     import os, signal, sys
     import multiprocessing.process as mpp
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a runner may ignore it)
     from ndindex import documents, dedup_files
     from ndindex.cli import main
 
@@ -520,6 +521,7 @@ _CTRL_C_AFTER_THE_WRITER_LOCK = textwrap.dedent("""
     import os, signal, sys, threading, time
     import numpy as np
     from ndindex import overlay
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a runner may ignore it)
     from ndindex.index import Index
 
     class SigintAfterAcquire:
@@ -582,6 +584,7 @@ def test_ctrl_c_as_a_query_takes_the_writer_lock_to_index_pending_adds_leaves_it
     assert done.stdout.split() == ["interrupted", "free", "False", "True", "False"]
 
 
+@pytest.mark.usefixtures("sigint_raises")
 @pytest.mark.parametrize("call", ["compact", "vacuum"])
 def test_ctrl_c_just_after_a_file_lock_is_taken_leaves_it_to_other_processes(
         path, monkeypatch, call):
@@ -1085,6 +1088,7 @@ def test_an_interrupt_inside_a_normal_durability_write_leaves_all_or_nothing(pat
     with Index.open(path, readonly=True) as index:
         assert np.array_equal(index.fingerprints(), want)
 
+@pytest.mark.usefixtures("sigint_raises")
 @pytest.mark.parametrize("call", ["add", "remove"])
 def test_a_second_interrupt_while_the_pending_set_is_rebuilt_leaves_all_or_nothing(
         path, monkeypatch, call):
@@ -1126,6 +1130,7 @@ def test_a_second_interrupt_while_the_pending_set_is_rebuilt_leaves_all_or_nothi
         assert np.array_equal(index.fingerprints(), want)
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupt_as_a_transaction_ends_leaves_it_whole_or_undone_for_good(
         path, monkeypatch):
     # Ctrl-C between the end of a durability="normal" block and its journal
@@ -1202,6 +1207,7 @@ def test_operations_journaled_after_a_rotation_survive_a_crash(path):
         assert (1 << 42) in index and (2 << 42) in index
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_an_interrupt_inside_a_checkpoint_loses_no_acknowledged_operation(path, monkeypatch):
     # A checkpoint commits the pending set, then moves the journal's offsets
     # (rotating a large journal).  Ctrl-C between the two left _checkpointed

@@ -58,6 +58,7 @@ def test_shutdown_ends_its_threads_though_unrecorded_workers_take_stops(monkeypa
         assert not any(t.is_alive() for t in pool._threads)
 
 
+@pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_as_a_thread_starts_leaves_it_running(monkeypatch):
     # Thread.start() waits on an Event; a real SIGINT just after its
     # Condition took the lock, as the race has it, left the lock held and
