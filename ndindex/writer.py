@@ -155,17 +155,19 @@ class Writer:
     def transaction(self):
         """Group the calls made inside the block into one commit (see Index.transaction).
 
-        Its beginning and its end run with Ctrl-C held back: a Ctrl-C
-        between the end of the block and its journal record left the
-        block's operations pending, visible, and in no journal, so that
-        the pending set's rebuild after the next interrupted call dropped
-        them (sweep_interrupt seed 17: a transaction's 5,000 additions
-        gone, after they had been seen); and between setting up the
-        pending set and counting the block, it left a full-durability
-        writer a pending set that no commit would ever take.
+        Its beginning and its end run with Ctrl-C held back, and a Ctrl-C
+        between the block and its end undoes the block.  A Ctrl-C there
+        (Python runs a handler as any function starts) left a
+        durability="normal" block's operations pending, visible and in no
+        journal, so that the pending set's rebuild after the next
+        interrupted call dropped them (sweep_interrupt seed 17: a
+        transaction's 5,000 additions gone after they had been seen); and a
+        full-durability writer a pending set no commit would take, or a
+        block counted for ever: every later call then stayed pending,
+        acknowledged and never committed (seed 18).
         """
         with self.lock:
-            entered = False
+            entered = False     # this block is counted in _txn_depth, and not ended
             wrote = None
             try:
                 with interrupts_deferred():
@@ -178,6 +180,12 @@ class Writer:
                     self._txn_depth += 1
                     entered = True
                 yield
+                # (a Ctrl-C from here to the held-back end: the except undoes)
+                with interrupts_deferred():
+                    self._txn_depth -= 1
+                    entered = False
+                    if self._txn_depth == 0:
+                        wrote = self._end_transaction()
             except BaseException:
                 if entered:
                     with interrupts_deferred():
@@ -185,11 +193,6 @@ class Writer:
                         if self._txn_depth == 0:
                             self._discard()
                 raise
-            try:
-                with interrupts_deferred():
-                    self._txn_depth -= 1
-                    if self._txn_depth == 0:
-                        wrote = self._end_transaction()
             finally:
                 if wrote is not None:
                     self._ix._wrote(*wrote)

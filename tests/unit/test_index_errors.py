@@ -1182,6 +1182,57 @@ def test_an_interrupt_as_a_transaction_ends_leaves_it_whole_or_undone_for_good(
         assert np.array_equal(index.fingerprints(), want)
 
 
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("where", ["as the end starts", "between the block and its end"])
+def test_an_interrupt_as_a_transaction_ends_leaves_no_transaction_behind(
+        path, monkeypatch, durability, where):
+    # A real SIGINT at the start of the transaction's end, or just before it
+    # is held back: the writer was left with a pending set no commit would
+    # take (full durability) or counting the block for ever, and every later
+    # call stayed pending, acknowledged, never committed (sweep_interrupt
+    # seed 18).  The block happens whole or not at all; the writer goes on.
+    import signal
+    from ndindex import writer
+    index = Index.open(path, durability=durability, background_compaction=False)
+    try:
+        before = index.fingerprints()
+        block = np.unique(np.random.default_rng(18).integers(0, 2**64, 50, dtype=np.uint64))
+        if where == "as the end starts":
+            real_end = writer.Writer._end_transaction
+
+            def end_after_ctrl_c(self):
+                os.kill(os.getpid(), signal.SIGINT)
+                return real_end(self)
+
+            monkeypatch.setattr(writer.Writer, "_end_transaction", end_after_ctrl_c)
+        else:
+            real_deferred, calls = writer.interrupts_deferred, []
+
+            def ctrl_c_before_the_second(*args):
+                calls.append(1)
+                if len(calls) == 2:       # the end's, after the block's set-up
+                    os.kill(os.getpid(), signal.SIGINT)
+                return real_deferred(*args)
+
+            monkeypatch.setattr(writer, "interrupts_deferred", ctrl_c_before_the_second)
+        with pytest.raises(KeyboardInterrupt):
+            with index.transaction():
+                index.add(block)
+        monkeypatch.undo()
+        assert not index._writer.in_transaction
+        seen = index.fingerprints()
+        assert np.array_equal(seen, np.union1d(before, block)) or np.array_equal(seen, before)
+        index.add([7 << 52])
+        want = np.union1d(seen, np.array([7 << 52], dtype=np.uint64))
+        assert np.array_equal(index.fingerprints(), want)
+    finally:
+        monkeypatch.undo()
+        index.close()
+    with Index.open(path, readonly=True) as index:
+        assert np.array_equal(index.fingerprints(), want)
+
+
 _CRASH_AFTER_A_ROTATION = textwrap.dedent("""
     import os, sys
     import ndindex.journal as jr
