@@ -2,6 +2,6 @@
 
 import sys
 
-from ndindex.cli import main
+from ndindex.console import run
 
-sys.exit(main())
+sys.exit(run())

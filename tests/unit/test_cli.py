@@ -682,3 +682,24 @@ def test_a_killed_export_leaves_no_file_under_its_name(ix, tmp_path, capsys, mon
     assert not out.exists()
     status, _, _ = run(capsys, "export", ix, "-o", str(out))
     assert status == 0 and out.exists()
+
+
+_CTRL_C_WHILE_THE_COMMAND_LOADS = """
+import sys
+class Interrupting:
+    # Ctrl-C as the command's modules load: KeyboardInterrupt from an import.
+    def find_spec(self, name, path=None, target=None):
+        if name == "ndindex.cli_common":
+            raise KeyboardInterrupt
+        return None
+sys.meta_path.insert(0, Interrupting())
+from ndindex.console import run
+sys.exit(run())
+"""
+
+
+def test_ctrl_c_while_the_command_loads_is_an_interruption_not_a_traceback():
+    done = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_THE_COMMAND_LOADS, "stats", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130
+    assert done.stderr == "ndindex: interrupted\n"
