@@ -459,10 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     the file, or one per invalid input line), 130 interrupted, 141 the
     reader of the output went away (as a process killed by SIGPIPE).
     """
-    parser = _build_parser()
     args = None
     try:
-        args = parser.parse_args(argv)
+        # (the parser too: a Ctrl-C while it is built is an interruption)
+        args = _build_parser().parse_args(argv)
         return args.run(args)
     except SystemExit as exc:           # --help and --version exit through here
         return exc.code if isinstance(exc.code, int) else EXIT_OK

@@ -703,3 +703,14 @@ def test_ctrl_c_while_the_command_loads_is_an_interruption_not_a_traceback():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 130
     assert done.stderr == "ndindex: interrupted\n"
+
+
+def test_ctrl_c_while_the_parser_is_built_is_an_interruption(monkeypatch, capsys):
+    from ndindex import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_build_parser", interrupted)
+    assert cli.main(["stats", "x"]) == 130
+    assert "interrupted" in capsys.readouterr().err
