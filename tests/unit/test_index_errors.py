@@ -414,6 +414,18 @@ def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_and_the_index_goes_o
         result_of(broken)
 
 
+def _child_that_must_end(script: str, *args, hung: str) -> list:
+    """Run script (python -c) with args; fail with `hung` if it outlives 60 s
+    (a lock a Ctrl-C left held); it must exit 0.  Returns its output's words."""
+    try:
+        done = subprocess.run([sys.executable, "-c", script, *map(str, args)],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(hung)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
 _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
     import sys, threading
     from ndindex import index as index_module
@@ -459,13 +471,9 @@ def test_ctrl_c_in_the_writer_s_signals_and_pool_waits_leaves_no_lock_held(path)
     lock held: the compactor, or the worker finishing the job, then waited
     for it forever, and close() joined them forever (tools/sweep_interrupt.py,
     about once in 200 runs each)."""
-    try:
-        done = subprocess.run([sys.executable, "-c", _CTRL_C_IN_A_CONDITION, path],
-                              capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("close() waits for a lock that Ctrl-C left held")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "True", "closed"]
+    assert _child_that_must_end(_CTRL_C_IN_A_CONDITION, path,
+                                hung="close() waits for a lock that Ctrl-C left held") == \
+        ["True", "True", "closed"]
 
 
 _CTRL_C_AS_A_POOL_STARTS_A_WORKER = textwrap.dedent("""
@@ -507,14 +515,10 @@ def test_ctrl_c_as_a_process_pool_starts_a_worker_leaves_none_behind(tmp_path):
     corpus.mkdir()
     for i in range(200):
         (corpus / f"f{i}.txt").write_text(f"file {i % 50} " + "words in a file " * 30)
-    try:
-        done = subprocess.run([sys.executable, "-c", _CTRL_C_AS_A_POOL_STARTS_A_WORKER,
-                               str(corpus), str(tmp_path / "dedup.ndx")],
-                              capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the process waited at exit for a worker no pool had recorded")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["interrupted", "130", "64"]
+    assert _child_that_must_end(
+        _CTRL_C_AS_A_POOL_STARTS_A_WORKER, corpus, tmp_path / "dedup.ndx",
+        hung="the process waited at exit for a worker no pool had recorded") == \
+        ["interrupted", "130", "64"]
 
 
 _CTRL_C_AFTER_THE_WRITER_LOCK = textwrap.dedent("""
@@ -575,13 +579,10 @@ def test_ctrl_c_as_a_query_takes_the_writer_lock_to_index_pending_adds_leaves_it
     Ctrl-C just after the acquire left the lock held, and the checkpoint
     thread (durability "normal"), other threads' writes and close() waited
     for ever (sweep_interrupt seed 15, run 77)."""
-    try:
-        done = subprocess.run([sys.executable, "-c", _CTRL_C_AFTER_THE_WRITER_LOCK, path,
-                               durability], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail("close() waited for the writer's lock that Ctrl-C left held")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["interrupted", "free", "False", "True", "False"]
+    assert _child_that_must_end(
+        _CTRL_C_AFTER_THE_WRITER_LOCK, path, durability,
+        hung="close() waited for the writer's lock that Ctrl-C left held") == \
+        ["interrupted", "free", "False", "True", "False"]
 
 
 @pytest.mark.usefixtures("sigint_raises")
