@@ -414,6 +414,21 @@ def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_and_the_index_goes_o
         result_of(broken)
 
 
+def _then_ctrl_c(fn):
+    """fn, followed by a real SIGINT to this process: the KeyboardInterrupt
+    is raised inside the wrapper, as fn returns to its caller."""
+    import signal
+
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):                    # bytecodes for the handler to run at
+            pass
+        return out
+
+    return wrapper
+
+
 def _child_that_must_end(script: str, *args, hung: str) -> list:
     """Run script (python -c) with args; fail with `hung` if it outlives 60 s
     (a lock a Ctrl-C left held); it must exit 0.  Returns its output's words."""
@@ -1139,21 +1154,13 @@ def test_an_interrupt_as_a_transaction_ends_leaves_it_whole_or_undone_for_good(
     # the rebuild after the next interrupted call dropped them, after they
     # had been seen (sweep_interrupt seed 17, run 95: a transaction's 5,000
     # additions gone).  Both interrupts are real SIGINTs.
-    import signal
     from ndindex import journal, overlay, writer
     monkeypatch.setattr(journal, "CHECKPOINT_SECONDS", 3600.0)   # no checkpoint between
     index = Index.open(path, durability="normal", background_compaction=False)
     try:
         block = np.unique(np.random.default_rng(95).integers(0, 2**64, 300, dtype=np.uint64))
         before = index.fingerprints()
-        real_difference = writer._difference
-
-        def difference_then_ctrl_c(before, after):
-            out = real_difference(before, after)
-            os.kill(os.getpid(), signal.SIGINT)       # lands at the next bytecode
-            return out
-
-        monkeypatch.setattr(writer, "_difference", difference_then_ctrl_c)
+        monkeypatch.setattr(writer, "_difference", _then_ctrl_c(writer._difference))
         with pytest.raises(KeyboardInterrupt):
             with index.transaction():
                 for fp in block.tolist():
@@ -1164,13 +1171,7 @@ def test_an_interrupt_as_a_transaction_ends_leaves_it_whole_or_undone_for_good(
         assert np.array_equal(seen, np.union1d(before, block)) or np.array_equal(seen, before)
         # Then an add interrupted halfway through the pending set: rebuilt
         # from the journal.
-        real_apply = overlay.PendingOps.apply
-
-        def apply_then_ctrl_c(self, record):
-            real_apply(self, record)
-            os.kill(os.getpid(), signal.SIGINT)
-
-        monkeypatch.setattr(overlay.PendingOps, "apply", apply_then_ctrl_c)
+        monkeypatch.setattr(overlay.PendingOps, "apply", _then_ctrl_c(overlay.PendingOps.apply))
         with pytest.raises(KeyboardInterrupt):
             index.add([5 << 50])
         monkeypatch.undo()
@@ -1266,20 +1267,13 @@ def test_an_interrupt_inside_a_checkpoint_loses_no_acknowledged_operation(path, 
     # past the rotated journal's end, and the rebuild after the next
     # interrupted call read nothing from it: the operations acknowledged
     # since were lost (sweep_interrupt, seed 14 run 44).
-    import signal
     from ndindex import overlay
     monkeypatch.setattr(jr, "ROTATE_BYTES", 1)
     index = Index.open(path, durability="normal", background_compaction=False)
     try:
         real_rotate = jr.Journal.rotate_if_large
-
-        def rotate_then_ctrl_c(self):
-            real_rotate(self)
-            os.kill(os.getpid(), signal.SIGINT)      # lands before the offset is set
-            for _ in range(1000):                    # bytecodes for the handler to run at
-                pass
-
-        monkeypatch.setattr(jr.Journal, "rotate_if_large", rotate_then_ctrl_c)
+        # Ctrl-C lands before the offset is set.
+        monkeypatch.setattr(jr.Journal, "rotate_if_large", _then_ctrl_c(real_rotate))
         index.add([1 << 41])
         try:
             index.sync()                             # the checkpoint
@@ -1524,19 +1518,12 @@ def test_ctrl_c_as_a_vacuum_closes_the_old_file_waits_for_the_new_one(tmp_path, 
 
 
 def _vacuum_under_ctrl_c(tmp_path, monkeypatch):
-    import signal
     path = str(tmp_path / "v.ndx")
     fps = np.unique(np.random.default_rng(22).integers(0, 2**64, 5_000, dtype=np.uint64))
     with Index.create(path, k=3, expected_n=5_000, background_compaction=False) as ix:
         ix.add(fps)
         ix.remove(fps[:2_000])
-        real_close = st.Store.close
-
-        def close_and_ctrl_c(self):
-            real_close(self)
-            os.kill(os.getpid(), signal.SIGINT)       # as close returns
-
-        monkeypatch.setattr(st.Store, "close", close_and_ctrl_c)
+        monkeypatch.setattr(st.Store, "close", _then_ctrl_c(st.Store.close))   # as close returns
         with pytest.raises(KeyboardInterrupt):
             ix.vacuum()
         monkeypatch.undo()
