@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -74,7 +74,8 @@ def as_fingerprinter(value) -> "Fingerprinter":
     if isinstance(value, (bytes, bytearray, memoryview)):
         return Fingerprinter.from_bytes(bytes(value))
     raise TypeError(f"fingerprinter must be a Fingerprinter or its bytes, got "
-                    f"{type(value).__name__}")
+                    f"{type(value).__name__} (the default one: "
+                    "ndindex.fingerprint.Fingerprinter())")
 
 
 def key_design_for(fingerprinter: "Fingerprinter") -> "KeyDesign":
@@ -134,8 +135,11 @@ def check_batch(texts, keys, data) -> tuple[list, list, list | None]:
         if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data of one text is bytes or None, got {type(data).__name__}")
         data = None if data is None else [data]
-    elif isinstance(keys, (str, bytes)) or not isinstance(texts, Sequence):
-        raise TypeError("give one text and one key, or sequences of texts and keys")
+    elif isinstance(keys, (str, bytes)) or not isinstance(texts, Iterable) \
+            or not isinstance(keys, Iterable):
+        # Any iterables (generators too, as add() takes), read whole: the
+        # call is one commit, all or nothing.
+        raise TypeError("give one text and one key, or sequences (or iterables) of texts and keys")
     keys = list(keys)
     texts = list(texts)
     if len(keys) != len(texts):

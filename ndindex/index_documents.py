@@ -38,7 +38,8 @@ class DocumentMethods:
 
     def add_documents(self, texts, keys, *, data=None, workers: int | None = None,
                       skip_empty: bool = False) -> int:
-        """Add texts as documents under their keys (one text and key, or sequences).
+        """Add texts as documents under their keys (one text and key, or sequences
+        or other iterables of them, read whole: the call is one commit).
 
         Each document's simhash goes into the tables with its key (as
         :meth:`add`), and its sketch and lookup keys into the file, so that

@@ -228,6 +228,27 @@ def test_document_errors(tmp_path):
         with pytest.raises(TypeError, match="one text takes one key, got a list of keys"):
             ix.add_documents("one more text", ["k"])
 
+        with pytest.raises(TypeError, match="iterables"):
+            ix.add_documents(1234, ["k"])
+        with pytest.raises(TypeError, match="a Fingerprinter or its bytes.*Fingerprinter\\(\\)"):
+            Index.create(tmp_path / "named.ndx", fingerprinter="default")
+
+
+def test_add_documents_takes_iterables_as_lists(tmp_path):
+    """Generators of texts, keys and data add what the same lists add (as
+    add() takes any iterable of fingerprints)."""
+    texts = ["the first text of this test, with several words",
+             "a second text that shares nothing with the first one",
+             "and a third, different again from both of the others"]
+    keys, data = ["a", "b", "c"], [b"1", b"2", b"3"]
+    with Index.create(tmp_path / "lists.ndx", fingerprinter=Fingerprinter()) as ix:
+        assert ix.add_documents(texts, keys, data=data) == 3
+        expected = sorted(ix.documents())
+    with Index.create(tmp_path / "gens.ndx", fingerprinter=Fingerprinter()) as ix:
+        assert ix.add_documents((t for t in texts), iter(keys), data=(d for d in data)) == 3
+        assert sorted(ix.documents()) == expected
+        assert ix.document_data("b") == b"2"
+
 
 def test_data_of_one_text_is_bytes(tmp_path):
     with Index.create(tmp_path / "d.ndx", fingerprinter=Fingerprinter()) as ix:
