@@ -430,6 +430,10 @@ def _recover_into(damaged: str, out: str, as_json: bool) -> int:
 
 def cmd_export(args) -> int:
     from ndindex.dump import export_index
+    if args.output == "-" and _is_terminal(sys.stdout):
+        # As zstd and gzip do: binary on a terminal is garbage, and a mistake.
+        raise ValueError("will not write a binary dump to a terminal: give -o FILE "
+                         "or redirect stdout (> FILE)")
     with open_index(args.index, readonly=True) as ix:
         if args.output == "-":
             counts = export_index(ix, sys.stdout.buffer)
@@ -441,6 +445,13 @@ def cmd_export(args) -> int:
           f"{'stdout' if args.output == '-' else dedup_module.display_path(args.output)}",
           file=sys.stderr)
     return EXIT_OK
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):   # replaced or closed stream
+        return False
 
 
 def _export_to_file(ix, output: str, export_index) -> dict:
@@ -460,6 +471,9 @@ def _export_to_file(ix, output: str, export_index) -> dict:
 def cmd_import(args) -> int:
     from ndindex.dump import import_index
     if args.dump == "-":
+        if _is_terminal(sys.stdin):   # it would wait for a dump no one types
+            raise ValueError("no dump on stdin (it is a terminal): give a dump file "
+                             "or pipe one in (< FILE)")
         counts = import_index(sys.stdin.buffer, args.index, name="<stdin>")
     else:
         with open(args.dump, "rb") as fh:

@@ -243,6 +243,28 @@ def test_export_import_round_trip(ix, tmp_path, capsys, monkeypatch):
     assert status == 2 and err == f"ndindex: {dump}: already exists\n"
 
 
+
+@pytest.mark.parametrize("argv, stream", [(["export", "{ix}"], "stdout"),
+                                          (["import", "-", "{tmp}/new.ndx"], "stdin")])
+def test_a_dump_is_not_written_to_or_read_from_a_terminal(ix, tmp_path, argv, stream):
+    # A real terminal (a pty) on the stream: export refuses to print binary
+    # on it, import to wait for a dump typed in; both exit 2 at once.
+    import pty
+    primary, secondary = pty.openpty()
+    argv = [a.format(ix=ix, tmp=tmp_path) for a in argv]
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ndindex", *argv], timeout=60,
+                              stderr=subprocess.PIPE, text=True,
+                              **{stream: secondary}, **{"stdin" if stream == "stdout" else
+                                                        "stdout": subprocess.DEVNULL})
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert proc.returncode == 2, proc.stderr
+    assert "terminal" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "new.ndx").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["stats", "{tmp}/missing.ndx"], "ndindex: {tmp}/missing.ndx: no such index"),
     (["verify", "{tmp}/junk"], "{tmp}/junk: not an ndindex file"),
