@@ -135,7 +135,11 @@ class Compactor:
         workers = min(os.cpu_count() or 1, 4)
         self._pool = ThreadPool(workers, "ndindex-merge") if workers > 1 else None
         if background:
-            self._thread = start_thread(self._loop, "ndindex-compaction")
+            try:
+                self._thread = start_thread(self._loop, "ndindex-compaction")
+            except BaseException:
+                self.close()
+                raise
 
     # -- scheduling -----------------------------------------------------------
 

@@ -37,7 +37,8 @@ from ndindex import _core, checked_add, codec, compaction, docstore, levels, loc
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.codec import CODING_RESTARTS
 from ndindex.dircache import DirectoryCache
-from ndindex.errors import ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError
+from ndindex.errors import (ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError,
+                            interrupts_deferred)
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
@@ -119,12 +120,24 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         self._compactor = None
         if not store.readonly:
             replay_journals(self)
-            self._writer = Writer(self, durability)
-            self._compactor = compaction.Compactor(self, background_compaction)
-        self._finalizer = weakref.finalize(self, _close_quietly, self._writer, self._compactor)
-        if self._writer is not None:
-            _close_at_exit(self)
-        REAPER.watch(self)
+        # The writer's journal (locked) and threads, made with Ctrl-C held
+        # back and taken back if the open fails: an Index that never came to
+        # be left them for the life of the process, the journal locked (so
+        # never deleted) and the threads working on a closed file.
+        try:
+            with interrupts_deferred():
+                if not store.readonly:
+                    self._writer = Writer(self, durability)
+                    self._compactor = compaction.Compactor(self, background_compaction)
+                self._finalizer = weakref.finalize(self, _close_quietly, self._writer,
+                                                   self._compactor)
+                if self._writer is not None:
+                    _close_at_exit(self)
+                REAPER.watch(self)
+        except BaseException:
+            _OPEN_WRITERS.discard(self)
+            _abandon(self._writer, self._compactor)
+            raise
 
     # -- opening and closing ----------------------------------------------
 
@@ -1024,6 +1037,14 @@ def _close_open_writers() -> None:
                                                  ix.path, type(exc).__name__, exc)
         finally:
             lock.release()
+
+
+def _abandon(writer, compactor) -> None:
+    """Stop what an open that failed made; its journal holds nothing yet."""
+    if compactor is not None:
+        compactor.close()
+    if writer is not None:
+        writer.abandon()
 
 
 def _close_quietly(writer, compactor) -> None:

@@ -101,9 +101,12 @@ class MaintenanceMethods:
             self._writer.checkpoint()
             # One fixed name, held (flock) while the copy is built: an
             # open that finds it free deletes a killed vacuum's copy.
-            tmp = st.build_path(self.path, "vacuum")
-            build = st.claim_build(tmp, self.path)
             path = self.path
+            tmp = st.build_path(path, "vacuum")
+            # Nothing between the claim and the try (self.path is a property:
+            # Ctrl-C could land as it ran, and the build name stayed held, so
+            # this process's next vacuum waited for itself, then failed).
+            build = st.claim_build(tmp, path)
             try:
                 os.ftruncate(build, 0)  # a killed vacuum's copy, if any
                 self._copy_compacted(tmp, build)

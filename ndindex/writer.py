@@ -78,7 +78,11 @@ class Writer:
         self._thread = None
         if durability == "normal":
             self.journal = jr.Journal(index.path, index.file_id)
-            self._thread = start_thread(self._checkpoint_loop, "ndindex-checkpoint")
+            try:
+                self._thread = start_thread(self._checkpoint_loop, "ndindex-checkpoint")
+            except BaseException:
+                self.abandon()
+                raise
 
     # -- what readers see --------------------------------------------------------
 
@@ -300,6 +304,13 @@ class Writer:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
+
+    def abandon(self) -> None:
+        """Stop checkpointing and delete the journal, unread: for an open that
+        failed before this writer took any operation."""
+        self.stop_checkpoints()
+        if self.journal is not None:
+            self.journal.close(delete=True)
 
     def close(self) -> None:
         """Stop checkpointing; commit what the journal holds and delete it."""

@@ -23,12 +23,14 @@ How a full disk is made, from the most real to the most targeted:
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import lmdb
 import numpy as np
@@ -1596,3 +1598,78 @@ def test_a_second_open_in_one_process_says_the_index_is_open_already(path):
         first.close()
     with Index.open(path) as again:  # once closed, it opens
         assert_intact(again)
+
+
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("piece", ["journal", "checkpoint thread", "compactor", "exit hook"])
+def test_ctrl_c_while_a_writer_opens_leaves_no_journal_lock_or_thread_behind(
+        path, monkeypatch, piece):
+    """A real SIGINT right after each piece a writable open makes (the
+    normal-durability journal, its checkpoint thread, the compactor and its
+    thread, the exit hook): the open raises KeyboardInterrupt and takes back
+    what it made.  An Index that never came to be left its journal locked
+    and its threads running for the life of the process: the journal was
+    never deleted (orphans() skips a locked one) and the threads worked on
+    a closed file."""
+    import threading
+
+    from ndindex import compaction, index as index_module, writer as writer_module
+    targets = {"journal": (jr, "Journal"), "checkpoint thread": (writer_module, "start_thread"),
+               "compactor": (compaction, "Compactor"), "exit hook": (index_module, "_close_at_exit")}
+    module, name = targets[piece]
+    monkeypatch.setattr(module, name, _then_ctrl_c(getattr(module, name)))
+    with pytest.raises(KeyboardInterrupt):
+        Index.open(path, durability="normal", log_limit=100)
+    monkeypatch.undo()
+    time_left = 10.0
+    while time_left > 0 and any(t.name.startswith("ndindex-") and t.is_alive()
+                                for t in threading.enumerate()):
+        time.sleep(0.05)   # a stopped thread ends at its next wake-up
+        time_left -= 0.05
+    assert [t.name for t in threading.enumerate() if t.name.startswith("ndindex-")] == []
+    assert glob.glob(glob.escape(path) + ".journal-*") == []
+    with Index.open(path, durability="normal", log_limit=100) as index:
+        index.add([7 << 50])
+    assert glob.glob(glob.escape(path) + ".journal-*") == []
+    with Index.open(path, readonly=True) as index:
+        assert index.query(7 << 50, k=0)
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_as_vacuum_claims_its_build_name_leaves_the_name_free(ix, monkeypatch):
+    """A real SIGINT at the first point Python can run its handler after
+    vacuum claims its copy's name (an flock): vacuum read self.path (a
+    property) between the claim and the try that lets it go, and the name
+    stayed held, so this process's next vacuum waited for itself and failed
+    ("another process is creating it")."""
+    import signal
+    claimed = []
+    claim = st.claim_build
+
+    def claim_and_note(*args):
+        fd = claim(*args)
+        claimed.append(fd)
+        return fd
+
+    def profile(frame, event, arg):
+        # "call": a Python function starts; "c_return": a C call returned.
+        if claimed and event in ("call", "c_return") and frame.f_code is not code:
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    code = claim_and_note.__code__
+    monkeypatch.setattr(st, "claim_build", claim_and_note)
+    monkeypatch.setattr(st, "BUILD_WAIT_SECONDS", 1.0)
+    ix.remove(stored_fingerprints()[:100])
+    ix.compact(full=True)     # (it vacuums too)
+    claimed.clear()
+    sys.setprofile(profile)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ix.vacuum()
+    finally:
+        sys.setprofile(None)
+    assert claimed
+    ix.vacuum()
+    assert np.array_equal(ix.fingerprints(),
+                          np.setdiff1d(stored_fingerprints(), stored_fingerprints()[:100]))
