@@ -136,10 +136,13 @@ class Compactor:
         self._pool = ThreadPool(workers, "ndindex-merge") if workers > 1 else None
         if background:
             try:
-                self._thread = start_thread(self._loop, "ndindex-compaction")
+                start_thread(self._loop, "ndindex-compaction", keep=self._keep_thread)
             except BaseException:
                 self.close()
                 raise
+
+    def _keep_thread(self, thread) -> None:
+        self._thread = thread
 
     # -- scheduling -----------------------------------------------------------
 

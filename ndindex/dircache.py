@@ -131,8 +131,11 @@ class DirectoryCache(dict):
             self._asked.add((run.run_id, job))
             self._jobs.append((snap, run, job))
             if self._thread is None:
-                self._thread = start_thread(self._list_loop, "ndindex-lister")
+                start_thread(self._list_loop, "ndindex-lister", keep=self._keep_thread)
             self._wake.notify()
+
+    def _keep_thread(self, thread) -> None:
+        self._thread = thread
 
     def _list_loop(self) -> None:
         while True:

@@ -65,8 +65,8 @@ class ThreadPool:
             if self._shut:
                 raise RuntimeError("cannot schedule new futures after shutdown")
             if not self._threads:  # at the first job: a writer that never merges starts none
-                self._threads = [start_thread(_work, f"{self._name}_{i}", self._jobs)
-                                 for i in range(self._workers)]
+                for i in range(self._workers):
+                    start_thread(_work, f"{self._name}_{i}", self._jobs, keep=self._threads.append)
             self._jobs.put((job, fn, args))
         return job
 
@@ -88,18 +88,24 @@ class ThreadPool:
                     t.join(STOP_RETRY_SECONDS)
 
 
-def start_thread(target, name: str, *args) -> threading.Thread:
-    """A daemon thread running target(*args), started with Ctrl-C held back.
+def start_thread(target, name: str, *args, keep=None) -> threading.Thread:
+    """A daemon thread running target(*args), started with Ctrl-C held back;
+    keep(thread), if given, records it before the interrupt is handed on.
 
     Thread.start() waits until the new thread runs, on an Event: a Ctrl-C
     landing just as that wait's Condition took its lock left the lock held
     (the module doc's race), and the new thread then waited for it for ever
     in its first step, its set() of that Event.  Starting a thread takes a
-    fraction of a millisecond; the interrupt is handed on after it.
+    fraction of a millisecond; the interrupt is handed on after it, raised
+    here: a caller that records the thread from the return value never
+    would, and the thread ran on unstopped (an interrupted compact's merge
+    workers: sweep_interrupt_points.py), hence keep.
     """
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
     with interrupts_deferred():
         thread.start()
+        if keep is not None:
+            keep(thread)
     return thread
 
 

@@ -79,7 +79,7 @@ class Writer:
         if durability == "normal":
             self.journal = jr.Journal(index.path, index.file_id)
             try:
-                self._thread = start_thread(self._checkpoint_loop, "ndindex-checkpoint")
+                start_thread(self._checkpoint_loop, "ndindex-checkpoint", keep=self._keep_thread)
             except BaseException:
                 self.abandon()
                 raise
@@ -304,6 +304,9 @@ class Writer:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
+
+    def _keep_thread(self, thread) -> None:
+        self._thread = thread
 
     def abandon(self) -> None:
         """Stop checkpointing and delete the journal, unread: for an open that

@@ -79,3 +79,27 @@ def test_ctrl_c_as_a_thread_starts_leaves_it_running(monkeypatch):
         time.sleep(1)       # (not reached: the held-back SIGINT is raised)
     monkeypatch.undo()
     assert ran.get(timeout=10) == "ran"
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_as_a_pool_starts_its_workers_leaves_none_unstopped(monkeypatch):
+    # A real SIGINT as the second worker starts: start_thread hands it on as
+    # it returns, and the pool, which recorded its workers from the return
+    # values, recorded neither, so shutdown() stopped neither and they ran
+    # for the life of the process (an interrupted compact's merge workers,
+    # tools/sweep_interrupt_points.py).
+    start = threading.Thread.start
+
+    def start_then_sigint(self):
+        start(self)
+        if self.name == "test-pool_1":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_sigint)
+    pool = threadpool.ThreadPool(2, "test-pool")
+    with pytest.raises(KeyboardInterrupt):
+        pool.submit(abs, -1)
+    monkeypatch.undo()
+    assert pool.submit(abs, -2).result() == 2     # the recorded workers run it
+    pool.shutdown(wait=True)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("test-pool")] == []

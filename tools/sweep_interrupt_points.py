@@ -1,0 +1,416 @@
+"""Interrupt-point sweep: Ctrl-C at each point of a call where Python runs signal handlers.
+
+Run:  python tools/sweep_interrupt_points.py [--scenario NAME ...] [--points 300] [--seed 1]
+                                             [--timeout 60] [--workdir DIR] [--expect-clean]
+
+sweep_interrupt.py sends SIGINT at random moments; this sends it at chosen
+points of one call, the way SQLite's fault simulator fails the n-th
+allocation for n = 1, 2, 3, ...  CPython runs a Python signal handler only
+at certain points of the main thread: as a Python function starts, as a C
+call returns (its eval-breaker checks; also at a loop's backward jump,
+which this does not aim at).  sys.setprofile reports exactly those as
+"call" and "c_return" events.  For each scenario (one call on a small
+index: open, create, add, remove, a transaction, compact, vacuum, sync,
+close, ...) a first run counts the call's events and records the content
+the call leaves; then each trial runs the call on a fresh copy of the
+index and, at its n-th event, sends a real SIGINT to the process: Python's
+handler raises KeyboardInterrupt right there, or, where ndindex holds
+Ctrl-C back (errors.interrupts_deferred), at the end of that block.  Each
+trial then checks:
+
+- the call raised KeyboardInterrupt or returned: nothing else;
+- the content (fingerprints with their keys, and documents) is the one
+  before the call or the one after it, never a part: in the same Index and
+  after a reopen, whose verify() passes;
+- the same Index goes on: an add, a query of it, close();
+- after close(): no ndindex thread running, no file named after the index
+  but its lock file (no journal, no build copy), and no more file
+  descriptors open than before the trial (a leaked one holds an flock).
+
+Points: every event of a call that has at most --points, else --points of
+them spread evenly from a seeded offset.  Trials run in a child process; a
+trial still running after --timeout seconds has every thread's stack
+printed (faulthandler) and counts as a hang, and a new child takes the
+trials after it.  Found: a Ctrl-C while a writer opened left its journal
+locked and its threads running; one as vacuum claimed its copy's name left
+the name held (baad42f).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MARKER = (1 << 63) + 12345          # the fingerprint each trial adds after the call
+WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
+
+
+# -- scenarios: (durability, documents, prepare, call) -------------------------------
+
+
+def _fps(seed: int, n: int):
+    import numpy as np
+    return np.random.default_rng(seed).integers(0, 2**62, n, dtype=np.uint64)
+
+
+def _texts(seed: int, n: int) -> list:
+    r = random.Random(seed)
+    return [" ".join(r.choice(WORDS) for _ in range(30)) for _ in range(n)]
+
+
+def _transaction(ix):
+    with ix.transaction():
+        for fp in _fps(7, 30).tolist():
+            ix.check_and_add(fp)
+        ix.remove(_fps(1, 10))
+
+
+def _vacuum_prepare(ix):
+    ix.remove(_fps(1, 1500))
+    ix.compact()
+
+
+SCENARIOS = {
+    # name: (durability, documents, prepare(ix) or None, call(ix, path) -> result)
+    "open": ("full", False, None, lambda ix, path: _open(path, "full")),
+    "open-normal": ("normal", False, None, lambda ix, path: _open(path, "normal")),
+    "create": ("full", False, None, lambda ix, path: _create(path)),
+    "add": ("full", False, None,
+            lambda ix, path: ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])),
+    "add-normal": ("normal", False, None,
+                   lambda ix, path: ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])),
+    "remove": ("full", False, None, lambda ix, path: ix.remove(_fps(1, 50))),
+    "remove-keys": ("normal", False, None,
+                    lambda ix, path: ix.remove(keys=[f"k{i}" for i in range(0, 600, 7)])),
+    "transaction": ("full", False, None, lambda ix, path: _transaction(ix)),
+    "transaction-normal": ("normal", False, None, lambda ix, path: _transaction(ix)),
+    "check_and_add_many": ("normal", False, None,
+                           lambda ix, path: ix.check_and_add_many(_fps(8, 100))),
+    "compact": ("full", False, None, lambda ix, path: ix.compact()),
+    "compact-full": ("full", False, None, lambda ix, path: ix.compact(full=True)),
+    "vacuum": ("full", False, _vacuum_prepare, lambda ix, path: ix.vacuum()),
+    "sync": ("normal", False, lambda ix: ix.add(_fps(9, 100)), lambda ix, path: ix.sync()),
+    "close": ("normal", False, lambda ix: ix.add(_fps(9, 100)), lambda ix, path: ix.close()),
+    "query_many": ("full", False, None, lambda ix, path: ix.query_many(_fps(1, 300), k=3)),
+    "add_documents": ("full", True, None,
+                      lambda ix, path: ix.add_documents(_texts(3, 20), [f"d{i}" for i in range(20)])),
+    "add_documents-normal": ("normal", True, None,
+                             lambda ix, path: ix.add_documents(_texts(4, 20),
+                                                               [f"d{i}" for i in range(0, 40, 2)])),
+}
+
+OPENS = {"open", "open-normal", "create"}
+
+
+def _open(path, durability):
+    from ndindex.index import Index
+    return Index.open(path, durability=durability, background_compaction=False)
+
+
+def _create(path):
+    from ndindex.index import Index
+    return Index.create(path + ".new", k=3, expected_n=10_000, background_compaction=False)
+
+
+def make_base(path: str, durability: str, documents: bool) -> None:
+    """The index every trial starts from: 3,000 fingerprints (600 with keys)
+    in runs, 500 more in the log; with documents, 40 of them."""
+    from ndindex.index import Index
+    fingerprinter = None
+    if documents:
+        from ndindex.fingerprint import Fingerprinter
+        fingerprinter = Fingerprinter()
+    fps = _fps(1, 3500)
+    with Index.create(path, k=3, expected_n=10_000, log_limit=2000, fingerprinter=fingerprinter,
+                      background_compaction=False, durability=durability) as ix:
+        ix.add(fps[:3000])
+        ix.add(fps[:600], keys=[f"k{i}" for i in range(600)])
+        if documents:
+            ix.add_documents(_texts(2, 40), [f"d{i}" for i in range(40)])
+        ix.compact()
+        ix.add(fps[3000:])
+
+
+# -- the child: trials -------------------------------------------------------------
+
+
+def content(ix) -> tuple:
+    pairs = [(fp, tuple(sorted(map(repr, ks))))
+             for fps, keys in ix.items() for fp, ks in zip(fps.tolist(), keys)]
+    docs = sorted(ix.documents()) if ix.fingerprinter is not None else []
+    return pairs, docs
+
+
+def _without_marker(c: tuple) -> tuple:
+    return [p for p in c[0] if p[0] != MARKER], c[1]
+
+
+def _fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _ndindex_threads(before=frozenset(), wait: float = 3.0) -> list:
+    """Names of the ndindex threads running that were not in before (after
+    waiting up to wait seconds for them to end)."""
+    import threading
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [t.name for t in threading.enumerate()
+                 if t.name.startswith("ndindex-") and t not in before]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
+class Trigger:
+    """A profile function: counts "call" and "c_return" events; at the n-th
+    (n > 0) it stops profiling and sends this process a real SIGINT."""
+
+    def __init__(self, n: int):
+        self.n, self.count = n, 0
+
+    def __call__(self, frame, event, arg):
+        if event == "call" or event == "c_return":
+            self.count += 1
+            if self.count == self.n:
+                sys.setprofile(None)
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dict:
+    """Run scenario name on a copy of base, interrupted at event n (0: never).
+    Returns {"events", "content_after"} for n = 0, else {"outcome", "detail"}."""
+    from ndindex.index import Index
+    durability, _docs, prepare, call = SCENARIOS[name]
+    for f in glob.glob(glob.escape(path) + "*"):
+        os.remove(f)
+    shutil.copyfile(base, path)
+    import threading
+    fds, threads = _fd_count(), frozenset(threading.enumerate())
+    ix = None
+    if name not in OPENS:
+        ix = Index.open(path, durability=durability, background_compaction=False, log_limit=2000)
+        if prepare is not None:
+            prepare(ix)
+    if name == "create":
+        before = after = None
+    else:
+        probe = ix if ix is not None else Index.open(path, readonly=True)
+        before = content(probe)
+        if probe is not ix:
+            probe.close()
+    trigger = Trigger(n)
+    interrupted, result, raised = False, None, None
+    sys.setprofile(trigger)
+    try:
+        result = call(ix, path)
+    except KeyboardInterrupt:
+        interrupted = True
+    except BaseException as exc:        # noqa: BLE001 - reported, not hidden
+        raised = exc
+    finally:
+        sys.setprofile(None)
+    try:
+        for _ in range(200):            # an interrupt held back to the end lands here
+            pass
+    except KeyboardInterrupt:
+        interrupted = True
+    if n == 0:
+        after_ix = result if name in OPENS else ix
+        if name == "create":
+            after_ix.close()
+            return {"events": trigger.count, "content_after": None}
+        after = content(after_ix)
+        after_ix.close()
+        return {"events": trigger.count, "content_after": after}
+    after = expected["content_after"]
+    if raised is not None:
+        return bad("raised", f"{type(raised).__name__}: {raised}")
+    target = path + ".new" if name == "create" else path
+    if name in OPENS:
+        ix = None if interrupted else result
+        if name == "create" and ix is None and not os.path.exists(target):
+            return _after_close(target, fds, threads, None, None, interrupted, fresh=True)
+        if ix is None:
+            ix = Index.open(target, durability=durability, background_compaction=False)
+    if name == "close":
+        ix.close()                       # again, whole this time
+        ix = Index.open(target, durability=durability, background_compaction=False)
+    if name == "create":
+        before = after = content(ix)     # empty, or nothing at all
+    got = content(ix)
+    if got != before and got != after:
+        ix.close()
+        return bad("partial", f"content of {len(got[0])} entries is neither before "
+                              f"({len(before[0])}) nor after ({len(after[0])})")
+    try:
+        ix.add([MARKER])
+        if not ix.query(MARKER, k=0):
+            return bad("unusable", "the marker added after the call is not found")
+    except Exception as exc:             # noqa: BLE001
+        return bad("unusable", f"{type(exc).__name__}: {exc}")
+    finally:
+        ix.close()
+    return _after_close(target, fds, threads, before, after, interrupted)
+
+
+def _after_close(path, fds, threads_before, before, after, interrupted, fresh=False) -> dict:
+    from ndindex.index import Index
+    threads = _ndindex_threads(threads_before)
+    if threads:
+        return bad("thread", f"still running after close(): {threads}")
+    left = sorted(os.path.basename(f) for f in glob.glob(glob.escape(path) + "*")
+                  if f not in (path, path + "-lock"))
+    if left:
+        return bad("leftover", f"files beside the index after close(): {left}")
+    if _fd_count() != fds:
+        return bad("fd", f"{_fd_count() - fds} file descriptors more than before the trial")
+    if fresh:
+        return {"outcome": "ok", "interrupted": interrupted}
+    with Index.open(path, readonly=True) as again:
+        again.verify()
+        got = _without_marker(content(again))
+        if not again.query(MARKER, k=0):
+            return bad("lost", "the marker is not in the reopened index")
+    if got != before and got != after:
+        return bad("partial", "the reopened content is neither before nor after the call")
+    return {"outcome": "ok", "interrupted": interrupted}
+
+
+def bad(outcome: str, detail: str) -> dict:
+    return {"outcome": outcome, "detail": detail}
+
+
+def child_main(name: str, workdir: str, points: list) -> None:
+    """Count (points empty), or run the trials of points; one JSON line each."""
+    import faulthandler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    durability, documents, _prepare, _call = SCENARIOS[name]
+    base = os.path.join(workdir, f"{name}.base.ndx")
+    if not os.path.exists(base):
+        make_base(base, durability, documents)
+    path = os.path.join(workdir, f"{name}.ndx")
+    reference = trial(name, base, path, 0, None)       # also warms caches and pools
+    if not points:
+        print(json.dumps({"events": reference["events"]}), flush=True)
+        return
+    for n in points:
+        print(json.dumps({"start": n}), flush=True)
+        faulthandler.dump_traceback_later(TIMEOUT[0], exit=True)
+        try:
+            out = trial(name, base, path, n, reference)
+        except BaseException as exc:     # noqa: BLE001 - a failed check's own error
+            out = bad("error", f"{type(exc).__name__}: {exc}")
+        faulthandler.cancel_dump_traceback_later()
+        out["n"] = n
+        print(json.dumps(out), flush=True)
+
+
+TIMEOUT = [60.0]
+
+
+# -- the parent ---------------------------------------------------------------------
+
+
+def _child(name, workdir, points, timeout):
+    args = [sys.executable, os.path.abspath(__file__), "--child", name, "--workdir", workdir,
+            "--timeout", str(timeout)]
+    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True), json.dumps(points)
+
+
+def run_scenario(name: str, workdir: str, max_points: int, seed: int, timeout: float,
+                 report=print) -> dict:
+    proc, data = _child(name, workdir, [], timeout)
+    out, err = proc.communicate(data)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: the counting run failed:\n{err[-3000:]}")
+    events = json.loads(out.splitlines()[-1])["events"]
+    if events <= max_points:
+        points = list(range(1, events + 1))
+    else:
+        step = events / max_points
+        offset = random.Random(f"{seed}:{name}").random() * step
+        points = sorted({1 + int(offset + i * step) for i in range(max_points)})
+    counts: dict = {}
+    bads: list = []
+    interrupted = 0
+    todo = list(points)
+    while todo:
+        proc, data = _child(name, workdir, todo, timeout)
+        proc.stdin.write(data)
+        proc.stdin.close()
+        started = None
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if "start" in msg:
+                started = msg["start"]
+                continue
+            todo.remove(msg["n"])
+            started = None
+            counts[msg["outcome"]] = counts.get(msg["outcome"], 0) + 1
+            interrupted += bool(msg.get("interrupted"))
+            if msg["outcome"] != "ok":
+                bads.append(msg)
+                report(f"  {name} point {msg['n']}: {msg['outcome']}: {msg['detail']}")
+        err = proc.stderr.read()
+        proc.wait()
+        if started is not None:          # the child died or hung in this trial
+            todo.remove(started)
+            kind = "hang" if "Timeout" in err or "most recent call first" in err else "crash"
+            counts[kind] = counts.get(kind, 0) + 1
+            bads.append({"n": started, "outcome": kind, "detail": err[-4000:]})
+            report(f"  {name} point {started}: {kind} (exit {proc.returncode}):\n{err[-4000:]}")
+        elif proc.returncode != 0:
+            raise RuntimeError(f"{name}: the child failed:\n{err[-3000:]}")
+    return {"scenario": name, "events": events, "points": len(points), "interrupted": interrupted,
+            "outcomes": counts, "bad": bads}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
+                    help="one scenario (repeat for more; default: all)")
+    ap.add_argument("--points", type=int, default=300, help="points per scenario at most")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds before a trial is a hang")
+    ap.add_argument("--workdir", help="where the files go (default: a temporary directory)")
+    ap.add_argument("--expect-clean", action="store_true", help="exit 1 unless every trial is ok")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    TIMEOUT[0] = args.timeout
+    if args.child:
+        child_main(args.child, args.workdir, json.loads(sys.stdin.read() or "[]"))
+        return 0
+    workdir = args.workdir or tempfile.mkdtemp(prefix="ndindex-points-")
+    os.makedirs(workdir, exist_ok=True)
+    total_bad = 0
+    started = time.monotonic()
+    try:
+        for name in args.scenario or list(SCENARIOS):
+            t0 = time.monotonic()
+            res = run_scenario(name, workdir, args.points, args.seed, args.timeout)
+            total_bad += len(res["bad"])
+            outcomes = ", ".join(f"{k} {v}" for k, v in sorted(res["outcomes"].items()))
+            print(f"{name:22s} {res['events']:7,d} events, {res['points']:4d} points "
+                  f"({res['interrupted']} interrupted): {outcomes}  [{time.monotonic() - t0:.0f} s]",
+                  flush=True)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(f"{'clean' if not total_bad else f'{total_bad} bad trials'} "
+          f"in {time.monotonic() - started:.0f} s")
+    return 1 if args.expect_clean and total_bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
