@@ -295,7 +295,7 @@ class Compactor:
         """Hold this process's step lock and the file's compaction lease;
         yields False, holding nothing, when another process has the lease."""
         with self._lock:
-            fd = self._ix._lock_fd
+            fd = self._ix._lock_file.fd
             # Taken inside the try: Ctrl-C just after the lock call returned,
             # before a try after it, left the lease held by this process until
             # it closed the file, and no other process compacted.  Letting go

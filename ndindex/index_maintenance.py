@@ -75,13 +75,13 @@ class MaintenanceMethods:
         # process's open waited until this one closed it.  Without the
         # exclusive lock, the finally's shared lock is the one held already.
         try:
-            if not locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
+            if not locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
                 raise locks.NotAlone(f"{self.path}: another process has the index open; "
                                      f"close it first, {advice}")
             yield
         finally:
             # On the descriptor of the day: vacuum replaces it with the new file's.
-            locks.byte_lock(self._lock_fd, locks.OPEN_BYTE, fcntl.F_RDLCK)
+            locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_RDLCK)
 
     def vacuum(self) -> int:
         """Rewrite the file with only its live pages, giving free space back to the disk.
@@ -103,13 +103,10 @@ class MaintenanceMethods:
             # open that finds it free deletes a killed vacuum's copy.
             path = self.path
             tmp = st.build_path(path, "vacuum")
-            # Nothing between the claim and the try (self.path is a property:
-            # Ctrl-C could land as it ran, and the build name stayed held, so
-            # this process's next vacuum waited for itself, then failed).
             build = st.claim_build(tmp, path)
             try:
-                os.ftruncate(build, 0)  # a killed vacuum's copy, if any
-                self._copy_compacted(tmp, build)
+                os.ftruncate(build.fd, 0)  # a killed vacuum's copy, if any
+                self._copy_compacted(tmp, build.fd)
                 size = os.path.getsize(tmp)
                 if size >= os.path.getsize(path):
                     # Nothing to give back: the copy's two stamping commits
@@ -156,17 +153,17 @@ class MaintenanceMethods:
         rename the file is the one whose lock this process holds already
         (and closing any descriptor of a file lets go of every lock the
         process holds on it).  The descriptors change in one assignment:
-        an interrupt (Ctrl-C) never leaves _lock_fd closed."""
+        an interrupt (Ctrl-C) never leaves _lock_file closed."""
         st.fsync_path(os.path.dirname(os.path.abspath(path)))
         fresh = st.Store.open(path, durability=self._store.durability)
         self._store.__dict__.update(fresh.__dict__)
         self._meta = pages.meta_words(self._store.filemap.buffer(2 * self._psize))
-        if os.path.samestat(os.fstat(self._lock_fd), os.stat(path)):
+        if os.path.samestat(os.fstat(self._lock_file.fd), os.stat(path)):
             return
-        lock_fd = locks.open_locked(path, readonly=False)
-        locks.byte_lock(lock_fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
-        old, self._lock_fd = self._lock_fd, lock_fd
-        os.close(old)
+        lock_file = locks.open_locked(path, readonly=False)
+        locks.byte_lock(lock_file.fd, locks.OPEN_BYTE, fcntl.F_WRLCK)
+        old, self._lock_file = self._lock_file, lock_file
+        old.close()
 
     def vacuum_into(self, dest) -> int:
         """Write a compacted copy of the index to a new file; return its size in bytes.

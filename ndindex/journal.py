@@ -32,6 +32,7 @@ import os
 import struct
 
 from ndindex import _core
+from ndindex.descriptors import Descriptor
 from ndindex.errors import CorruptionError
 
 MAGIC = b"ndxjrnl\0"
@@ -57,13 +58,13 @@ class Journal:
         self.journal_id = int.from_bytes(os.urandom(8), "big") or 1
         self.path = f"{index_path}.journal-{self.journal_id:016x}"
         self.generation = 0
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND |
-                     getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._file = Descriptor(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND)
+        fd = self._file.fd
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.write(fd, HEADER.pack(MAGIC, file_id, self.journal_id, 0))
         except BaseException:
-            os.close(fd)
+            self._file.close()
             os.unlink(self.path)
             raise
         self._fd = fd
@@ -113,11 +114,8 @@ class Journal:
         # one appends, whatever the offset, and the new header followed the
         # old one, which every read then took for the journal's: the records
         # appended since were unreadable, to a crash's replay too.
-        fd = os.open(self.path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
+        with Descriptor(self.path, os.O_WRONLY) as fd:
             os.pwrite(fd, HEADER.pack(MAGIC, self._file_id, self.journal_id, self.generation), 0)
-        finally:
-            os.close(fd)
         self.offset = 0
 
     def close(self, delete: bool) -> None:
@@ -127,7 +125,7 @@ class Journal:
         if delete:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
-        os.close(fd)  # releases the lock
+        self._file.close()  # releases the lock
 
 
 def orphans(index_path: str, file_id: bytes):
@@ -140,17 +138,15 @@ def orphans(index_path: str, file_id: bytes):
     """
     for path in sorted(glob.glob(glob.escape(index_path) + ".journal-*")):
         try:
-            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            journal = Descriptor(path, os.O_RDWR)
         except OSError:
             continue
-        try:
+        with journal as fd:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 continue  # its writer is alive
             data = os.pread(fd, os.fstat(fd).st_size, 0)
-        finally:
-            os.close(fd)
         if len(data) < HEADER.size:
             yield path, None, 0, []
             continue

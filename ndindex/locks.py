@@ -20,6 +20,7 @@ import struct
 import time
 
 from ndindex import store as st
+from ndindex.descriptors import Descriptor
 from ndindex.errors import BusyError, ReadOnlyError
 
 LEASE_BYTE = 0
@@ -61,8 +62,8 @@ class NotAlone(ReadOnlyError):
 OPEN_POLL_SECONDS = 0.02
 
 
-def open_locked(path: str, readonly: bool, timeout: float | None = None) -> int:
-    """Open path and take the shared open lock on the file it names; return the descriptor.
+def open_locked(path: str, readonly: bool, timeout: float | None = None) -> Descriptor:
+    """Open path and take the shared open lock on the file it names; return the Descriptor.
 
     Every open index holds this lock (OPEN_BYTE); vacuum (and the
     in-place upgrade) hold it exclusively while they copy the file and
@@ -75,13 +76,14 @@ def open_locked(path: str, readonly: bool, timeout: float | None = None) -> int:
     writing.
     """
     st.check_access(path, readonly)
-    flags = (os.O_RDONLY if readonly else os.O_RDWR) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY if readonly else os.O_RDWR
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
-            fd = os.open(path, flags)
+            opened = Descriptor(path, flags)   # closed if dropped
         except OSError as exc:
             raise st.translate_error(exc, path) from exc
+        fd = opened.fd
         try:
             if deadline is None:
                 byte_lock(fd, OPEN_BYTE, fcntl.F_RDLCK, wait=True)
@@ -94,8 +96,8 @@ def open_locked(path: str, readonly: bool, timeout: float | None = None) -> int:
                                         f"this index; still busy after {timeout:g} s")
                     time.sleep(min(OPEN_POLL_SECONDS, left))
             if st.same_inode(fd, path):
-                return fd
+                return opened
         except BaseException:
-            os.close(fd)
+            opened.close()
             raise
-        os.close(fd)  # replaced while this waited: lock the file now at path
+        opened.close()  # replaced while this waited: lock the file now at path

@@ -22,6 +22,7 @@ import threading
 from typing import NamedTuple
 
 from ndindex import _core
+from ndindex.descriptors import Descriptor
 from ndindex.errors import ClosedError, CorruptionError
 
 #: The largest mapping of the file.  Mappings reserve address space ahead
@@ -49,11 +50,8 @@ def read_head(path: str, fd: int | None = None) -> bytes:
     in the longer read it finds in the shorter, which holds both pages.
     fd: read the file open there, not the one now at path."""
     if fd is None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        try:
+        with Descriptor(path, os.O_RDONLY) as fd:
             return read_head(path, fd)
-        finally:
-            os.close(fd)
     head = os.pread(fd, COMMON_HEAD_BYTES, 0)
     try:
         fits = 2 * _core.lmdb_meta(head, 0)["psize"] <= len(head)
@@ -109,7 +107,8 @@ class FileMap:
 
     def __init__(self, path: str):
         self.path = path
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._file = Descriptor(path, os.O_RDONLY)   # closed with this object if __init__ fails
+        self._fd = self._file.fd
         st = os.fstat(self._fd)
         #: (device, inode) of the file open here: whether path still names it.
         self.file_id = (st.st_dev, st.st_ino)
@@ -120,10 +119,9 @@ class FileMap:
 
     def close(self) -> None:
         with self._lock:
-            fd, self._fd = self._fd, -1
+            self._fd = -1
             self._map = None
-            if fd >= 0:
-                os.close(fd)
+            self._file.close()
 
     def _open_fd(self) -> int:
         """The descriptor (the lock held); ClosedError once closed."""

@@ -39,8 +39,9 @@ import threading
 import lmdb
 
 from ndindex import _core, pages, records as rec
+from ndindex.descriptors import Descriptor
 from ndindex.errors import (CapacityError, ClosedError, CorruptionError, FormatError,
-                            NdindexError, ReadOnlyError)
+                            NdindexError, ReadOnlyError, interrupts_deferred)
 
 #: The map is address space, not memory or disk: LMDB extends the file only
 #: as pages are written.  1 TiB on 64-bit systems means it never has to grow.
@@ -213,8 +214,8 @@ def check_directory_of(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, "no such directory", parent)
 
 
-def claim_build(tmp: str, path: str) -> int:
-    """Open the build name tmp and hold it (an flock); return the descriptor.
+def claim_build(tmp: str, path: str) -> Descriptor:
+    """Open the build name tmp and hold it (an flock); return the Descriptor.
 
     The lock tells a live builder from a leftover of a killed one.  Waits
     while another process builds under the name (then, as a rule, path
@@ -225,32 +226,29 @@ def claim_build(tmp: str, path: str) -> int:
     import time
     deadline = time.monotonic() + BUILD_WAIT_SECONDS
     while True:
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        build = Descriptor(tmp, os.O_RDWR | os.O_CREAT)   # closed if dropped
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(build.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             # The name may have gone (its builder finished, or a leftover
             # was cleared) between the open and the lock: then try again.
-            if same_inode(fd, tmp):
-                return fd
+            if same_inode(build.fd, tmp):
+                return build
         except BlockingIOError:
             pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
+        build.close()
         if time.monotonic() > deadline:
             raise FileExistsError(errno.EEXIST, "another process is creating it", path)
         time.sleep(0.01)
 
 
-def release_build(fd: int, tmp: str) -> None:
+def release_build(build: Descriptor, tmp: str) -> None:
     """Drop the build name (still holding it, so no one else's goes) and the lock."""
     try:
-        if same_inode(fd, tmp):
+        if same_inode(build.fd, tmp):
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
     finally:
-        os.close(fd)
+        build.close()
 
 
 def clear_build_leftover(path: str, what: str) -> None:
@@ -258,22 +256,22 @@ def clear_build_leftover(path: str, what: str) -> None:
     kind) left under its build name (only a name no live builder holds)."""
     tmp = build_path(path, what)
     try:
-        fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        held = Descriptor(tmp, os.O_RDONLY)   # closed if dropped
     except OSError:
         return  # nothing there (as a rule), or nothing this process may clear
     import fcntl
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(held.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        os.close(fd)  # a builder holds it
+        held.close()  # a builder holds it
         return
     if what in INDEX_BUILDS:
         try:
             _unlink_all(index_build_files(path, what)[2])
         except OSError:
-            os.close(fd)  # the name stays, so that a later open tries again
+            held.close()  # the name stays, so that a later open tries again
             return
-    release_build(fd, tmp)
+    release_build(held, tmp)
 
 
 def clear_build_leftovers(path: str) -> None:
@@ -299,14 +297,14 @@ def index_build(path: str, what: str):
     caller renames or links its index to path before."""
     check_directory_of(path)
     held_name, tmp, leftovers = index_build_files(path, what)
-    fd = claim_build(held_name, path)
+    build = claim_build(held_name, path)
     try:
         _unlink_all(leftovers)
         yield tmp
     finally:
         with contextlib.suppress(OSError):  # never hiding the error that stopped the build
             _unlink_all(leftovers)
-        release_build(fd, held_name)
+        release_build(build, held_name)
 
 
 def _unlink_all(names) -> None:
@@ -386,10 +384,10 @@ def check_lock_file(path: str) -> None:
         return
     count_at = layout[1]
     try:
-        fd = os.open(path + "-lock", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        lock_file = Descriptor(path + "-lock", os.O_RDONLY)
     except OSError:
         return  # LMDB's open says what is wrong
-    try:
+    with lock_file as fd:
         head = os.pread(fd, count_at + 4, 0)
         slots = (os.fstat(fd).st_size - LMDB_LOCK_HEAD_BYTES) // LMDB_READER_SLOT_BYTES
         if len(head) < count_at + 4 or struct.unpack_from("=I", head)[0] != LMDB_LOCK_MAGIC:
@@ -399,8 +397,6 @@ def check_lock_file(path: str) -> None:
         # Every process with an LMDB environment open locks its lock file's byte 0.
         if count <= slots or not locks.held_elsewhere(fd, 0):
             return
-    finally:
-        os.close(fd)
     raise lock_file_error(path, f"it counts {count:,} reader slots, in a table of {slots:,}")
 
 
@@ -416,12 +412,12 @@ def prepare_lock_file(path: str, readonly: bool) -> bool:
     """
     lock = path + "-lock"
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        lock_file = Descriptor(lock, os.O_RDWR | os.O_CREAT)
     except OSError as exc:
         if readonly and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return os.path.exists(lock) and os.access(lock, os.R_OK | os.W_OK)
         raise translate_error(exc, lock) from exc       # the lock file's problem
-    try:
+    with lock_file as fd:
         size = os.fstat(fd).st_size
         if size < LOCK_FILE_BYTES:
             try:
@@ -429,8 +425,6 @@ def prepare_lock_file(path: str, readonly: bool) -> bool:
                 os.fsync(fd)
             except OSError as exc:
                 raise translate_error(exc, lock) from exc
-    finally:
-        os.close(fd)
     return True
 
 
@@ -581,7 +575,7 @@ class Store:
         build = None
         try:
             build = claim_build(tmp, path)
-            os.ftruncate(build, 0)  # a killed creator's leftover, if any
+            os.ftruncate(build.fd, 0)  # a killed creator's leftover, if any
             env = lmdb.open(os.fsencode(tmp), subdir=False, max_dbs=len(rec.ALL_DBS) + 1,
                             map_size=1 << 26, lock=False, meminit=False)
             try:
@@ -1102,8 +1096,12 @@ def _close_quietly(env: lmdb.Environment) -> None:
 
 
 def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = -1
     try:
+        # Not a Descriptor: path may be a directory, which FileIO refuses.
+        with interrupts_deferred():
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         os.fsync(fd)
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)

@@ -43,6 +43,7 @@ import numpy as np
 
 from ndindex import _core, codec, pages, plan as plans
 from ndindex.arrays import EMPTY_U64, merge_unique
+from ndindex.descriptors import Descriptor
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
 from ndindex.index import Index
 from ndindex.records import format_version_of
@@ -922,9 +923,10 @@ def _exclusive(path: str):
     """
     lock = path + "-lock"
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        lock_file = Descriptor(lock, os.O_RDWR | os.O_CREAT)   # closed if dropped
     except OSError as exc:
         raise translate_error(exc, path) from exc
+    fd = lock_file.fd
     try:
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
@@ -935,7 +937,7 @@ def _exclusive(path: str):
                                 "first, or upgrade a copy with -o OUT") from None
         yield
     finally:
-        os.close(fd)   # releases the lock
+        lock_file.close()   # releases the lock
 
 
 def _clear_leftovers(src: str) -> int:

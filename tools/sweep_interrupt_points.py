@@ -154,6 +154,29 @@ def _without_marker(c: tuple) -> tuple:
     return [p for p in c[0] if p[0] != MARKER], c[1]
 
 
+def _named_after(path: str) -> list:
+    """The files named after the index: beside it, and its builds' hidden names."""
+    folder, base = os.path.split(path)
+    return glob.glob(glob.escape(path) + "*") + glob.glob(os.path.join(glob.escape(folder),
+                                                                       "." + glob.escape(base) + "*"))
+
+
+def _unheld_build_name(f: str) -> bool:
+    """A build's hidden name no one holds: a build interrupted as it claimed
+    it leaves it, and the next writable open deletes it (as a killed one's)."""
+    import fcntl
+    if not os.path.basename(f).startswith(".") or not os.path.isfile(f):
+        return False
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return os.path.getsize(f) == 0
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -177,13 +200,28 @@ class Trigger:
 
     def __init__(self, n: int):
         self.n, self.count = n, 0
+        self.where = ""
 
     def __call__(self, frame, event, arg):
         if event == "call" or event == "c_return":
             self.count += 1
             if self.count == self.n:
                 sys.setprofile(None)
+                self.where = _where(frame, event, arg)
                 os.kill(os.getpid(), signal.SIGINT)
+
+
+def _where(frame, event, arg) -> str:
+    """The point as a report names it: the ndindex frames from the innermost
+    out (file:line function), and the C function for a c_return."""
+    names = []
+    while frame is not None and len(names) < 4:
+        if "ndindex" in frame.f_code.co_filename and "sweep_" not in frame.f_code.co_filename:
+            names.append(f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} "
+                         f"{frame.f_code.co_name}")
+        frame = frame.f_back
+    what = f"after {getattr(arg, '__qualname__', arg)}() in " if event == "c_return" else "in "
+    return what + " < ".join(names)
 
 
 def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dict:
@@ -191,7 +229,7 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
     Returns {"events", "content_after"} for n = 0, else {"outcome", "detail"}."""
     from ndindex.index import Index
     durability, _docs, prepare, call = SCENARIOS[name]
-    for f in glob.glob(glob.escape(path) + "*"):
+    for f in _named_after(path):
         os.remove(f)
     shutil.copyfile(base, path)
     import threading
@@ -209,6 +247,7 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         if probe is not ix:
             probe.close()
     trigger = Trigger(n)
+    LAST_WHERE[0] = ""
     interrupted, result, raised = False, None, None
     sys.setprofile(trigger)
     try:
@@ -219,6 +258,7 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         raised = exc
     finally:
         sys.setprofile(None)
+        LAST_WHERE[0] = trigger.where
     try:
         for _ in range(200):            # an interrupt held back to the end lands here
             pass
@@ -229,6 +269,8 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         if name == "create":
             after_ix.close()
             return {"events": trigger.count, "content_after": None}
+        if name == "close":
+            after_ix = Index.open(path, readonly=True)
         after = content(after_ix)
         after_ix.close()
         return {"events": trigger.count, "content_after": after}
@@ -268,8 +310,8 @@ def _after_close(path, fds, threads_before, before, after, interrupted, fresh=Fa
     threads = _ndindex_threads(threads_before)
     if threads:
         return bad("thread", f"still running after close(): {threads}")
-    left = sorted(os.path.basename(f) for f in glob.glob(glob.escape(path) + "*")
-                  if f not in (path, path + "-lock"))
+    left = sorted(os.path.basename(f) for f in _named_after(path)
+                  if f not in (path, path + "-lock") and not _unheld_build_name(f))
     if left:
         return bad("leftover", f"files beside the index after close(): {left}")
     if _fd_count() != fds:
@@ -299,7 +341,10 @@ def child_main(name: str, workdir: str, points: list) -> None:
     if not os.path.exists(base):
         make_base(base, durability, documents)
     path = os.path.join(workdir, f"{name}.ndx")
-    reference = trial(name, base, path, 0, None)       # also warms caches and pools
+    # Twice: the first run pays what a process does once (imports, pools),
+    # which the trials do not see.
+    trial(name, base, path, 0, None)
+    reference = trial(name, base, path, 0, None)
     if not points:
         print(json.dumps({"events": reference["events"]}), flush=True)
         return
@@ -312,10 +357,12 @@ def child_main(name: str, workdir: str, points: list) -> None:
             out = bad("error", f"{type(exc).__name__}: {exc}")
         faulthandler.cancel_dump_traceback_later()
         out["n"] = n
+        out["where"] = LAST_WHERE[0]
         print(json.dumps(out), flush=True)
 
 
 TIMEOUT = [60.0]
+LAST_WHERE = [""]    # the last trial's point, for its report
 
 
 # -- the parent ---------------------------------------------------------------------
@@ -361,7 +408,8 @@ def run_scenario(name: str, workdir: str, max_points: int, seed: int, timeout: f
             interrupted += bool(msg.get("interrupted"))
             if msg["outcome"] != "ok":
                 bads.append(msg)
-                report(f"  {name} point {msg['n']}: {msg['outcome']}: {msg['detail']}")
+                report(f"  {name} point {msg['n']} ({msg['where']}): {msg['outcome']}: "
+                       f"{msg['detail']}")
         err = proc.stderr.read()
         proc.wait()
         if started is not None:          # the child died or hung in this trial

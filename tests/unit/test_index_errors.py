@@ -1673,3 +1673,71 @@ def test_ctrl_c_as_vacuum_claims_its_build_name_leaves_the_name_free(ix, monkeyp
     ix.vacuum()
     assert np.array_equal(ix.fingerprints(),
                           np.setdiff1d(stored_fingerprints(), stored_fingerprints()[:100]))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_ctrl_c_as_a_file_is_opened_leaves_no_descriptor_open(path, monkeypatch, durability):
+    """A real SIGINT as each os.open of an Index.open returns: the open
+    raises KeyboardInterrupt, and no descriptor stays open (one left open
+    held its lock for the life of the process: the file map's, the lock
+    file's, the open lock's, the journal's).  Then the file opens as ever."""
+    import signal
+    real_open = os.open
+    calls = []
+
+    def counting_open(*args, **kwargs):
+        calls.append(args[0])
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    Index.open(path, durability=durability).close()
+    monkeypatch.undo()
+    assert len(calls) >= 4
+    for target in range(len(calls)):
+        seen = []
+
+        def open_then_sigint(*args, **kwargs):
+            fd = real_open(*args, **kwargs)
+            seen.append(fd)
+            if len(seen) == target + 1:
+                os.kill(os.getpid(), signal.SIGINT)
+            return fd
+
+        before = _open_fds()
+        monkeypatch.setattr(os, "open", open_then_sigint)
+        try:
+            Index.open(path, durability=durability).close()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            monkeypatch.undo()
+        assert _open_fds() == before, f"a descriptor left open by a Ctrl-C after os.open #{target + 1}"
+    with Index.open(path, durability=durability) as index:
+        assert_intact(index)
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_in_close_still_closes_the_writer(path, monkeypatch):
+    """A real SIGINT as close() stops the compactor: close() closed the file
+    and not the writer, whose journal stayed locked and unread for the life
+    of the process (its operations invisible to the next open here) and
+    whose thread ran on; a second close() did nothing."""
+    import threading
+
+    from ndindex import compaction
+    index = Index.open(path, durability="normal")
+    index.add([5 << 50, 6 << 50])
+    monkeypatch.setattr(compaction.Compactor, "close", _then_ctrl_c(compaction.Compactor.close))
+    with pytest.raises(KeyboardInterrupt):
+        index.close()
+    monkeypatch.undo()
+    index.close()
+    assert [t.name for t in threading.enumerate() if t.name.startswith("ndindex-")] == []
+    assert glob.glob(glob.escape(path) + ".journal-*") == []
+    with Index.open(path) as index:
+        assert index.query(5 << 50, k=0) and index.query(6 << 50, k=0)
