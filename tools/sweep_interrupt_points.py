@@ -49,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable, NamedTuple
 
 MARKER = (1 << 63) + 12345          # the fingerprint each trial adds after the call
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
@@ -79,36 +80,73 @@ def _vacuum_prepare(ix):
     ix.compact()
 
 
+class Scenario(NamedTuple):
+    call: Callable                  # call(ix, path) -> its result (ix None for an opening call)
+    durability: str = "full"
+    documents: bool = False
+    prepare: Callable | None = None  # prepare(ix), before the call, not interrupted
+    opens: bool = False             # the call opens (or makes) the index itself
+    again: bool = False             # an interrupted call is made again, whole, before the checks
+    options: dict = {}              # more keywords for Index.open
+    base: str = "standard"          # "standard" (make_base) or "v1" (tests/data's format-1 file)
+
+
+def _add(ix, path):
+    return ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])
+
+
+def _transaction_large(ix, path):
+    # More additions than reader.PENDING_SCAN_MAX: its queries index them
+    # under the writer's lock.
+    with ix.transaction():
+        for fp in _fps(7, 1100).tolist():
+            ix.check_and_add(fp)
+
+
+def _upgrade(ix, path):
+    from ndindex import upgrade
+    return upgrade.upgrade(path, backup=False)
+
+
+BACKGROUND = {"background_compaction": True, "log_limit": 300}
+
 SCENARIOS = {
-    # name: (durability, documents, prepare(ix) or None, call(ix, path) -> result)
-    "open": ("full", False, None, lambda ix, path: _open(path, "full")),
-    "open-normal": ("normal", False, None, lambda ix, path: _open(path, "normal")),
-    "create": ("full", False, None, lambda ix, path: _create(path)),
-    "add": ("full", False, None,
-            lambda ix, path: ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])),
-    "add-normal": ("normal", False, None,
-                   lambda ix, path: ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])),
-    "remove": ("full", False, None, lambda ix, path: ix.remove(_fps(1, 50))),
-    "remove-keys": ("normal", False, None,
-                    lambda ix, path: ix.remove(keys=[f"k{i}" for i in range(0, 600, 7)])),
-    "transaction": ("full", False, None, lambda ix, path: _transaction(ix)),
-    "transaction-normal": ("normal", False, None, lambda ix, path: _transaction(ix)),
-    "check_and_add_many": ("normal", False, None,
-                           lambda ix, path: ix.check_and_add_many(_fps(8, 100))),
-    "compact": ("full", False, None, lambda ix, path: ix.compact()),
-    "compact-full": ("full", False, None, lambda ix, path: ix.compact(full=True)),
-    "vacuum": ("full", False, _vacuum_prepare, lambda ix, path: ix.vacuum()),
-    "sync": ("normal", False, lambda ix: ix.add(_fps(9, 100)), lambda ix, path: ix.sync()),
-    "close": ("normal", False, lambda ix: ix.add(_fps(9, 100)), lambda ix, path: ix.close()),
-    "query_many": ("full", False, None, lambda ix, path: ix.query_many(_fps(1, 300), k=3)),
-    "add_documents": ("full", True, None,
-                      lambda ix, path: ix.add_documents(_texts(3, 20), [f"d{i}" for i in range(20)])),
-    "add_documents-normal": ("normal", True, None,
-                             lambda ix, path: ix.add_documents(_texts(4, 20),
-                                                               [f"d{i}" for i in range(0, 40, 2)])),
+    "open": Scenario(lambda ix, path: _open(path, "full"), opens=True),
+    "open-normal": Scenario(lambda ix, path: _open(path, "normal"), "normal", opens=True),
+    "create": Scenario(lambda ix, path: _create(path), opens=True),
+    "add": Scenario(_add),
+    "add-normal": Scenario(_add, "normal"),
+    "add-background": Scenario(lambda ix, path: ix.add(_fps(6, 2000)), "normal",
+                               options=BACKGROUND),
+    "remove": Scenario(lambda ix, path: ix.remove(_fps(1, 50))),
+    "remove-keys": Scenario(lambda ix, path: ix.remove(keys=[f"k{i}" for i in range(0, 600, 7)]),
+                            "normal"),
+    "transaction": Scenario(lambda ix, path: _transaction(ix)),
+    "transaction-normal": Scenario(lambda ix, path: _transaction(ix), "normal"),
+    "transaction-large": Scenario(_transaction_large, "normal"),
+    "check_and_add_many": Scenario(lambda ix, path: ix.check_and_add_many(_fps(8, 100)),
+                                   "normal"),
+    "compact": Scenario(lambda ix, path: ix.compact()),
+    "compact-full": Scenario(lambda ix, path: ix.compact(full=True)),
+    "compact-background": Scenario(lambda ix, path: ix.compact(), "normal",
+                                   prepare=lambda ix: ix.add(_fps(6, 2000)), options=BACKGROUND),
+    "vacuum": Scenario(lambda ix, path: ix.vacuum(), prepare=_vacuum_prepare),
+    "vacuum_into": Scenario(lambda ix, path: ix.vacuum_into(path + ".copy"), "normal",
+                            prepare=lambda ix: ix.add(_fps(9, 100))),
+    "sync": Scenario(lambda ix, path: ix.sync(), "normal", prepare=lambda ix: ix.add(_fps(9, 100))),
+    "close": Scenario(lambda ix, path: ix.close(), "normal",
+                      prepare=lambda ix: ix.add(_fps(9, 100)), again=True),
+    "query": Scenario(lambda ix, path: [ix.query(fp, k=3) for fp in _fps(1, 5).tolist()]),
+    "query_many": Scenario(lambda ix, path: ix.query_many(_fps(1, 300), k=3)),
+    "add_documents": Scenario(lambda ix, path: ix.add_documents(
+        _texts(3, 20), [f"d{i}" for i in range(20)]), documents=True),
+    "add_documents-normal": Scenario(lambda ix, path: ix.add_documents(
+        _texts(4, 20), [f"d{i}" for i in range(0, 40, 2)]), "normal", documents=True),
+    "similar": Scenario(lambda ix, path: ix.similar(_texts(2, 1)[0]), documents=True),
+    "pairs": Scenario(lambda ix, path: list(ix.near_duplicate_pairs()), documents=True),
+    "upgrade": Scenario(_upgrade, opens=True, again=True, base="v1"),
 }
 
-OPENS = {"open", "open-normal", "create"}
 
 
 def _open(path, durability):
@@ -227,21 +265,22 @@ def _where(frame, event, arg) -> str:
 def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dict:
     """Run scenario name on a copy of base, interrupted at event n (0: never).
     Returns {"events", "content_after"} for n = 0, else {"outcome", "detail"}."""
+    import threading
+
     from ndindex.index import Index
-    durability, _docs, prepare, call = SCENARIOS[name]
+    sc = SCENARIOS[name]
     for f in _named_after(path):
         os.remove(f)
     shutil.copyfile(base, path)
-    import threading
     fds, threads = _fd_count(), frozenset(threading.enumerate())
+    options = {"background_compaction": False, "log_limit": 2000, **sc.options}
     ix = None
-    if name not in OPENS:
-        ix = Index.open(path, durability=durability, background_compaction=False, log_limit=2000)
-        if prepare is not None:
-            prepare(ix)
-    if name == "create":
-        before = after = None
-    else:
+    if not sc.opens:
+        ix = Index.open(path, durability=sc.durability, **options)
+        if sc.prepare is not None:
+            sc.prepare(ix)
+    before = None
+    if name != "create" and sc.base != "v1":
         probe = ix if ix is not None else Index.open(path, readonly=True)
         before = content(probe)
         if probe is not ix:
@@ -251,7 +290,7 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
     interrupted, result, raised = False, None, None
     sys.setprofile(trigger)
     try:
-        result = call(ix, path)
+        result = sc.call(ix, path)
     except KeyboardInterrupt:
         interrupted = True
     except BaseException as exc:        # noqa: BLE001 - reported, not hidden
@@ -264,31 +303,30 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
             pass
     except KeyboardInterrupt:
         interrupted = True
-    if n == 0:
-        after_ix = result if name in OPENS else ix
-        if name == "create":
-            after_ix.close()
-            return {"events": trigger.count, "content_after": None}
-        if name == "close":
-            after_ix = Index.open(path, readonly=True)
-        after = content(after_ix)
-        after_ix.close()
-        return {"events": trigger.count, "content_after": after}
-    after = expected["content_after"]
     if raised is not None:
+        if n == 0:
+            raise raised
         return bad("raised", f"{type(raised).__name__}: {raised}")
     target = path + ".new" if name == "create" else path
-    if name in OPENS:
-        ix = None if interrupted else result
-        if name == "create" and ix is None and not os.path.exists(target):
-            return _after_close(target, fds, threads, None, None, interrupted, fresh=True)
-        if ix is None:
-            ix = Index.open(target, durability=durability, background_compaction=False)
-    if name == "close":
-        ix.close()                       # again, whole this time
-        ix = Index.open(target, durability=durability, background_compaction=False)
+    if interrupted and sc.again:
+        result = sc.call(ix, path)       # again, whole this time
+    if isinstance(result, Index):
+        ix = result
+    elif sc.opens and interrupted and name == "create" and not os.path.exists(target):
+        return _after_close(target, fds, threads, None, None, interrupted, fresh=True)
+    if ix is None or ix._store._env is None:     # an opening call that did not, or close()
+        ix = Index.open(target, durability=sc.durability, **options)
+    if n == 0:
+        after = None if name == "create" else content(ix)
+        ix.close()
+        for f in _named_after(path + ".copy"):
+            os.remove(f)
+        return {"events": trigger.count, "content_after": after}
+    after = expected["content_after"]
     if name == "create":
-        before = after = content(ix)     # empty, or nothing at all
+        before = after = content(ix)     # empty
+    elif before is None:
+        before = after
     got = content(ix)
     if got != before and got != after:
         ix.close()
@@ -302,6 +340,14 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         return bad("unusable", f"{type(exc).__name__}: {exc}")
     finally:
         ix.close()
+    copy = path + ".copy"                # vacuum_into's: whole or absent
+    if os.path.exists(copy):
+        with Index.open(copy, readonly=True) as c:
+            c.verify()
+            if content(c) not in (before, after):
+                return bad("partial", "vacuum_into's copy holds neither before nor after")
+        for f in _named_after(copy):
+            os.remove(f)
     return _after_close(target, fds, threads, before, after, interrupted)
 
 
@@ -336,10 +382,13 @@ def child_main(name: str, workdir: str, points: list) -> None:
     """Count (points empty), or run the trials of points; one JSON line each."""
     import faulthandler
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    durability, documents, _prepare, _call = SCENARIOS[name]
+    sc = SCENARIOS[name]
     base = os.path.join(workdir, f"{name}.base.ndx")
-    if not os.path.exists(base):
-        make_base(base, durability, documents)
+    if sc.base == "v1":
+        base = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data",
+                            "format-v1.ndx")
+    elif not os.path.exists(base):
+        make_base(base, sc.durability, sc.documents)
     path = os.path.join(workdir, f"{name}.ndx")
     # Twice: the first run pays what a process does once (imports, pools),
     # which the trials do not see.
