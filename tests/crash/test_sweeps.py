@@ -27,6 +27,7 @@ import sweep_common  # noqa: E402
 import sweep_corruption  # noqa: E402
 import sweep_dedup_interrupt  # noqa: E402
 import sweep_interrupt  # noqa: E402
+import sweep_interrupt_points  # noqa: E402
 import sweep_kill  # noqa: E402
 import sweep_lock_file  # noqa: E402
 from ndindex.index import Index  # noqa: E402
@@ -338,3 +339,49 @@ def test_each_stratum_gets_both_kinds_of_damage(n_strata):
         stratum, _, _, mask = sweep_corruption.trial_damage(data, strata, 4096, 1, trial)
         modes.setdefault(stratum, set()).add("xor" if mask == 0xFF else "bit")
     assert modes == {name: {"xor", "bit"} for name in strata}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", ["open-normal", "transaction-normal", "compact-full",
+                                      "vacuum", "close", "add_documents"])
+def test_interrupt_points_sweep_bounded(tmp_path, scenario):
+    # Ctrl-C at 40 points of one call each: the call whole or not at all,
+    # the Index going on, nothing left open after close().
+    res = sweep_interrupt_points.run_scenario(scenario, str(tmp_path), 40, seed=7, timeout=120,
+                                              report=lambda line: None)
+    assert res["bad"] == [], res["bad"][:3]
+    assert res["points"] == min(40, res["events"]) and res["events"] > 100
+    assert res["interrupted"] >= res["points"] - 2   # the points lie inside the call
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_interrupt_points_trial_finds_what_a_call_leaves_behind(tmp_path, monkeypatch):
+    # The sweep's checks fail a call that leaves a descriptor open or a
+    # thread running, interrupted or not.
+    import threading
+    leaked = []
+
+    def leaks_a_descriptor(ix, path):
+        leaked.append(os.open(path, os.O_RDONLY))
+        ix.add([1 << 40])
+
+    def leaves_a_thread(ix, path):
+        stop = threading.Event()
+        leaked.append(stop)
+        threading.Thread(target=stop.wait, name="ndindex-left", daemon=True).start()
+        ix.add([1 << 40])
+
+    base, path = str(tmp_path / "base.ndx"), str(tmp_path / "t.ndx")
+    sweep_interrupt_points.make_base(base, "full", False)
+    for name, call, outcome in [("leaky-fd", leaks_a_descriptor, "fd"),
+                                ("leaky-thread", leaves_a_thread, "thread")]:
+        monkeypatch.setitem(sweep_interrupt_points.SCENARIOS, name,
+                            sweep_interrupt_points.Scenario(call))
+        reference = sweep_interrupt_points.trial(name, base, path, 0, None)
+        for n in (reference["events"], reference["events"] + 1):   # at its last point; never
+            assert sweep_interrupt_points.trial(name, base, path, n, reference)["outcome"] == outcome
+    for item in leaked:
+        if isinstance(item, int):
+            os.close(item)
+        else:
+            item.set()
