@@ -296,6 +296,8 @@ class Compactor:
         yields False, holding nothing, when another process has the lease."""
         with self._lock:
             fd = self._ix._lock_file.fd
+            if fd < 0:      # Index.close() in another thread let the file go
+                raise ClosedError(f"{self._ix.path}: index is closed")
             # Taken inside the try: Ctrl-C just after the lock call returned,
             # before a try after it, left the lease held by this process until
             # it closed the file, and no other process compacted.  Letting go

@@ -91,20 +91,31 @@ def result_of(future):
 
 
 @contextlib.contextmanager
-def interrupts_deferred():
+def interrupts_deferred(second_raises: bool = False):
     """Hold Ctrl-C (SIGINT) back while the block runs, then hand it to the
     handler that was in place: for the few lines that must not be cut in
     two (vacuum's close of the old file and open of the new).  Signals
-    reach the main thread alone; elsewhere the block runs as it is."""
+    reach the main thread alone; elsewhere the block runs as it is.
+    second_raises: a second Ctrl-C is handed on at once, for a block that
+    may wait long (close() waits for a transaction in another thread): the
+    first lets it finish, the second breaks a wait that would not end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    frames = []
+    frames, handler = [], []
+
+    def held(signum, frame):
+        frames.append(frame)
+        if second_raises and len(frames) == 2 and handler and callable(handler[0]):
+            frames.clear()
+            handler[0](signum, frame)
+
     try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: frames.append(frame))
+        previous = signal.signal(signal.SIGINT, held)
     except ValueError:              # not the main interpreter
         yield
         return
+    handler.append(previous)
     try:
         yield
     finally:

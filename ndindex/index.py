@@ -324,15 +324,18 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         operations or more is flushed into runs first (about 0.1 s for
         65,000), as SQLite checkpoints its WAL when the last connection
         closes, so that the next open's first query does not read it whole.
-        Ctrl-C waits for the end of it (a few tenths of a second at most).
+        Ctrl-C waits for the end of it (a few tenths of a second, or the end
+        of a transaction in another thread); a second one does not.
         """
-        if self._store._env is None:
+        if self._store._env is None and (self._writer is None or self._writer.closed):
             return
         # An interrupt part way closed the file and not always the writer
         # (its normal-durability journal still locked, not checkpointed, its
         # thread running), and a second close() then did nothing, the file
         # being closed (tools/sweep_interrupt_points.py: 305 points of 403).
-        with interrupts_deferred():
+        # Now the first Ctrl-C waits; after a second, the next close()
+        # finishes the writer's part (its journal kept for the next open).
+        with interrupts_deferred(second_raises=True):
             self._close()
 
     def _close(self) -> None:
@@ -385,6 +388,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         self._pool = False
         self._finalizer.detach()
         _OPEN_WRITERS.discard(self)  # the exit's close would wait on locks held at the fork
+        if self._writer is not None:
+            self._writer.closed = True   # its journal and threads are the parent's
 
     def __enter__(self):
         return self

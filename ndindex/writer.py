@@ -72,6 +72,7 @@ class Writer:
         self._txn_depth = 0
         self._undo = None
         self.journal = None
+        self.closed = False   # close() done
         self._checkpointed = 0  # the journal's offset the last checkpoint covers
         self._in_place_at = -jr.CHECKPOINT_SECONDS  # when the file last bore its name
         self._stop = Wakeup()  # set in close(): see threadpool
@@ -316,9 +317,14 @@ class Writer:
             self.journal.close(delete=True)
 
     def close(self) -> None:
-        """Stop checkpointing; commit what the journal holds and delete it."""
+        """Stop checkpointing; commit what the journal holds and delete it
+        (with the file closed already, by an interrupted Index.close(), keep
+        it for the next writer's open to replay)."""
         self.stop_checkpoints()
-        if self.journal is not None:
+        if self.journal is not None and self._ix._store._env is None:
+            with self.lock:    # not under a transaction's append
+                self.journal.close(delete=False)
+        elif self.journal is not None:
             try:
                 with self.lock:
                     self._txn_depth = 0
@@ -334,6 +340,7 @@ class Writer:
             except Exception:
                 self.journal.close(delete=False)  # replayed by the next writer
                 raise
+        self.closed = True
 
 
 def _stamp_state(wt) -> None:

@@ -1741,3 +1741,64 @@ def test_ctrl_c_in_close_still_closes_the_writer(path, monkeypatch):
     assert glob.glob(glob.escape(path) + ".journal-*") == []
     with Index.open(path) as index:
         assert index.query(5 << 50, k=0) and index.query(6 << 50, k=0)
+
+
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("second_raises", [False, True])
+def test_interrupts_deferred_hands_on_one_ctrl_c_at_the_end_and_a_second_at_once(second_raises):
+    # close() holds Ctrl-C back to its end, and may wait long (for another
+    # thread's transaction): a second Ctrl-C breaks that wait.
+    import signal
+
+    from ndindex.errors import interrupts_deferred
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred(second_raises=second_raises):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            reached.append("after the first")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            reached.append("after the second")
+    assert reached == (["after the first"] if second_raises
+                       else ["after the first", "after the second"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_a_second_ctrl_c_breaks_a_close_waiting_for_a_transaction_in_another_thread(path):
+    # (With durability "normal", close() checkpoints the journal under the
+    # writer's lock, which the transaction holds.)
+    import signal
+    import threading
+    index = Index.open(path, durability="normal")
+    entered, release = threading.Event(), threading.Event()
+
+    def transaction_that_waits():
+        with index.transaction():
+            index.add([9 << 50])
+            entered.set()
+            release.wait(60)
+
+    worker = threading.Thread(target=transaction_that_waits)
+    worker.start()
+    assert entered.wait(30)
+    timer = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (0.3, 0.6)]
+    for t in timer:
+        t.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            index.close()
+    finally:
+        for t in timer:
+            t.cancel()
+            t.join()
+    assert 0.5 < time.monotonic() - started < 30     # not the first Ctrl-C: the second
+    release.set()
+    worker.join(30)
+    index.close()          # the writer's part, which the interrupt cut short
+    assert [t.name for t in threading.enumerate() if t.name.startswith("ndindex-")] == []
+    with Index.open(path) as again:           # replays the journal kept
+        assert again.query(9 << 50, k=0)
+    assert glob.glob(glob.escape(path) + ".journal-*") == []
