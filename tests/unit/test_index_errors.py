@@ -1802,3 +1802,28 @@ def test_a_second_ctrl_c_breaks_a_close_waiting_for_a_transaction_in_another_thr
     with Index.open(path) as again:           # replays the journal kept
         assert again.query(9 << 50, k=0)
     assert glob.glob(glob.escape(path) + ".journal-*") == []
+
+
+def test_ctrl_c_as_close_begins_in_a_with_block_still_closes(path, monkeypatch):
+    # Ctrl-C before close() held it back (as its deferral was set up): the
+    # index stayed open at the end of the with block, threads running.
+    import threading
+
+    from ndindex import index as index_module
+    real, calls = index_module.interrupts_deferred, []
+
+    def interrupted_the_first_time(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    with pytest.raises(KeyboardInterrupt):
+        with Index.open(path, durability="normal") as index:
+            index.add([8 << 50])
+            monkeypatch.setattr(index_module, "interrupts_deferred", interrupted_the_first_time)
+    monkeypatch.undo()
+    assert "closed" in repr(index)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("ndindex-")] == []
+    with Index.open(path, readonly=True) as again:
+        assert again.query(8 << 50, k=0)
