@@ -10,9 +10,10 @@ at certain points of the main thread: as a Python function starts, as a C
 call returns (its eval-breaker checks; also at a loop's backward jump,
 which this does not aim at).  sys.setprofile reports exactly those as
 "call" and "c_return" events.  For each scenario (one call on a small
-index: open, create, add, remove, a transaction, compact, vacuum, sync,
-close, ...) a first run counts the call's events and records the content
-the call leaves; then each trial runs the call on a fresh copy of the
+index: open, create, add, remove, transactions, compact, vacuum, sync,
+close, queries, documents, an upgrade: SCENARIOS) a second run counts the
+call's events (the first pays what a process does once) and records the
+content the call leaves; then each trial runs the call on a fresh copy of the
 index and, at its n-th event, sends a real SIGINT to the process: Python's
 handler raises KeyboardInterrupt right there, or, where ndindex holds
 Ctrl-C back (errors.interrupts_deferred), at the end of that block.  Each
@@ -24,8 +25,12 @@ trial then checks:
   after a reopen, whose verify() passes;
 - the same Index goes on: an add, a query of it, close();
 - after close(): no ndindex thread running, no file named after the index
-  but its lock file (no journal, no build copy), and no more file
+  but its lock file (no journal, no build copy; an empty build name no one
+  holds is let be: the next writable open deletes it), and no more file
   descriptors open than before the trial (a leaked one holds an flock).
+
+A bad trial is reported with the point: the ndindex frames it was in
+(file:line function, innermost first) and the C call it followed.
 
 Points: every event of a call that has at most --points, else --points of
 them spread evenly from a seeded offset.  Trials run in a child process; a
@@ -33,7 +38,11 @@ trial still running after --timeout seconds has every thread's stack
 printed (faulthandler) and counts as a hang, and a new child takes the
 trials after it.  Found: a Ctrl-C while a writer opened left its journal
 locked and its threads running; one as vacuum claimed its copy's name left
-the name held (baad42f).
+the name held (baad42f); one as a thread pool started its second worker
+left both running unrecorded (c2b8eee); one as os.open returned left the
+descriptor, and its lock, open (descriptors.py); one part way through
+close() left the writer open behind a closed file (a9b8556, fb9457a,
+81b7897).
 """
 
 from __future__ import annotations
