@@ -98,6 +98,7 @@ class Scenario(NamedTuple):
     again: bool = False             # an interrupted call is made again, whole, before the checks
     options: dict = {}              # more keywords for Index.open
     base: str = "standard"          # "standard" (make_base) or "v1" (tests/data's format-1 file)
+    makes: bool = False             # the call makes a new index at path + ".new": none, or whole
 
 
 def _add(ix, path):
@@ -112,6 +113,42 @@ def _transaction_large(ix, path):
             ix.check_and_add(fp)
 
 
+def _cli(*argv):
+    """The ndindex command, in this process (its output dropped): a Ctrl-C
+    it caught is its exit status 130, raised here as the interrupt."""
+    import contextlib
+    import io
+
+    from ndindex.cli import main
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        status = main([a.format(**_CLI_FILES) for a in argv])
+    if status == 130:
+        raise KeyboardInterrupt
+    if status not in (0, 1):
+        raise RuntimeError(f"ndindex {' '.join(argv)}: exit status {status}")
+    return status
+
+
+#: Files the command scenarios read, made once per child (make_cli_files).
+_CLI_FILES: dict = {}
+
+
+def make_cli_files(workdir: str, base: str) -> None:
+    from ndindex.dump import export_index
+    from ndindex.index import Index
+    lines = os.path.join(workdir, "cli-lines.txt")
+    with open(lines, "w") as fh:
+        fh.writelines(f"{fp:#x} c{i}\n" for i, fp in enumerate(_fps(12, 300).tolist()))
+    keys = os.path.join(workdir, "cli-keys.txt")
+    with open(keys, "w") as fh:
+        fh.writelines(f"k{i}\n" for i in range(0, 600, 5))
+    dump = os.path.join(workdir, "cli-base.ndxdump")
+    if not os.path.exists(dump):
+        with Index.open(base, readonly=True) as ix, open(dump, "wb") as fh:
+            export_index(ix, fh)
+    _CLI_FILES.update(lines=lines, keys=keys, dump=dump)
+
+
 def _upgrade(ix, path):
     from ndindex import upgrade
     return upgrade.upgrade(path, backup=False)
@@ -122,7 +159,7 @@ BACKGROUND = {"background_compaction": True, "log_limit": 300}
 SCENARIOS = {
     "open": Scenario(lambda ix, path: _open(path, "full"), opens=True),
     "open-normal": Scenario(lambda ix, path: _open(path, "normal"), "normal", opens=True),
-    "create": Scenario(lambda ix, path: _create(path), opens=True),
+    "create": Scenario(lambda ix, path: _create(path), opens=True, makes=True),
     "add": Scenario(_add),
     "add-normal": Scenario(_add, "normal"),
     "add-background": Scenario(lambda ix, path: ix.add(_fps(6, 2000)), "normal",
@@ -154,6 +191,15 @@ SCENARIOS = {
     "similar": Scenario(lambda ix, path: ix.similar(_texts(2, 1)[0]), documents=True),
     "pairs": Scenario(lambda ix, path: list(ix.near_duplicate_pairs()), documents=True),
     "upgrade": Scenario(_upgrade, opens=True, again=True, base="v1"),
+    # The ndindex command (in this process): it catches the Ctrl-C itself.
+    "cli-add": Scenario(lambda ix, path: _cli("add", path, "{lines}"), opens=True),
+    "cli-remove": Scenario(lambda ix, path: _cli("remove", path, "--keys-from", "{keys}"),
+                           opens=True),
+    "cli-compact": Scenario(lambda ix, path: _cli("compact", path, "--full"), opens=True),
+    "cli-vacuum": Scenario(lambda ix, path: _cli("vacuum", path), opens=True,
+                           prepare=_vacuum_prepare),
+    "cli-import": Scenario(lambda ix, path: _cli("import", "{dump}", path + ".new"), opens=True,
+                           makes=True),
 }
 
 
@@ -288,8 +334,11 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         ix = Index.open(path, durability=sc.durability, **options)
         if sc.prepare is not None:
             sc.prepare(ix)
+    elif sc.prepare is not None:
+        with Index.open(path, durability=sc.durability, **options) as prepared:
+            sc.prepare(prepared)
     before = None
-    if name != "create" and sc.base != "v1":
+    if not sc.makes and sc.base != "v1":
         probe = ix if ix is not None else Index.open(path, readonly=True)
         before = content(probe)
         if probe is not ix:
@@ -316,25 +365,23 @@ def trial(name: str, base: str, path: str, n: int, expected: dict | None) -> dic
         if n == 0:
             raise raised
         return bad("raised", f"{type(raised).__name__}: {raised}")
-    target = path + ".new" if name == "create" else path
+    target = path + ".new" if sc.makes else path
     if interrupted and sc.again:
         result = sc.call(ix, path)       # again, whole this time
     if isinstance(result, Index):
         ix = result
-    elif sc.opens and interrupted and name == "create" and not os.path.exists(target):
+    elif sc.makes and interrupted and not os.path.exists(target):
         return _after_close(target, fds, threads, None, None, interrupted, fresh=True)
     if ix is None or ix._store._env is None:     # an opening call that did not, or close()
         ix = Index.open(target, durability=sc.durability, **options)
     if n == 0:
-        after = None if name == "create" else content(ix)
+        after = content(ix)
         ix.close()
         for f in _named_after(path + ".copy"):
             os.remove(f)
         return {"events": trigger.count, "content_after": after}
     after = expected["content_after"]
-    if name == "create":
-        before = after = content(ix)     # empty
-    elif before is None:
+    if before is None:                   # a new index, or an upgrade: whole or not made
         before = after
     got = content(ix)
     if got != before and got != after:
@@ -398,6 +445,8 @@ def child_main(name: str, workdir: str, points: list) -> None:
                             "format-v1.ndx")
     elif not os.path.exists(base):
         make_base(base, sc.durability, sc.documents)
+    if name.startswith("cli-"):
+        make_cli_files(workdir, base)
     path = os.path.join(workdir, f"{name}.ndx")
     # Twice: the first run pays what a process does once (imports, pools),
     # which the trials do not see.
