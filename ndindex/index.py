@@ -391,8 +391,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         if self._writer is not None:
             self._writer.closed = True   # its journal and threads are the parent's
 
-    def __enter__(self):
-        return self
+    #: Returns self, in C: a Python __enter__ starts with a point where a
+    #: Ctrl-C lands, and the with statement then never closed the index.
+    __enter__ = _core.enter_self
 
     def __exit__(self, *exc):
         try:

@@ -1827,3 +1827,21 @@ def test_ctrl_c_as_close_begins_in_a_with_block_still_closes(path, monkeypatch):
     assert [t.name for t in threading.enumerate() if t.name.startswith("ndindex-")] == []
     with Index.open(path, readonly=True) as again:
         assert again.query(8 << 50, k=0)
+
+
+def test_a_with_statement_enters_an_index_with_no_point_for_ctrl_c(path):
+    # Index.__enter__ is C: a Python one starts with a point where Python
+    # runs a signal handler, and a Ctrl-C there left the opened index
+    # unclosed, the with statement never holding it (`ndindex compact
+    # --full`: sweep_interrupt_points).  sys.setprofile reports every such
+    # point ("call": a Python function starts; "c_return": a C call returned).
+    events = []
+    index = Index.open(path)
+    sys.setprofile(lambda frame, event, arg: events.append((event, frame.f_code.co_name)))
+    try:
+        with index as entered:
+            sys.setprofile(None)
+            assert entered is index
+    finally:
+        sys.setprofile(None)
+    assert [e for e in events if e[0] in ("call", "c_return") and e[1] != "<lambda>"] == []
