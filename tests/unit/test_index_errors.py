@@ -1845,3 +1845,39 @@ def test_a_with_statement_enters_an_index_with_no_point_for_ctrl_c(path):
     finally:
         sys.setprofile(None)
     assert [e for e in events if e[0] in ("call", "c_return") and e[1] != "<lambda>"] == []
+
+
+def test_ctrl_c_as_a_compaction_step_lets_go_of_its_lease_leaves_the_step_lock_free(path, monkeypatch):
+    """Ctrl-C as contextlib's __exit__ of the lease began (a Python function
+    start): the step lock, taken inside the lease's generator, stayed held
+    while the interrupt's traceback kept the generator alive, and a close()
+    in that time (a with block's exit, as `ndindex compact --full` has it)
+    waited for it for ever (sweep_interrupt_points)."""
+    import contextlib
+    import gc
+    import threading
+    index = Index.open(path, background_compaction=False)
+    real_exit = contextlib._GeneratorContextManager.__exit__
+
+    def exit_cut_short(self, *exc):
+        if getattr(self.gen, "__name__", "") == "_leased":
+            raise KeyboardInterrupt
+        return real_exit(self, *exc)
+
+    monkeypatch.setattr(contextlib._GeneratorContextManager, "__exit__", exit_cut_short)
+    closer = threading.Thread(target=index.close, daemon=True)
+    try:
+        index.compact()
+    except KeyboardInterrupt as exc:
+        monkeypatch.undo()
+        in_flight = exc          # as the with statement's exit holds it
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive(), "close() waited for the compaction step's lock"
+        del in_flight
+    finally:
+        monkeypatch.undo()
+        gc.collect()
+        closer.join(30) if closer.is_alive() else None
+    with Index.open(path, readonly=True) as again:
+        assert_intact(again)
