@@ -67,7 +67,6 @@ class Journal:
             self._file.close()
             os.unlink(self.path)
             raise
-        self._fd = fd
         self._file_id = file_id
         self.offset = 0  # bytes of records after the header
 
@@ -75,11 +74,11 @@ class Journal:
         """Append one record with a single write(): safe from a process crash on return."""
         crc = _core.crc32c(self._salt() + payload)
         data = RECORD.pack(len(payload), crc) + payload
-        written = _core.write_with_gil(self._fd, data)
+        written = _core.write_with_gil(self._file.fd, data)
         if written != len(data):
             # A torn record ends the journal for replay: every record
             # appended after it, acknowledged, would be lost with it.
-            os.ftruncate(self._fd, HEADER.size + self.offset)
+            os.ftruncate(self._file.fd, HEADER.size + self.offset)
             raise OSError(errno.ENOSPC, "short write to the journal", self.path)
         self.offset += len(data)
 
@@ -87,7 +86,7 @@ class Journal:
         """The payloads of this generation's intact records that end past offset, in
         order; self.offset becomes the end of the last (an interrupted append()
         may have written its record and not counted it)."""
-        data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+        data = os.pread(self._file.fd, os.fstat(self._file.fd).st_size, 0)
         records = list(_records(data, self.journal_id, self.generation))
         self.offset = records[-1][0] if records else 0
         return [payload for end, payload in records if end > offset]
@@ -108,7 +107,7 @@ class Journal:
         """
         if self.offset < ROTATE_BYTES:
             return
-        os.ftruncate(self._fd, HEADER.size)
+        os.ftruncate(self._file.fd, HEADER.size)
         self.generation += 1
         # Through a descriptor of its own: on Linux a pwrite() to an O_APPEND
         # one appends, whatever the offset, and the new header followed the
@@ -119,8 +118,7 @@ class Journal:
         self.offset = 0
 
     def close(self, delete: bool) -> None:
-        fd, self._fd = self._fd, -1
-        if fd < 0:
+        if self._file.fd < 0:
             return
         if delete:
             with contextlib.suppress(OSError):

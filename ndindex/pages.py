@@ -108,8 +108,7 @@ class FileMap:
     def __init__(self, path: str):
         self.path = path
         self._file = Descriptor(path, os.O_RDONLY)   # closed with this object if __init__ fails
-        self._fd = self._file.fd
-        st = os.fstat(self._fd)
+        st = os.fstat(self._file.fd)
         #: (device, inode) of the file open here: whether path still names it.
         self.file_id = (st.st_dev, st.st_ino)
         self._lock = threading.Lock()
@@ -119,15 +118,15 @@ class FileMap:
 
     def close(self) -> None:
         with self._lock:
-            self._fd = -1
             self._map = None
             self._file.close()
 
     def _open_fd(self) -> int:
         """The descriptor (the lock held); ClosedError once closed."""
-        if self._fd < 0:
+        fd = self._file.fd
+        if fd < 0:
             raise ClosedError(f"{self.path}: index is closed")
-        return self._fd
+        return fd
 
     def file_bytes(self) -> int:
         with self._lock:

@@ -995,7 +995,7 @@ def test_full_disk_for_a_journal_raises_capacity_error(path, monkeypatch):
         real = jr._core.write_with_gil  # the journal's write()
 
         def short(fd, data):
-            if fd == index._writer.journal._fd:
+            if fd == index._writer.journal._file.fd:
                 raise OSError(errno.ENOSPC, "No space left on device")
             return real(fd, data)
 
@@ -1028,7 +1028,7 @@ def test_a_short_journal_write_leaves_no_torn_record_before_later_ones(path, mon
         real = jr._core.write_with_gil
 
         def half(fd, data):
-            return real(fd, data[:len(data) // 2]) if fd == journal._fd else real(fd, data)
+            return real(fd, data[:len(data) // 2]) if fd == journal._file.fd else real(fd, data)
 
         monkeypatch.setattr(jr._core, "write_with_gil", half)
         with pytest.raises(CapacityError):
