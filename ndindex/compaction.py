@@ -29,6 +29,7 @@ from a snapshot commits only if the manifest is still the one it read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 import fcntl
 import itertools
@@ -136,13 +137,11 @@ class Compactor:
         self._pool = ThreadPool(workers, "ndindex-merge") if workers > 1 else None
         if background:
             try:
-                start_thread(self._loop, "ndindex-compaction", keep=self._keep_thread)
+                start_thread(self._loop, "ndindex-compaction",
+                             keep=functools.partial(setattr, self, "_thread"))
             except BaseException:
                 self.close()
                 raise
-
-    def _keep_thread(self, thread) -> None:
-        self._thread = thread
 
     # -- scheduling -----------------------------------------------------------
 

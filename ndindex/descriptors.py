@@ -11,12 +11,15 @@ Index.open left one at 13, in the file map and the lock-file checks).
 A Descriptor owns the number from the moment it exists: the file is opened
 with Ctrl-C held back and the number handed at once to an io.FileIO,
 which closes it when the Descriptor is closed, at the end of its with
-block, or when it is dropped (the exception that unwinds its owner drops
-it).  The closing on drop is FileIO's own, in C: a ``__del__`` in Python
-is code a signal handler can cut short, and the interrupt raised there is
-ignored, the descriptor left open.  Keep the Descriptor, not its number,
-for as long as the descriptor is needed.  Regular files only (FileIO
-refuses a directory).
+block, or when it is dropped.  The closing on drop is FileIO's own, in
+C: a ``__del__`` in Python is code a signal handler can cut short, and the
+interrupt raised there is ignored, the descriptor left open.  Dropping is
+the backstop for the gap before a try: an exception's traceback keeps its
+frames' locals, and so their Descriptors, as long as it lives (a REPL
+keeps the last one), so a lock held on one is let go by an explicit
+close() on the way out.  Keep the Descriptor, not its number, for as long
+as the descriptor is needed.  Regular files only (FileIO refuses a
+directory).
 """
 
 from __future__ import annotations

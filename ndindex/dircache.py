@@ -10,6 +10,7 @@ runs and reads the small ones once the index is warm (reader.WARM_QUERIES).
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -131,11 +132,9 @@ class DirectoryCache(dict):
             self._asked.add((run.run_id, job))
             self._jobs.append((snap, run, job))
             if self._thread is None:
-                start_thread(self._list_loop, "ndindex-lister", keep=self._keep_thread)
+                start_thread(self._list_loop, "ndindex-lister",
+                             keep=functools.partial(setattr, self, "_thread"))
             self._wake.notify()
-
-    def _keep_thread(self, thread) -> None:
-        self._thread = thread
 
     def _list_loop(self) -> None:
         while True:

@@ -235,6 +235,9 @@ def claim_build(tmp: str, path: str) -> Descriptor:
                 return build
         except BlockingIOError:
             pass
+        except BaseException:
+            build.close()   # not left to the traceback, which keeps it (descriptors.py)
+            raise
         build.close()
         if time.monotonic() > deadline:
             raise FileExistsError(errno.EEXIST, "another process is creating it", path)
@@ -262,15 +265,14 @@ def clear_build_leftover(path: str, what: str) -> None:
     import fcntl
     try:
         fcntl.flock(held.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        held.close()  # a builder holds it
-        return
-    if what in INDEX_BUILDS:
-        try:
+        if what in INDEX_BUILDS:
             _unlink_all(index_build_files(path, what)[2])
-        except OSError:
-            held.close()  # the name stays, so that a later open tries again
-            return
+    except OSError:
+        held.close()  # a builder holds it, or the name stays: a later open tries again
+        return
+    except BaseException:
+        held.close()  # an interrupt, whose traceback would keep it (descriptors.py)
+        raise
     release_build(held, tmp)
 
 

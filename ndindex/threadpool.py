@@ -90,7 +90,8 @@ class ThreadPool:
 
 def start_thread(target, name: str, *args, keep=None) -> threading.Thread:
     """A daemon thread running target(*args), started with Ctrl-C held back;
-    keep(thread), if given, records it before the interrupt is handed on.
+    keep(thread), if given, records it before the interrupt is handed on
+    (``functools.partial(setattr, owner, "_thread")``, say).
 
     Thread.start() waits until the new thread runs, on an Event: a Ctrl-C
     landing just as that wait's Condition took its lock left the lock held

@@ -20,6 +20,7 @@ Three ways a write reaches the log:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -80,7 +81,8 @@ class Writer:
         if durability == "normal":
             self.journal = jr.Journal(index.path, index.file_id)
             try:
-                start_thread(self._checkpoint_loop, "ndindex-checkpoint", keep=self._keep_thread)
+                start_thread(self._checkpoint_loop, "ndindex-checkpoint",
+                             keep=functools.partial(setattr, self, "_thread"))
             except BaseException:
                 self.abandon()
                 raise
@@ -305,9 +307,6 @@ class Writer:
             self._thread.join(timeout)
             return not self._thread.is_alive()
         return True
-
-    def _keep_thread(self, thread) -> None:
-        self._thread = thread
 
     def abandon(self) -> None:
         """Stop checkpointing and delete the journal, unread: for an open that
