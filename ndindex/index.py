@@ -1000,7 +1000,10 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         Queries of this index see the block's operations at once; other
         processes see them when the block ends (with durability="full",
         durably).  An exception in the block discards them all.  Blocks
-        nest (the outermost one commits).  Writes of other threads of this
+        nest, and the outermost one commits: an exception in an inner block
+        discards that block's operations (a savepoint; entering one copies
+        the pending operations), and the enclosing block, if it catches the
+        exception, goes on and commits its own.  Writes of other threads of this
         index wait for the block to end.  A block may hold any number of
         operations: past overlay.PENDING_SCAN_MAX additions, queries find
         them through an index per table, not one by one.  They are held in

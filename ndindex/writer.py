@@ -175,7 +175,7 @@ class Writer:
         """
         with self.lock:
             entered = False     # this block is counted in _txn_depth, and not ended
-            wrote = None
+            wrote = savepoint = None
             try:
                 with interrupts_deferred():
                     if self._txn_depth == 0:
@@ -184,6 +184,12 @@ class Writer:
                             self._undo = None
                         else:
                             self._undo = _copy_pending(self.pending)
+                    else:
+                        # A nested block is a savepoint (SQLite's SAVEPOINT, an
+                        # LMDB child transaction): an exception in it undoes
+                        # its own operations, and the enclosing block goes on
+                        # without them if it catches the exception.
+                        savepoint = _copy_pending(self.pending)
                     self._txn_depth += 1
                     entered = True
                 yield
@@ -199,6 +205,8 @@ class Writer:
                         self._txn_depth -= 1
                         if self._txn_depth == 0:
                             self._discard()
+                        else:
+                            self.pending = savepoint
                 raise
             finally:
                 if wrote is not None:

@@ -1,0 +1,124 @@
+"""Nested transaction() blocks: each inner block is a savepoint.
+
+An exception in an inner block undoes that block's operations only; the
+enclosing block, if it catches it, goes on and commits its own.  Checked
+against a model of what each block did, in the Index that ran them and
+after a reopen, under both durabilities.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ndindex.fingerprint import Fingerprinter
+from ndindex.index import Index
+from tests.oracle import check_queries
+from tests.unit.test_index import put_in_state
+
+
+class Boom(Exception):
+    pass
+
+
+def content(ix) -> dict:
+    """Every stored fingerprint with its keys."""
+    return {fp: ix.keys(fp) for fp in ix.fingerprints().tolist()}
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("state", ["log", "main"])
+def test_an_exception_in_an_inner_block_undoes_that_block_alone(tmp_path, durability, state):
+    rng = np.random.default_rng(5)
+    stored = np.unique(rng.integers(0, 2**64, 2000, dtype=np.uint64))
+    outer, inner, later = (np.unique(rng.integers(0, 2**64, 50, dtype=np.uint64))
+                           for _ in range(3))
+    path = str(tmp_path / "t.ndx")
+    with Index.create(path, k=3, background_compaction=False, durability=durability) as ix:
+        put_in_state(ix, stored, state)
+        with ix.transaction():
+            ix.add(outer, keys=[f"o{i}" for i in range(len(outer))])
+            ix.remove(stored[:10])
+            before = content(ix)
+            with pytest.raises(Boom):
+                with ix.transaction():
+                    ix.add(inner, keys=[f"i{i}" for i in range(len(inner))])
+                    ix.add(outer[:5], keys=["extra"] * 5)     # a second key on outer ones
+                    ix.remove(stored[10:20])
+                    ix.remove(keys=["o7"])
+                    assert ix.check_and_add(int(later[0])) == []
+                    assert len(ix.query(int(inner[3]), k=0)) == 1
+                    raise Boom
+            assert content(ix) == before
+            assert ix.query(int(inner[3]), k=0) == [] and ix.query(int(later[0]), k=0) == []
+            # The undone check_and_add leaves nothing behind: it adds again.
+            assert ix.check_and_add(int(later[0])) == []
+            ix.add(later[1:])
+        live = np.union1d(np.union1d(stored[10:], outer), later)
+        want = {fp: () for fp in live.tolist()}
+        want.update({fp: (f"o{i}",) for i, fp in enumerate(outer.tolist())})
+        assert content(ix) == want
+        queries = np.concatenate([inner ^ np.uint64(1), stored[:20] ^ np.uint64(6),
+                                  outer ^ np.uint64(1)])
+        check_queries(ix, live, queries, 3)
+    with Index.open(path) as ix:
+        ix.verify()
+        assert content(ix) == want
+
+
+def test_blocks_three_deep_undo_only_what_the_failing_block_and_those_inside_it_did(tmp_path):
+    path = str(tmp_path / "t.ndx")
+    with Index.create(path, k=3) as ix:
+        with ix.transaction():
+            ix.add([1 << 20])
+            with ix.transaction():
+                ix.add([2 << 20])
+                try:
+                    with ix.transaction():
+                        ix.add([3 << 20])
+                        with ix.transaction():       # ends normally: joins its parent
+                            ix.add([4 << 20])
+                        raise Boom
+                except Boom:
+                    pass
+                ix.add([5 << 20])
+            try:
+                with ix.transaction():
+                    ix.add([6 << 20])
+                    raise Boom
+            except Boom:
+                pass
+        assert ix.fingerprints().tolist() == [1 << 20, 2 << 20, 5 << 20]
+        with pytest.raises(Boom):
+            with ix.transaction():
+                ix.add([7 << 20])
+                with ix.transaction():
+                    ix.add([8 << 20])
+                raise Boom                           # the outermost: everything goes
+        assert ix.fingerprints().tolist() == [1 << 20, 2 << 20, 5 << 20]
+
+
+def documents(ix) -> list:
+    return sorted((key, data) for key, _, data in ix.documents())
+
+
+def test_an_inner_block_of_documents_is_undone_with_its_texts(tmp_path):
+    path = str(tmp_path / "d.ndx")
+    with Index.create(path, k=3, fingerprinter=Fingerprinter()) as ix:
+        with ix.transaction():
+            ix.add_documents(["the first document, kept whole"], keys=["kept"], data=[b"1"])
+            try:
+                with ix.transaction():
+                    ix.add_documents(["a second text that the block undoes"], keys=["gone"],
+                                     data=[b"2"])
+                    ix.add_documents(["the first document, given new data"], keys=["kept"],
+                                     data=[b"3"])
+                    assert ix.document_data("gone") == b"2"
+                    raise Boom
+            except Boom:
+                pass
+            assert documents(ix) == [("kept", b"1")]
+        assert documents(ix) == [("kept", b"1")]
+        assert [m.key for m in ix.similar("a second text that the block undoes")] in ([], ["kept"])
+    with Index.open(path) as ix:
+        assert documents(ix) == [("kept", b"1")]
