@@ -134,7 +134,7 @@ def check_batch(texts, keys, data) -> tuple[list, list, list | None]:
         texts, keys = [texts], [keys]
         if data is not None and not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data of one text is bytes or None, got {type(data).__name__}")
-        data = None if data is None else [data]
+        data = None if data is None else [bytes(data)]
     elif isinstance(keys, (str, bytes)) or not isinstance(texts, Iterable) \
             or not isinstance(keys, Iterable):
         # Any iterables (generators too, as add() takes), read whole: the
@@ -150,13 +150,26 @@ def check_batch(texts, keys, data) -> tuple[list, list, list | None]:
         dup = next(k for k, r in zip(keys, raws) if r in seen or seen.add(r))
         raise ValueError(f"document key {dup!r} is given twice in one call")
     if data is not None:
-        data = [bytes(d) for d in data]
+        if isinstance(data, (str, bytes, bytearray, memoryview)) or not isinstance(data, Iterable):
+            raise TypeError(f"data of several texts is a sequence of bytes, got "
+                            f"{type(data).__name__}")
+        data = [_data_bytes(d) for d in data]
         if len(data) != len(texts):
             raise ValueError(f"{len(texts)} texts but {len(data)} data values")
         too_big = [len(d) for d in data if len(d) > MAX_DATA_BYTES]
         if too_big:
             raise ValueError(f"document data is {too_big[0]} bytes, at most {MAX_DATA_BYTES}")
     return texts, raws, data
+
+
+def _data_bytes(d) -> bytes:
+    # bytes(5) is five zero bytes, bytes("x") a TypeError of its own: neither
+    # is what the caller meant, so only bytes-like values (and None) pass.
+    if d is None:
+        return b""
+    if not isinstance(d, (bytes, bytearray, memoryview)):
+        raise TypeError(f"document data must be bytes or None, got {type(d).__name__}")
+    return bytes(d)
 
 
 def non_empty(docs: "DocumentSketches", raws: list, skip_empty: bool) -> np.ndarray:

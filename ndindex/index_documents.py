@@ -47,12 +47,12 @@ class DocumentMethods:
         A key names one document: a text added under a key that holds one
         replaces it.  Many texts are fingerprinted in parallel (workers, as
         in :func:`ndindex.documents.fingerprint_documents`).  data: optional
-        bytes per document (at most 1 KiB each) kept with it
+        bytes per document (at most 1 KiB each; None for none) kept with it
         (:meth:`document_data`).
 
         Returns the number of documents added.  Raises NdindexError if the
         index was created without a fingerprinter; TypeError for a text that
-        is not str or bytes, BinaryDataError for binary bytes; ValueError for
+        is not str or bytes or data that is not bytes, BinaryDataError for binary bytes; ValueError for
         mismatched lengths, a key given twice, or a text without a single
         word to fingerprint (unless skip_empty, which skips it).  Nothing
         is written when it raises.

@@ -220,6 +220,16 @@ def test_document_errors(tmp_path):
             ix.similar(key="missing")
         with pytest.raises(ValueError, match="at most"):
             ix.add_documents(["one two three four"], ["d"], data=[b"x" * 2000])
+        # Data is bytes (or None): bytes(5) would store five zero bytes.
+        for bad in ([5], ["text"], [1.5], b"flat bytes for two texts", 7):
+            with pytest.raises(TypeError, match="data"):
+                ix.add_documents(["one two three four", "five six seven eight"], ["d", "e"],
+                                 data=bad)
+        with pytest.raises(TypeError, match="data of one text is bytes"):
+            ix.add_documents("one two three four", "d", data="text")
+        assert ix.add_documents(["one two three four", "five six seven eight"], ["d", "e"],
+                                data=[None, bytearray(b"2")]) == 2
+        assert ix.document_data("d") == b"" and ix.document_data("e") == b"2"
         assert [m.key for m in ix.similar("ok words are here", threshold=0.9)] == ["a"]
         # One text and one key also work, bytes keys too.
         assert ix.add_documents("one more text", b"raw") == 1
