@@ -30,7 +30,7 @@ import struct
 import numpy as np
 import zstandard
 
-from ndindex import _core
+from ndindex import _core, validate
 from ndindex.chunks import zstd_exact
 from ndindex.errors import CorruptionError, FormatError
 
@@ -128,7 +128,8 @@ class FingerprintWriter:
         """Append fingerprints (a uint64 array) and, for a keyed file, one key each."""
         if self.kind != KIND_FINGERPRINTS:
             raise TypeError("this is a pair file: use write_pairs()")
-        fps = np.ascontiguousarray(fingerprints, dtype=np.uint64).reshape(-1)
+        # validate, as Index.add: a cast wrapped -1 to 2^64 - 1 and cut 1.7 to 1.
+        fps = validate.fingerprints(fingerprints)
         if self.keys != (keys is not None):
             raise ValueError("a keyed file needs one key per fingerprint" if self.keys
                              else "this file was opened without keys")
@@ -142,7 +143,15 @@ class FingerprintWriter:
         """Append pairs: a structured array with fields q, f, distance (PAIR_DTYPE)."""
         if self.kind != KIND_PAIRS:
             raise TypeError("this is a fingerprint file: use write()")
-        self._add(np.asarray(pairs).astype(PAIR_DTYPE, copy=False).reshape(-1), len(pairs))
+        pairs = np.asarray(pairs)
+        if pairs.dtype.names is None or not set(PAIR_DTYPE.names) <= set(pairs.dtype.names):
+            # A plain array would cast into every field of each pair.
+            raise TypeError(f"pairs must be a structured array with fields q, f, distance "
+                            f"(fpfile.PAIR_DTYPE), got dtype {pairs.dtype}")
+        if pairs.dtype != PAIR_DTYPE:
+            pairs = pairs[list(PAIR_DTYPE.names)].astype(PAIR_DTYPE)
+        pairs = pairs.reshape(-1)
+        self._add(pairs, len(pairs))
 
     def _add(self, item, n: int) -> None:
         self._pending.append(item)
@@ -224,11 +233,14 @@ class FingerprintWriter:
 def write_fingerprints(path, fingerprints, keys=None, *, chunk_size: int = DEFAULT_CHUNK_COUNT) -> int:
     """Write fingerprints (and optional keys) to a new fingerprint file; return the count.
 
-    fingerprints may be one uint64 array or an iterable of arrays (written
-    as they come, so memory stays at one chunk).
+    fingerprints may be one uint64 array or list of ints (with keys, if
+    given), or an iterable of arrays (written as they come, so memory stays
+    at one chunk).  Fingerprints are checked as Index.add checks them.
     """
     with FingerprintWriter(path, keys=keys is not None, chunk_size=chunk_size) as w:
-        if isinstance(fingerprints, np.ndarray):
+        if keys is not None or isinstance(fingerprints, (int, np.integer, np.ndarray)) or (
+                isinstance(fingerprints, (list, tuple))
+                and not any(isinstance(v, (np.ndarray, list, tuple)) for v in fingerprints)):
             w.write(fingerprints, keys)
         else:
             for part in fingerprints:

@@ -60,6 +60,34 @@ def test_pairs_round_trip(tmp_path):
     assert np.array_equal(got, pairs)
 
 
+def test_fingerprints_and_pairs_are_checked_as_index_add_checks_them(tmp_path):
+    # A cast wrapped -1 to 2^64 - 1, cut 1.7 to 1, flattened a 2-D array,
+    # and filled every field of a pair from a plain array.
+    bad = [(np.array([5, -1]), ValueError, "negative"), (np.array([1.7]), TypeError, "float64"),
+           (np.zeros((2, 2), np.uint64), ValueError, "1-D"), ([2**64], ValueError, "outside"),
+           (["1"], TypeError, "str"), ([1.0], TypeError, "float")]
+    for i, (fps, error, match) in enumerate(bad):
+        path = tmp_path / f"bad{i}.ndfp"
+        with pytest.raises(error, match=match):
+            fpfile.write_fingerprints(path, fps)
+        assert not os.path.exists(path) and not os.path.exists(f"{path}.tmp")
+    with pytest.raises(TypeError, match="structured array with fields q, f, distance"):
+        fpfile.write_pairs(tmp_path / "p.ndfp", [np.zeros(3)])
+    # A list of ints is one batch, with keys too; parts of a generator are checked.
+    fpfile.write_fingerprints(tmp_path / "l.ndfp", [3, 2**64 - 1], keys=["a", "b"])
+    with fpfile.FingerprintReader(tmp_path / "l.ndfp") as r:
+        (fps, keys), = list(r)
+    assert fps.tolist() == [3, 2**64 - 1] and keys == [b"a", b"b"]
+    with pytest.raises(ValueError, match="negative"):
+        fpfile.write_fingerprints(tmp_path / "g.ndfp", (a for a in [np.arange(3), np.array([-2])]))
+    # Pairs with their fields in another order or wider types are taken by name.
+    other = np.zeros(2, dtype=[("distance", np.int64), ("f", np.int64), ("q", np.uint64)])
+    other["q"], other["f"], other["distance"] = [1, 2], [5, 6], [1, 3]
+    fpfile.write_pairs(tmp_path / "o.ndfp", [other])
+    got = np.concatenate(list(fpfile.read_pairs(str(tmp_path / "o.ndfp"))))
+    assert got.dtype == fpfile.PAIR_DTYPE and got.tolist() == [(1, 5, 1), (2, 6, 3)]
+
+
 def test_writer_refuses_existing_file_and_leaves_nothing_on_error(tmp_path, values):
     path = tmp_path / "x.ndfp"
     fpfile.write_fingerprints(path, values)
