@@ -993,7 +993,6 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         going = set().union(*deletes.values()) if raw_keys else set()
         return len(live), sum(1 for raw in raw_keys if raw in going)
 
-    @contextlib.contextmanager
     def transaction(self):
         """Group every add/remove/check_and_add inside the block into one commit.
 
@@ -1011,8 +1010,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         tables).
         """
         self._check_writable()
-        with self._writer.transaction():
-            yield self
+        return self._writer.transaction(self)
 
     def sync(self) -> None:
         """Make every acknowledged operation durable (checkpoint the journal, flush)."""

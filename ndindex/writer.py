@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from ndindex import _core
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.errors import ClosedError, interrupts_deferred
@@ -71,7 +72,8 @@ class Writer:
         self.lock = threading.RLock()
         self.pending: PendingOps | None = PendingOps(self.lock) if durability == "normal" else None
         self._txn_depth = 0
-        self._undo = None
+        self._undo = None             # the outermost block's undo (durability normal)
+        self._savepoints: list = []   # the pending set as each nested block began
         self.journal = None
         self.closed = False   # close() done
         self._checkpointed = 0  # the journal's offset the last checkpoint covers
@@ -158,59 +160,57 @@ class Writer:
         return self._ix._store.write(lambda wt: commit_record(wt, record, extra, pad),
                                      sync=True), began
 
-    @contextlib.contextmanager
-    def transaction(self):
-        """Group the calls made inside the block into one commit (see Index.transaction).
+    def transaction(self, binds=None):
+        """A with block grouping the calls made inside it into one commit (see
+        Index.transaction); the with statement binds `binds`.
 
-        Its beginning and its end run with Ctrl-C held back, and a Ctrl-C
-        between the block and its end undoes the block.  A Ctrl-C there
-        (Python runs a handler as any function starts) left a
-        durability="normal" block's operations pending, visible and in no
-        journal, so that the pending set's rebuild after the next
-        interrupted call dropped them (sweep_interrupt seed 17: a
-        transaction's 5,000 additions gone after they had been seen); and a
-        full-durability writer a pending set no commit would take, or a
-        block counted for ever: every later call then stayed pending,
-        acknowledged and never committed (seed 18).
+        The block's beginning and end are C (_core.Block): the writer's lock
+        is taken as it begins and let go as it ends, and both run with
+        Ctrl-C held back from their first instruction, so Ctrl-C lands before
+        the block, inside it (the end then undoes it) or after it.  As a
+        contextlib generator, with the hold begun by a Python call, it could
+        land in between: a Ctrl-C as contextlib's __exit__ began left the lock
+        held and the block counted until the generator was collected, and
+        one as the end of a failed block began left it counted for ever
+        (every later call pending, never committed: sweep_interrupt_points,
+        a savepoint's block, 1 point in 400).  Before that, with no hold at
+        all, a Ctrl-C there left a durability="normal" block's operations
+        pending and in no journal (sweep_interrupt seeds 17 and 18).
         """
-        with self.lock:
-            entered = False     # this block is counted in _txn_depth, and not ended
-            wrote = savepoint = None
-            try:
-                with interrupts_deferred():
-                    if self._txn_depth == 0:
-                        if self.pending is None:
-                            self.pending = PendingOps(self.lock)
-                            self._undo = None
-                        else:
-                            self._undo = _copy_pending(self.pending)
-                    else:
-                        # A nested block is a savepoint (SQLite's SAVEPOINT, an
-                        # LMDB child transaction): an exception in it undoes
-                        # its own operations, and the enclosing block goes on
-                        # without them if it catches the exception.
-                        savepoint = _copy_pending(self.pending)
-                    self._txn_depth += 1
-                    entered = True
-                yield
-                # (a Ctrl-C from here to the held-back end: the except undoes)
-                with interrupts_deferred():
-                    self._txn_depth -= 1
-                    entered = False
-                    if self._txn_depth == 0:
-                        wrote = self._end_transaction()
-            except BaseException:
-                if entered:
-                    with interrupts_deferred():
-                        self._txn_depth -= 1
-                        if self._txn_depth == 0:
-                            self._discard()
-                        else:
-                            self.pending = savepoint
-                raise
-            finally:
-                if wrote is not None:
-                    self._ix._wrote(*wrote)
+        return _core.Block(self.lock, functools.partial(self._begin_block, binds),
+                           self._end_block)
+
+    def _begin_block(self, binds):
+        if self._txn_depth == 0:
+            if self.pending is None:
+                self.pending = PendingOps(self.lock)
+                self._undo = None
+            else:
+                self._undo = _copy_pending(self.pending)
+        else:
+            # A nested block is a savepoint (SQLite's SAVEPOINT, an LMDB
+            # child transaction): an exception in it undoes its own
+            # operations, and the enclosing block goes on without them if it
+            # catches the exception.
+            self._savepoints.append(_copy_pending(self.pending))
+        self._txn_depth += 1
+        return binds
+
+    def _end_block(self, exc_type, exc, tb) -> bool:
+        self._txn_depth -= 1
+        if exc_type is None:
+            if self._txn_depth:
+                self._savepoints.pop()
+                return False
+            wrote = self._end_transaction()
+            if wrote is not None:
+                self._ix._wrote(*wrote)
+            return False
+        if self._txn_depth:
+            self.pending = self._savepoints.pop()
+        else:
+            self._discard()
+        return False
 
     def _discard(self) -> None:
         if self.journal is None:
@@ -335,6 +335,7 @@ class Writer:
             try:
                 with self.lock:
                     self._txn_depth = 0
+                    self._savepoints.clear()
                     if not self.pending and not self._ix._store.in_place():
                         # The file was deleted or moved (every write refused
                         # since): nothing to commit, nowhere to commit it.

@@ -10,7 +10,7 @@ at certain points of the main thread: as a Python function starts, as a C
 call returns (its eval-breaker checks; also at a loop's backward jump,
 which this does not aim at).  sys.setprofile reports exactly those as
 "call" and "c_return" events.  For each scenario (one call on a small
-index: open, create, add, remove, transactions, compact, vacuum, sync,
+index: open, create, add, remove, transactions (nested too), compact, vacuum, sync,
 close, queries, documents, an upgrade: SCENARIOS) a second run counts the
 call's events (the first pays what a process does once) and records the
 content the call leaves; then each trial runs the call on a fresh copy of the
@@ -82,6 +82,21 @@ def _transaction(ix):
         for fp in _fps(7, 30).tolist():
             ix.check_and_add(fp)
         ix.remove(_fps(1, 10))
+
+
+def _savepoint(ix):
+    # An inner block whose exception the outer block catches: its
+    # operations are undone, the outer block's commit (before or after).
+    with ix.transaction():
+        ix.add(_fps(11, 20), keys=[f"s{i}" for i in range(20)])
+        try:
+            with ix.transaction():
+                ix.add(_fps(12, 20))
+                ix.remove(keys=[f"k{i}" for i in range(0, 60, 3)])
+                raise LookupError("the inner block fails")
+        except LookupError:
+            pass
+        ix.remove(_fps(1, 5))
 
 
 def _vacuum_prepare(ix):
@@ -170,6 +185,8 @@ SCENARIOS = {
     "transaction": Scenario(lambda ix, path: _transaction(ix)),
     "transaction-normal": Scenario(lambda ix, path: _transaction(ix), "normal"),
     "transaction-large": Scenario(_transaction_large, "normal"),
+    "savepoint": Scenario(lambda ix, path: _savepoint(ix)),
+    "savepoint-normal": Scenario(lambda ix, path: _savepoint(ix), "normal"),
     "check_and_add_many": Scenario(lambda ix, path: ix.check_and_add_many(_fps(8, 100)),
                                    "normal"),
     "compact": Scenario(lambda ix, path: ix.compact()),

@@ -32,6 +32,8 @@ const char *ndx_status_text(long rc);
 /* (q, fingerprint, distance) of n pairs as three bytes objects (bind_codec.c). */
 PyObject *ndx_pairs_to_bytes(const void *q, const uint64_t *fp, const uint8_t *dist, size_t n);
 extern PyMethodDef batch_methods[];
+/* enter_self and Block (interrupts.c). */
+int interrupts_module_init(PyObject *m);
 extern PyMethodDef docs_methods[];
 
 #include "lmdbpage.h"

@@ -1188,15 +1188,18 @@ def test_an_interrupt_as_a_transaction_ends_leaves_it_whole_or_undone_for_good(
 
 @pytest.mark.usefixtures("sigint_raises")
 @pytest.mark.parametrize("durability", ["full", "normal"])
-@pytest.mark.parametrize("where", ["as the end starts", "between the block and its end"])
+@pytest.mark.parametrize("where", ["as the end starts", "as the first function after the block starts"])
 def test_an_interrupt_as_a_transaction_ends_leaves_no_transaction_behind(
         path, monkeypatch, durability, where):
-    # A real SIGINT at the start of the transaction's end, or just before it
-    # is held back: the writer was left with a pending set no commit would
-    # take (full durability) or counting the block for ever, and every later
-    # call stayed pending, acknowledged, never committed (sweep_interrupt
-    # seed 18).  The block happens whole or not at all; the writer goes on.
+    # A real SIGINT at the start of the transaction's end, or as the first
+    # Python function after the block's last line starts (before its end
+    # held Ctrl-C back, when the end was a contextlib generator): the writer
+    # was left with a pending set no commit would take (full durability) or
+    # counting the block for ever, and every later call stayed pending,
+    # acknowledged, never committed (sweep_interrupt seed 18).  The block
+    # happens whole or not at all; the writer goes on.
     import signal
+    import sys
     from ndindex import writer
     index = Index.open(path, durability=durability, background_compaction=False)
     try:
@@ -1210,20 +1213,23 @@ def test_an_interrupt_as_a_transaction_ends_leaves_no_transaction_behind(
                 return real_end(self)
 
             monkeypatch.setattr(writer.Writer, "_end_transaction", end_after_ctrl_c)
-        else:
-            real_deferred, calls = writer.interrupts_deferred, []
+        block_done, sent = [], []
 
-            def ctrl_c_before_the_second(*args):
-                calls.append(1)
-                if len(calls) == 2:       # the end's, after the block's set-up
-                    os.kill(os.getpid(), signal.SIGINT)
-                return real_deferred(*args)
+        def ctrl_c_at_the_first_call(frame, event, arg):
+            if block_done and not sent and event == "call":
+                sent.append(frame.f_code.co_name)
+                sys.setprofile(None)    # a profile function that raises cuts a call short
+                os.kill(os.getpid(), signal.SIGINT)
 
-            monkeypatch.setattr(writer, "interrupts_deferred", ctrl_c_before_the_second)
         with pytest.raises(KeyboardInterrupt):
             with index.transaction():
                 index.add(block)
+                if where != "as the end starts":
+                    sys.setprofile(ctrl_c_at_the_first_call)
+                    block_done.append(True)
+        sys.setprofile(None)
         monkeypatch.undo()
+        assert where == "as the end starts" or sent == ["_end_block"]
         assert not index._writer.in_transaction
         seen = index.fingerprints()
         assert np.array_equal(seen, np.union1d(before, block)) or np.array_equal(seen, before)

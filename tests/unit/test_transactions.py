@@ -122,3 +122,48 @@ def test_an_inner_block_of_documents_is_undone_with_its_texts(tmp_path):
         assert [m.key for m in ix.similar("a second text that the block undoes")] in ([], ["kept"])
     with Index.open(path) as ix:
         assert documents(ix) == [("kept", b"1")]
+
+
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("durability", ["full", "normal"])
+def test_ctrl_c_as_a_failed_inner_block_ends_undoes_both_blocks_and_the_writer_goes_on(
+        tmp_path, durability):
+    # A real SIGINT as the first Python function after an inner block's
+    # exception starts.  The end of a contextlib block began with such
+    # points, and one cut it short: the block counted for ever, every later
+    # call pending, never committed (sweep_interrupt_points, savepoint-normal,
+    # 1 point in 400).  Now that function is the end itself, Ctrl-C held back.
+    import os
+    import signal
+    import sys
+    path = str(tmp_path / "t.ndx")
+    sent = []
+
+    def ctrl_c_at_the_first_call(frame, event, arg):
+        if event == "call" and not sent:
+            sent.append(frame.f_code.co_name)
+            sys.setprofile(None)    # a profile function that raises cuts a call short
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with Index.create(path, k=3, durability=durability, background_compaction=False) as ix:
+        ix.add([1 << 40])
+        with pytest.raises(KeyboardInterrupt):
+            with ix.transaction():
+                ix.add([2 << 40])
+                try:
+                    with ix.transaction():
+                        ix.add([3 << 40])
+                        sys.setprofile(ctrl_c_at_the_first_call)
+                        raise Boom
+                except Boom:
+                    pass
+        sys.setprofile(None)
+        assert sent == ["_end_block"] and not ix._writer.in_transaction
+        # Held back to the end of the inner block's end, the interrupt lands
+        # in the outer block (undone) or as its end returns (committed).
+        seen = ix.fingerprints().tolist()
+        assert seen in ([1 << 40], [1 << 40, 2 << 40])
+        ix.add([4 << 40])
+        assert ix.fingerprints().tolist() == seen + [4 << 40]
+    with Index.open(path) as ix:
+        assert ix.fingerprints().tolist() == seen + [4 << 40]
