@@ -137,6 +137,21 @@ class RecordOps:
             built = self._lookups = (changes, index)
         return list(built[1].get(lookup_key, ()))
 
+    def changed_since(self, before: "RecordOps") -> "RecordOps":
+        """The operations here that before (an earlier copy of these) lacks or
+        holds otherwise; a group that did not change is skipped by one
+        comparison of its dicts (in C)."""
+        changed = RecordOps()
+        for (space, g), group in list(self.groups.items()):
+            theirs = before.groups.get((space, g))
+            if theirs == group:
+                continue
+            theirs = theirs or {}
+            for key, op in list(group.items()):
+                if theirs.get(key) != op:
+                    changed.set(space, key, *op)
+        return changed
+
     def copy(self) -> "RecordOps":
         out = RecordOps()
         out.groups = {g: dict(d) for g, d in list(self.groups.items())}
@@ -555,6 +570,37 @@ class PendingOps:
                 if fp not in self._removes:
                     self._removes.add(fp)
                     self._removes_dirty = True
+
+    def copy(self) -> "PendingOps":
+        """The same operations in a new set (a transaction's undo, a
+        savepoint's): the structures copied as they are (C loops), not
+        rebuilt from the values (a Python loop: a one-item transaction on 10,000
+        pending operations under durability="normal" took 0.65 ms).  The
+        copy's additions are not indexed until a query needs them."""
+        out = PendingOps(self._lock)
+        with self._mu:
+            out._buf = self._buf[:max(self._n, 64)].copy()
+            out._n = self._n
+            out._where = self._where.copy()
+            out._removes = set(self._removes)
+            out._removes_sorted = self._removes_sorted
+            out._removes_dirty = self._removes_dirty
+        out.ops = self.ops.copy()
+        return out
+
+    def changes_since(self, before: "PendingOps") -> tuple:
+        """(fingerprints added, fingerprints removed, RecordOps changed):
+        the operations that turn before (an earlier copy of this set) into
+        this one, a transaction's net effect.  Set operations on the dicts'
+        keys (C loops): sets built from the values took 0.2 ms for every
+        10,000 operations pending, in every one-item transaction."""
+        with self._mu, before._mu:
+            a_before, a_after = before._where.keys(), self._where.keys()
+            r_before, r_after = before._removes, self._removes
+            adds = sorted(a_after - a_before)
+            removes = sorted((r_after - r_before) | (a_before - a_after - r_after))
+        return (np.array(adds, dtype=np.uint64), np.array(removes, dtype=np.uint64),
+                self.ops.changed_since(before.ops))
 
     def apply(self, record: LogRecord) -> None:
         """Apply a record's operations after everything pending so far."""

@@ -31,7 +31,7 @@ from ndindex import _core
 from ndindex import journal as jr
 from ndindex.arrays import EMPTY_U64, sorted_unique
 from ndindex.errors import ClosedError, interrupts_deferred
-from ndindex.overlay import PendingOps, RecordOps
+from ndindex.overlay import PendingOps
 from ndindex.records import (DB_LOG, DB_META, KEY_HEADER, KEY_STATE, U64_BE, LogRecord, State,
                              frame, log_padding, read_meta, unframe)
 from ndindex.store import translate_error
@@ -186,13 +186,13 @@ class Writer:
                 self.pending = PendingOps(self.lock)
                 self._undo = None
             else:
-                self._undo = _copy_pending(self.pending)
+                self._undo = self.pending.copy()
         else:
             # A nested block is a savepoint (SQLite's SAVEPOINT, an LMDB
             # child transaction): an exception in it undoes its own
             # operations, and the enclosing block goes on without them if it
             # catches the exception.
-            self._savepoints.append(_copy_pending(self.pending))
+            self._savepoints.append(self.pending.copy())
         self._txn_depth += 1
         return binds
 
@@ -371,27 +371,11 @@ def _drop_meta(wt, key: bytes) -> None:
     _stamp_state(wt)
 
 
-def _copy_pending(p: PendingOps) -> PendingOps:
-    out = PendingOps(p._lock)
-    out.add_array(np.sort(p.adds()))
-    out.remove(p.removes().tolist())
-    out.ops = p.ops.copy()
-    return out
-
-
 def _difference(before: PendingOps, after: PendingOps) -> LogRecord:
     """The operations that turn `before` into `after` (a transaction's net effect)."""
-    a_before, a_after = set(before.adds().tolist()), set(after.adds().tolist())
-    r_before, r_after = set(before.removes().tolist()), set(after.removes().tolist())
-    adds = sorted(a_after - a_before)
-    removes = sorted((r_after - r_before) | (a_before - a_after - r_after))
-    changed = RecordOps()
-    for space, key, flag, value in after.ops.items():
-        if before.ops.get(space, key) != (flag, value):
-            changed.set(space, key, flag, value)
+    adds, removes, changed = after.changes_since(before)
     puts, deletes, records = changed.to_record_parts()
-    return LogRecord(np.array(adds, dtype=np.uint64), np.array(removes, dtype=np.uint64),
-                     puts, deletes, records)
+    return LogRecord(adds, removes, puts, deletes, records)
 
 
 def replay_journals(index) -> int:

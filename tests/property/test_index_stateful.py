@@ -174,6 +174,48 @@ class IndexMachine(RuleBasedStateMachine):
             return
         self.keys = model
 
+    @rule(fps=st.lists(fingerprint, min_size=1, max_size=6), data=st.data(),
+          inner_fails=st.booleans(), commit=st.booleans())
+    def savepoint(self, fps, data, inner_fails, commit):
+        # A block inside a block: its exception, caught by the outer block,
+        # undoes its own operations (additions with keys, removals) and
+        # nothing of the outer block's; queries see each state.
+        def check(model):
+            q, k = data.draw(fingerprint), data.draw(st.integers(0, 3))
+            live = np.array(sorted(model), dtype=np.uint64)
+            assert [(m.fingerprint, m.distance) for m in self.ix.query(q, k)] == \
+                brute_force(live, q, k)
+
+        model = {fp: set(keys) for fp, keys in self.keys.items()}
+        try:
+            with self.ix.transaction():
+                self.ix.add(fps[:1], keys=["outer"])
+                model.setdefault(fps[0], set()).add("outer")
+                inner = {fp: set(keys) for fp, keys in model.items()}
+                try:
+                    with self.ix.transaction():
+                        self.ix.add(fps[1:])
+                        for fp in fps[1:]:
+                            inner.setdefault(fp, set()).add(None)
+                        if inner and data.draw(st.booleans()):
+                            gone = data.draw(st.sampled_from(sorted(inner)))
+                            self.ix.remove(fingerprints=[gone])
+                            del inner[gone]
+                        check(inner)
+                        if inner_fails:
+                            raise LookupError
+                    model = inner
+                except LookupError:
+                    pass
+                check(model)
+                for fp in fps:
+                    assert set(self.ix.keys(fp)) == set(model.get(fp, ())) - {None}
+                if not commit:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            return
+        self.keys = model
+
     @rule()
     def reopen(self):
         self.ix.close()
