@@ -325,7 +325,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         65,000), as SQLite checkpoints its WAL when the last connection
         closes, so that the next open's first query does not read it whole.
         Ctrl-C waits for the end of it (a few tenths of a second, or the end
-        of a transaction in another thread); a second one does not.
+        of a transaction in another thread); a second one does not.  Inside
+        a transaction block, it rolls the block back (its end raises
+        ClosedError).
         """
         if self._store._env is None and (self._writer is None or self._writer.closed):
             return

@@ -197,6 +197,11 @@ class Writer:
         return binds
 
     def _end_block(self, exc_type, exc, tb) -> bool:
+        if self._txn_depth == 0:
+            # close() inside the block rolled it back (see close()).
+            if exc_type is None:
+                raise ClosedError(f"{self._ix.path}: index is closed")
+            return False
         self._txn_depth -= 1
         if exc_type is None:
             if self._txn_depth:
@@ -326,8 +331,19 @@ class Writer:
     def close(self) -> None:
         """Stop checkpointing; commit what the journal holds and delete it
         (with the file closed already, by an interrupted Index.close(), keep
-        it for the next writer's open to replay)."""
+        it for the next writer's open to replay).
+
+        Called inside a transaction block of this thread, it rolls the block
+        back first (as SQLite's close does; the block's end then raises
+        ClosedError): a checkpoint here committed the half-done block, under
+        durability "normal".  (Another thread's close() waits for the
+        block's end under durability "normal", and under "full" leaves the
+        block to fail as it commits.)"""
         self.stop_checkpoints()
+        if self._txn_depth and self.lock._is_owned():
+            self._txn_depth = 0
+            self._savepoints.clear()
+            self._discard()
         if self.journal is not None and self._ix._store._env is None:
             with self.lock:    # not under a transaction's append
                 self.journal.close(delete=False)

@@ -167,3 +167,29 @@ def test_ctrl_c_as_a_failed_inner_block_ends_undoes_both_blocks_and_the_writer_g
         assert ix.fingerprints().tolist() == seen + [4 << 40]
     with Index.open(path) as ix:
         assert ix.fingerprints().tolist() == seen + [4 << 40]
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("nested", [False, True])
+def test_close_inside_a_block_rolls_it_back_and_its_end_raises_closed_error(
+        tmp_path, durability, nested):
+    # Under durability "normal", close() checkpointed the half-done block
+    # into the file, and its end then failed with an IndexError (nested)
+    # or counted the writer's blocks below zero.
+    from ndindex.errors import ClosedError
+    path = str(tmp_path / "t.ndx")
+    ix = Index.create(path, k=3, durability=durability, background_compaction=False)
+    ix.add([1 << 30])
+    ix.add([2 << 30])        # under "normal": journaled, pending, acknowledged
+    with pytest.raises(ClosedError):
+        with ix.transaction():
+            ix.add([3 << 30])
+            if nested:
+                with ix.transaction():
+                    ix.add([4 << 30])
+                    ix.close()
+            else:
+                ix.close()
+    assert ix._writer._txn_depth == 0 and not ix._writer.lock._is_owned()
+    with Index.open(path) as ix:
+        assert ix.fingerprints().tolist() == [1 << 30, 2 << 30]
