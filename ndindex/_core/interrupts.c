@@ -119,10 +119,23 @@ typedef struct {
     PyObject *exit;    /* exit(type, value, traceback) -> true to swallow the exception */
 } Block;
 
+static int block_traverse(Block *self, visitproc visit, void *arg) {
+    Py_VISIT(self->lock);
+    Py_VISIT(self->enter);
+    Py_VISIT(self->exit);
+    return 0;
+}
+
+static int block_clear(Block *self) {
+    Py_CLEAR(self->lock);
+    Py_CLEAR(self->enter);
+    Py_CLEAR(self->exit);
+    return 0;
+}
+
 static void block_dealloc(Block *self) {
-    Py_XDECREF(self->lock);
-    Py_XDECREF(self->enter);
-    Py_XDECREF(self->exit);
+    PyObject_GC_UnTrack(self);
+    block_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -149,7 +162,17 @@ static void release(PyObject *lock) {
     PyErr_Restore(type, value, tb);
 }
 
+static int block_ready(Block *self) {
+    if (self->lock == NULL || self->enter == NULL || self->exit == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Block was not initialised");
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *block_enter(Block *self, PyObject *unused) {
+    if (!block_ready(self))
+        return NULL;
     /* The wait for the lock is Ctrl-C's to break (nothing is held yet). */
     PyObject *r = PyObject_CallMethod(self->lock, "acquire", NULL);
     if (r == NULL)
@@ -169,7 +192,7 @@ static PyObject *block_enter(Block *self, PyObject *unused) {
 
 static PyObject *block_exit(Block *self, PyObject *args) {
     PyObject *type, *value, *tb;
-    if (!PyArg_ParseTuple(args, "OOO:__exit__", &type, &value, &tb))
+    if (!PyArg_ParseTuple(args, "OOO:__exit__", &type, &value, &tb) || !block_ready(self))
         return NULL;
     hold_state h;
     PyObject *out = NULL;
@@ -192,7 +215,9 @@ static PyTypeObject BlockType = {
     .tp_name = "ndindex._core.Block",
     .tp_basicsize = sizeof(Block),
     .tp_dealloc = (destructor)block_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)block_traverse,
+    .tp_clear = (inquiry)block_clear,
     .tp_doc = "Block(lock, enter, exit): a context manager whose __enter__ takes lock and\n"
               "returns enter(), and whose __exit__ returns exit(type, value, traceback) and\n"
               "lets go of lock; both in C, with Ctrl-C held back while they call Python.",

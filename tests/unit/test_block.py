@@ -1,0 +1,111 @@
+"""_core.Block: a with statement over a lock and two calls, in C, with Ctrl-C held back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from ndindex import _core
+
+
+class Calls:
+    def __init__(self, enter_raises=None, exit_raises=None, ctrl_c_in=None):
+        self.lock = threading.RLock()
+        self.log = []
+        self.enter_raises, self.exit_raises, self.ctrl_c_in = enter_raises, exit_raises, ctrl_c_in
+
+    def enter(self):
+        self.log.append(("enter", self.lock._is_owned()))
+        if self.ctrl_c_in == "enter":
+            os.kill(os.getpid(), signal.SIGINT)
+            self.log.append("enter went on")
+        if self.enter_raises:
+            raise self.enter_raises
+        return "bound"
+
+    def exit(self, exc_type, exc, tb):
+        self.log.append(("exit", exc_type, self.lock._is_owned()))
+        if self.ctrl_c_in == "exit":
+            os.kill(os.getpid(), signal.SIGINT)
+            self.log.append("exit went on")
+        if self.exit_raises:
+            raise self.exit_raises
+        return exc_type is LookupError      # swallows a LookupError
+
+    def block(self):
+        return _core.Block(self.lock, self.enter, self.exit)
+
+
+def test_enter_binds_exit_sees_the_exception_and_the_lock_is_held_between():
+    c = Calls()
+    with c.block() as bound:
+        assert bound == "bound" and c.lock._is_owned()
+    assert not c.lock._is_owned()
+    with c.block():
+        raise LookupError("swallowed: exit returned true")
+    with pytest.raises(ValueError):
+        with c.block():
+            raise ValueError
+    assert c.log == [("enter", True), ("exit", None, True), ("enter", True),
+                     ("exit", LookupError, True), ("enter", True), ("exit", ValueError, True)]
+    assert not c.lock._is_owned()
+
+
+def test_the_lock_is_let_go_when_enter_or_exit_raises():
+    c = Calls(enter_raises=KeyError("in enter"))
+    with pytest.raises(KeyError):
+        with c.block():
+            raise AssertionError("the block does not run")
+    assert not c.lock._is_owned()
+    c = Calls(exit_raises=KeyError("in exit"))
+    with pytest.raises(KeyError):
+        with c.block():
+            pass
+    assert not c.lock._is_owned()
+
+
+@pytest.mark.usefixtures("sigint_raises")
+@pytest.mark.parametrize("where", ["enter", "exit"])
+def test_ctrl_c_in_enter_or_exit_waits_for_its_end(where):
+    # The Python calls run whole; the interrupt comes as the with
+    # statement's call returns (a Ctrl-C during enter: at the block's first
+    # call, which the block's exit then sees).
+    c = Calls(ctrl_c_in=where)
+    body = []
+    with pytest.raises(KeyboardInterrupt):
+        with c.block():
+            body.append("started")
+            str(1)
+            body.append("went on")
+    assert f"{where} went on" in c.log and not c.lock._is_owned()
+    if where == "enter":
+        assert body == ["started"] and c.log[-1] == ("exit", KeyboardInterrupt, True)
+    else:
+        assert body == ["started", "went on"] and c.log[-1] == "exit went on"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_outside_the_main_thread_it_runs_without_holding_anything_back():
+    c, errors = Calls(), []
+
+    def run():
+        try:
+            with c.block() as bound:
+                assert bound == "bound" and c.lock._is_owned()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert errors == [] and [e[0] for e in c.log] == ["enter", "exit"]
+
+
+def test_a_block_made_without_its_arguments_refuses_to_enter():
+    with pytest.raises(TypeError):
+        _core.Block()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        _core.Block.__new__(_core.Block).__enter__()
