@@ -396,17 +396,12 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
     #: Returns self, in C: a Python __enter__ starts with a point where a
     #: Ctrl-C lands, and the with statement then never closed the index.
     __enter__ = _core.enter_self
-
-    def __exit__(self, *exc):
-        try:
-            self.close()
-        except KeyboardInterrupt:
-            # Ctrl-C as close() began, before it held Ctrl-C back: it had
-            # done nothing, and the index stayed open, its threads running,
-            # until a garbage collection (sweep_interrupt_points.py: 1 point
-            # in 500 of an upgrade).  A close() that ran returns at once.
-            self.close()
-            raise
+    #: close(), in C, and close() again after a KeyboardInterrupt: a Python
+    #: __exit__ starts with a point where a Ctrl-C lands before its first
+    #: line, and close() with one before it holds Ctrl-C back; the index
+    #: stayed open, its threads running, until a garbage collection
+    #: (sweep_interrupt_points.py: 1 point in 500 of an upgrade).
+    __exit__ = _core.exit_closing
 
     def __repr__(self) -> str:
         state = "closed" if self._store._env is None else \

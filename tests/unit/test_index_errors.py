@@ -1853,6 +1853,19 @@ def test_a_with_statement_enters_an_index_with_no_point_for_ctrl_c(path):
     assert [e for e in events if e[0] in ("call", "c_return") and e[1] != "<lambda>"] == []
 
 
+def test_a_with_statement_leaves_an_index_with_close_as_its_first_point(path):
+    # Index.__exit__ is C too: a Python one starts with a point before its
+    # first line, where a Ctrl-C left the index open.  The first point after
+    # the block is close()'s start, where a Ctrl-C makes __exit__ close again.
+    events = []
+    index = Index.open(path)
+    with index:
+        sys.setprofile(lambda frame, event, arg: events.append((event, frame.f_code.co_name)))
+    sys.setprofile(None)
+    calls = [e for e in events if e[0] in ("call", "c_return") and e[1] != "<lambda>"]
+    assert calls[0] == ("call", "close") and "closed" in repr(index)
+
+
 def test_ctrl_c_as_a_compaction_step_lets_go_of_its_lease_leaves_the_step_lock_free(path, monkeypatch):
     """Ctrl-C as contextlib's __exit__ of the lease began (a Python function
     start): the step lock, taken inside the lease's generator, stayed held
