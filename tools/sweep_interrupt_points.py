@@ -480,6 +480,10 @@ def child_main(name: str, workdir: str, points: list) -> None:
         except BaseException as exc:     # noqa: BLE001 - a failed check's own error
             out = bad("error", f"{type(exc).__name__}: {exc}")
         faulthandler.cancel_dump_traceback_later()
+        # A Ctrl-C as contextlib's redirect_stdout() ended (a command
+        # scenario) left sys.stdout on its StringIO, and every later line of
+        # this child went there: the parent read a child that ended mid-trial.
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         out["n"] = n
         out["where"] = LAST_WHERE[0]
         print(json.dumps(out), flush=True)
