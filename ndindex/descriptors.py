@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import os
 
+from ndindex import _core
 from ndindex.errors import interrupts_deferred
 
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -56,5 +57,7 @@ class Descriptor:
     def __enter__(self) -> int:
         return self.fd
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    #: close(), in C (again after a KeyboardInterrupt): a Python __exit__
+    #: starts with a point where a Ctrl-C lands, and its traceback then kept
+    #: the descriptor, and a lock on it, open (see Index.__exit__).
+    __exit__ = _core.exit_closing

@@ -109,3 +109,48 @@ def test_a_block_made_without_its_arguments_refuses_to_enter():
         _core.Block()
     with pytest.raises(RuntimeError, match="not initialised"):
         _core.Block.__new__(_core.Block).__enter__()
+
+
+def _first_calls_after_the_block(make):
+    import sys
+    events = []
+    with make():
+        sys.setprofile(lambda frame, event, arg: events.append((event, frame.f_code.co_name)))
+    sys.setprofile(None)
+    return [e for e in events if e[0] in ("call", "c_return") and e[1] != "<lambda>"][:1]
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_with_statements_over_descriptors_and_readers_reach_close_with_no_point_before(tmp_path):
+    # Their __exit__ is _core.exit_closing: a Python __exit__ starts with a
+    # point where a Ctrl-C lands, and the traceback then kept a descriptor
+    # (and the lock on it) open.  A Ctrl-C as close() starts closes again.
+    import sys
+
+    from ndindex import descriptors, fpfile
+    fpfile.write_fingerprints(tmp_path / "f.ndfp", [1, 2, 3])
+    made = []
+
+    def descriptor():
+        made.append(descriptors.Descriptor(str(tmp_path / "d"), os.O_RDWR | os.O_CREAT))
+        return made[-1]
+
+    for make in (descriptor, lambda: fpfile.FingerprintReader(tmp_path / "f.ndfp")):
+        assert _first_calls_after_the_block(make) == [("call", "close")]
+    assert made[0].fd == -1
+    # A real SIGINT as close() begins: the interrupt comes out, the
+    # descriptor is closed all the same.
+    sent = []
+
+    def ctrl_c_at_close(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "close" and not sent:
+            sent.append(1)
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    d = descriptor()
+    with pytest.raises(KeyboardInterrupt):
+        with d:
+            sys.setprofile(ctrl_c_at_close)
+    sys.setprofile(None)
+    assert sent and d.fd == -1 and d._file.closed
