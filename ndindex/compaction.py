@@ -28,7 +28,6 @@ from a snapshot commits only if the manifest is still the one it read.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import dataclasses
 import fcntl
@@ -289,33 +288,34 @@ class Compactor:
 
     # -- one step -------------------------------------------------------------
 
-    @contextlib.contextmanager
     def _leased(self, wait: bool = False):
-        """Hold the file's compaction lease, this process's step lock held
-        (by the caller, in a with statement of its own: see below); yields
-        False, holding nothing, when another process has the lease.
+        """A with block holding the file's compaction lease, this process's
+        step lock held (by the caller, in a with statement of its own: see
+        below); binds False, holding nothing, when another process has the
+        lease.  (wait: wait for it, as long as another process's step.)
 
-        The step lock was taken in here, and a generator's with statement
-        lets go of it only when the generator resumes: a Ctrl-C as
-        contextlib's __exit__ began (a Python function: Python runs a
-        handler as it starts) left it held, while the interrupt's
-        traceback kept the generator alive, and close() then waited for it
-        for ever (sweep_interrupt_points: `ndindex compact --full`, 1 point
-        in 1,500).  A lock's own with statement is C, and cannot be cut."""
+        Its beginning and end are C (_core.Block), Ctrl-C held back from
+        their first instruction: as a contextlib generator, a Ctrl-C as
+        contextlib's __exit__ began left the lease held while the
+        interrupt's traceback kept the generator alive, and no other
+        process compacted.  The step lock was taken in here too, and
+        close() then waited for it for ever (sweep_interrupt_points:
+        `ndindex compact --full`, 1 point in 1,500): a lock's own with
+        statement is C as well."""
+        return _core.Block(None, functools.partial(self._take_lease, wait), self._let_go_lease)
+
+    def _take_lease(self, wait: bool) -> bool:
         fd = self._ix._lock_file.fd
         if fd < 0:      # Index.close() in another thread let the file go
             raise ClosedError(f"{self._ix.path}: index is closed")
-        # Taken inside the try: Ctrl-C just after the lock call returned,
-        # before a try after it, left the lease held by this process until
-        # it closed the file, and no other process compacted.  Letting go
-        # of a byte this description does not hold changes nothing.
-        try:
-            if not locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK, wait=wait):
-                yield False
-                return
-            yield True
-        finally:
+        return locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_WRLCK, wait=wait)
+
+    def _let_go_lease(self, *exc) -> bool:
+        # Letting go of a byte this description does not hold changes nothing.
+        fd = self._ix._lock_file.fd
+        if fd >= 0:
             locks.byte_lock(fd, locks.LEASE_BYTE, fcntl.F_UNLCK)
+        return False
 
     def step(self, force_flush: bool = False, full: bool = False, wait: bool = False) -> bool:
         """Do one unit of work if there is any; return whether something was done."""

@@ -10,12 +10,12 @@ methods use Index's writer, compactor, store and snapshots.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
+import functools
 import os
 import time
 
-from ndindex import codec, locks, pages, records as rec, store as st
+from ndindex import _core, codec, locks, pages, records as rec, store as st
 from ndindex.errors import interrupts_deferred
 
 
@@ -65,23 +65,29 @@ class MaintenanceMethods:
         except locks.NotAlone:  # raised before any work
             return False
 
-    @contextlib.contextmanager
     def _alone(self, advice: str):
-        """Hold the open lock exclusively while the block runs: no other process
+        """A with block holding the open lock exclusively: no other process
         has the file open, and one that opens it meanwhile waits (see
-        locks.open_locked).  Raises ReadOnlyError, ending in advice, otherwise."""
-        # Taken inside the try, as Compactor._leased's lease: Ctrl-C just
-        # after the lock call left the file held exclusively, and every other
-        # process's open waited until this one closed it.  Without the
-        # exclusive lock, the finally's shared lock is the one held already.
-        try:
-            if not locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
-                raise locks.NotAlone(f"{self.path}: another process has the index open; "
-                                     f"close it first, {advice}")
-            yield
-        finally:
-            # On the descriptor of the day: vacuum replaces it with the new file's.
-            locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_RDLCK)
+        locks.open_locked).  Raises ReadOnlyError, ending in advice, otherwise.
+
+        Its beginning and end are C (_core.Block), Ctrl-C held back from
+        their first instruction: as a contextlib generator, a Ctrl-C just
+        after the lock call left the file held exclusively (every other
+        process's open waited until this one closed it), and one as
+        contextlib's __exit__ began did the same while the traceback lived."""
+        return _core.Block(None, functools.partial(self._hold_alone, advice), self._share_again)
+
+    def _hold_alone(self, advice: str) -> None:
+        if not locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_WRLCK):
+            raise locks.NotAlone(f"{self.path}: another process has the index open; "
+                                 f"close it first, {advice}")
+
+    def _share_again(self, *exc) -> bool:
+        # On the descriptor of the day: vacuum replaces it with the new
+        # file's.  Without the exclusive lock, the shared lock is the one
+        # held already.
+        locks.byte_lock(self._lock_file.fd, locks.OPEN_BYTE, fcntl.F_RDLCK)
+        return False
 
     def vacuum(self) -> int:
         """Rewrite the file with only its live pages, giving free space back to the disk.

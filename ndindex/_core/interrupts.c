@@ -209,18 +209,22 @@ static int block_ready(Block *self) {
 static PyObject *block_enter(Block *self, PyObject *unused) {
     if (!block_ready(self))
         return NULL;
-    /* The wait for the lock is Ctrl-C's to break (nothing is held yet). */
-    PyObject *r = PyObject_CallMethod(self->lock, "acquire", NULL);
-    if (r == NULL)
-        return NULL;
-    Py_DECREF(r);
+    int locks = self->lock != Py_None;
+    if (locks) {
+        /* The wait for the lock is Ctrl-C's to break (nothing is held yet). */
+        PyObject *r = PyObject_CallMethod(self->lock, "acquire", NULL);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
     hold_state h;
     if (hold_begin(&h) < 0) {
-        release(self->lock);
+        if (locks)
+            release(self->lock);
         return NULL;
     }
     PyObject *out = PyObject_CallNoArgs(self->enter);
-    if (out == NULL)
+    if (out == NULL && locks)
         release(self->lock);
     hold_end(&h);
     return out;
@@ -236,7 +240,8 @@ static PyObject *block_exit(Block *self, PyObject *args) {
         out = PyObject_CallFunctionObjArgs(self->exit, type, value, tb, NULL);
         hold_end(&h);
     }
-    release(self->lock);
+    if (self->lock != Py_None)
+        release(self->lock);
     return out;
 }
 
@@ -256,7 +261,8 @@ static PyTypeObject BlockType = {
     .tp_clear = (inquiry)block_clear,
     .tp_doc = "Block(lock, enter, exit): a context manager whose __enter__ takes lock and\n"
               "returns enter(), and whose __exit__ returns exit(type, value, traceback) and\n"
-              "lets go of lock; both in C, with Ctrl-C held back while they call Python.",
+              "lets go of lock (a lock whose acquire and release are C, or None); both in C,\n"
+              "with Ctrl-C held back while they call Python.",
     .tp_methods = block_methods,
     .tp_init = (initproc)block_init,
     .tp_new = PyType_GenericNew,

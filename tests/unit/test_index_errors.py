@@ -1866,37 +1866,45 @@ def test_a_with_statement_leaves_an_index_with_close_as_its_first_point(path):
     assert calls[0] == ("call", "close") and "closed" in repr(index)
 
 
-def test_ctrl_c_as_a_compaction_step_lets_go_of_its_lease_leaves_the_step_lock_free(path, monkeypatch):
-    """Ctrl-C as contextlib's __exit__ of the lease began (a Python function
-    start): the step lock, taken inside the lease's generator, stayed held
-    while the interrupt's traceback kept the generator alive, and a close()
-    in that time (a with block's exit, as `ndindex compact --full` has it)
-    waited for it for ever (sweep_interrupt_points)."""
-    import contextlib
-    import gc
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_as_a_compaction_step_lets_go_of_its_lease_leaves_lease_and_step_lock_free(path):
+    """A real SIGINT as the lease's end begins.  As a contextlib generator,
+    a Ctrl-C as its __exit__ began left the lease held (no other process
+    compacted) while the interrupt's traceback kept the generator alive,
+    and the step lock, then taken inside it, too: a close() in that time (a
+    with block's exit, as `ndindex compact --full` has it) waited for it for
+    ever (sweep_interrupt_points).  Now the end holds Ctrl-C back."""
+    import signal
     import threading
-    index = Index.open(path, background_compaction=False)
-    real_exit = contextlib._GeneratorContextManager.__exit__
 
-    def exit_cut_short(self, *exc):
-        if getattr(self.gen, "__name__", "") == "_leased":
-            raise KeyboardInterrupt
-        return real_exit(self, *exc)
+    from ndindex import locks
+    index = Index.open(path, background_compaction=False)    # its log: work to do
+    sent = []
 
-    monkeypatch.setattr(contextlib._GeneratorContextManager, "__exit__", exit_cut_short)
+    def ctrl_c_as_the_lease_ends(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "_let_go_lease" and not sent:
+            sent.append(1)
+            sys.setprofile(None)    # a profile function that raises cuts a call short
+            os.kill(os.getpid(), signal.SIGINT)
+
     closer = threading.Thread(target=index.close, daemon=True)
     try:
-        index.compact()
-    except KeyboardInterrupt as exc:
-        monkeypatch.undo()
-        in_flight = exc          # as the with statement's exit holds it
+        sys.setprofile(ctrl_c_as_the_lease_ends)
+        with pytest.raises(KeyboardInterrupt) as raised:
+            index.compact()
+        sys.setprofile(None)
+        assert sent
+        other = os.open(path, os.O_RDWR)
+        try:
+            assert not locks.held_elsewhere(other, locks.LEASE_BYTE)
+        finally:
+            os.close(other)
         closer.start()
         closer.join(30)
         assert not closer.is_alive(), "close() waited for the compaction step's lock"
-        del in_flight
+        del raised
     finally:
-        monkeypatch.undo()
-        gc.collect()
-        closer.join(30) if closer.is_alive() else None
+        sys.setprofile(None)
+        index.close()
     with Index.open(path, readonly=True) as again:
         assert_intact(again)
