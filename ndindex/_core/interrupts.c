@@ -86,50 +86,63 @@ static PyMethodDef held_def = {"held", held, METH_VARARGS, "Count a SIGINT held 
 typedef struct {
     PyObject *previous;   /* the handler to put back; NULL: not held (not the main thread) */
     long outer_count;     /* the enclosing hold's count */
-    long caught;          /* interrupts that came as the hold began */
+    long caught;          /* KeyboardInterrupts of pending handlers as the hold began or ended */
+    PyObject *exc_type, *exc_value, *exc_tb;   /* another exception of one (the first) */
 } hold_state;
 
-/* signal.signal(SIGINT, handler); NULL with an exception.  signal.signal
- * first runs the handlers of signals that are pending, and one may raise
- * (KeyboardInterrupt, under the handler being replaced): that is counted in
- * *caught and the call made again, so the handler is set in any case. */
-static PyObject *set_sigint(PyObject *handler, long *caught) {
+/* _signal.signal(SIGINT, handler); NULL with an exception.  signal.signal
+ * first runs the handlers of signals that are pending, and one may raise:
+ * a KeyboardInterrupt (under the handler being replaced) is counted in
+ * h->caught, another exception (say SystemExit, of a SIGTERM handler) kept
+ * for the hold's end, and the call made again, so the handler is set in
+ * any case. */
+static PyObject *set_sigint(PyObject *handler, hold_state *h) {
     for (;;) {
         PyObject *previous = PyObject_CallFunction(signal_func, "iO", SIGINT, handler);
         if (previous != NULL || !PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_ValueError) ||
             PyErr_ExceptionMatches(PyExc_TypeError))
             return previous;
-        PyErr_Clear();
-        (*caught)++;
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            PyErr_Clear();
+            h->caught++;
+        } else if (h->exc_type == NULL) {
+            PyErr_Fetch(&h->exc_type, &h->exc_value, &h->exc_tb);
+        } else {
+            PyErr_Clear();   /* a second one: the first is raised */
+        }
     }
 }
 
 /* Hold Ctrl-C back.  Signals reach the main thread alone: elsewhere (a
  * ValueError from signal.signal) the hold does nothing. */
 static int hold_begin(hold_state *h) {
-    h->outer_count = held_count;
     h->caught = 0;
-    h->previous = set_sigint(held_func, &h->caught);
+    h->exc_type = h->exc_value = h->exc_tb = NULL;
+    h->previous = set_sigint(held_func, h);
     if (h->previous == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
             return -1;
         PyErr_Clear();
         return 0;
     }
+    /* After the call: the pending handlers it ran may have been an
+     * enclosing hold's held(), counting for that hold. */
+    h->outer_count = held_count;
     held_count = 0;
     return 0;
 }
 
 /* Put the previous handler back, and hand it the Ctrl-C held back, if any:
  * it runs as the with statement's call returns (for the default handler:
- * KeyboardInterrupt there).  Keeps the exception set, if one is. */
-static void hold_end(hold_state *h) {
+ * KeyboardInterrupt there).  Keeps the exception set, if one is; else sets
+ * the other exception a pending handler raised, if one did, and returns -1. */
+static int hold_end(hold_state *h) {
     if (h->previous == NULL)
-        return;
+        return 0;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyObject *handler = h->previous == Py_None ? sig_dfl : h->previous;
-    PyObject *back = set_sigint(handler, &h->caught);   /* runs held() for pending ones */
+    PyObject *back = set_sigint(handler, h);   /* runs held() for pending ones */
     long got = held_count + h->caught;
     held_count = h->outer_count;
     if (back == NULL)
@@ -143,6 +156,27 @@ static void hold_end(hold_state *h) {
         PyErr_Clear();
     }
     Py_CLEAR(h->previous);
+    if (h->exc_type != NULL && type == NULL) {
+        PyErr_Restore(h->exc_type, h->exc_value, h->exc_tb);
+        return -1;
+    }
+    Py_XDECREF(h->exc_type);   /* an exception is on its way already */
+    Py_XDECREF(h->exc_value);
+    Py_XDECREF(h->exc_tb);
+    PyErr_Restore(type, value, tb);
+    return 0;
+}
+
+/* exit(type, value, traceback) of the exception set, which stays set. */
+static void exit_with_error(PyObject *exit) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *r = PyObject_CallFunctionObjArgs(exit, type, value ? value : Py_None,
+                                               tb ? tb : Py_None, NULL);
+    if (r == NULL)
+        PyErr_WriteUnraisable(exit);
+    Py_XDECREF(r);
     PyErr_Restore(type, value, tb);
 }
 
@@ -224,9 +258,14 @@ static PyObject *block_enter(Block *self, PyObject *unused) {
         return NULL;
     }
     PyObject *out = PyObject_CallNoArgs(self->enter);
+    if (hold_end(&h) < 0 && out != NULL) {
+        /* Entered, and another signal's handler raised as the hold ended:
+         * the block ends with that exception, as one at its first line. */
+        exit_with_error(self->exit);
+        Py_CLEAR(out);
+    }
     if (out == NULL && locks)
         release(self->lock);
-    hold_end(&h);
     return out;
 }
 
@@ -235,10 +274,14 @@ static PyObject *block_exit(Block *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO:__exit__", &type, &value, &tb) || !block_ready(self))
         return NULL;
     hold_state h;
-    PyObject *out = NULL;
-    if (hold_begin(&h) == 0) {
+    PyObject *out;
+    if (hold_begin(&h) < 0) {
+        exit_with_error(self->exit);   /* the block ends all the same */
+        out = NULL;
+    } else {
         out = PyObject_CallFunctionObjArgs(self->exit, type, value, tb, NULL);
-        hold_end(&h);
+        if (hold_end(&h) < 0)
+            Py_CLEAR(out);
     }
     if (self->lock != Py_None)
         release(self->lock);

@@ -154,3 +154,36 @@ def test_with_statements_over_descriptors_and_readers_reach_close_with_no_point_
             sys.setprofile(ctrl_c_at_close)
     sys.setprofile(None)
     assert sent and d.fd == -1 and d._file.closed
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_another_signals_exception_pending_as_the_hold_ends_is_raised_as_itself():
+    # A signal that arrives while enter() runs C code alone (sum() over a
+    # range: no point where Python runs a handler) stays pending until the
+    # hold's end, where signal.signal runs its handler first: its exception
+    # (SystemExit here) ends the entered block through exit() and comes out
+    # as itself, not as a KeyboardInterrupt, and no SIGINT is left held.
+    import functools
+
+    def raises_system_exit(signum, frame):
+        raise SystemExit(7)
+
+    log = []
+
+    def exits(*exc):
+        log.append(exc[0])
+        return False
+
+    lock = threading.RLock()
+    previous = signal.signal(signal.SIGALRM, raises_system_exit)
+    try:
+        block = _core.Block(lock, functools.partial(sum, range(60_000_000)), exits)
+        signal.setitimer(signal.ITIMER_REAL, 0.01)
+        with pytest.raises(SystemExit) as raised:
+            with block:
+                log.append("block ran")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert raised.value.code == 7 and log == [SystemExit] and not lock._is_owned()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
