@@ -63,6 +63,18 @@ def commit_record(wt, record: LogRecord, extra=(), pad: bool = False) -> State:
     return state
 
 
+class _Transaction(_core.Block):
+    """A transaction block (Writer.transaction); as a decorator, each call of
+    the function runs in one (as a contextlib context manager's did)."""
+
+    def __call__(self, func):
+        @functools.wraps(func)
+        def in_a_transaction(*args, **kwargs):
+            with self:
+                return func(*args, **kwargs)
+        return in_a_transaction
+
+
 class Writer:
     """The write side of one open Index (thread-safe; one writer lock)."""
 
@@ -177,8 +189,8 @@ class Writer:
         all, a Ctrl-C there left a durability="normal" block's operations
         pending and in no journal (sweep_interrupt seeds 17 and 18).
         """
-        return _core.Block(self.lock, functools.partial(self._begin_block, binds),
-                           self._end_block)
+        return _Transaction(self.lock, functools.partial(self._begin_block, binds),
+                            self._end_block)
 
     def _begin_block(self, binds):
         if self._txn_depth == 0:

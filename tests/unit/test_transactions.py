@@ -193,3 +193,21 @@ def test_close_inside_a_block_rolls_it_back_and_its_end_raises_closed_error(
     assert ix._writer._txn_depth == 0 and not ix._writer.lock._is_owned()
     with Index.open(path) as ix:
         assert ix.fingerprints().tolist() == [1 << 30, 2 << 30]
+
+
+def test_a_transaction_decorates_a_function_each_call_one_commit(tmp_path):
+    path = str(tmp_path / "t.ndx")
+    with Index.create(path, k=3) as ix:
+        @ix.transaction()
+        def add_two(a, b, fail=False):
+            ix.add([a])
+            ix.add([b])
+            if fail:
+                raise Boom
+            return len(ix)
+
+        assert add_two(1 << 20, 2 << 20) == 2
+        with pytest.raises(Boom):
+            add_two(3 << 20, 4 << 20, fail=True)
+        assert add_two(5 << 20, 6 << 20) == 4
+        assert ix.fingerprints().tolist() == [1 << 20, 2 << 20, 5 << 20, 6 << 20]
