@@ -22,7 +22,8 @@ import threading
 import numpy as np
 
 from ndindex import _core, chunks as ch
-from ndindex.arrays import EMPTY_U64, add_recent, insert_sorted, isin_sorted, sorted_unique
+from ndindex.arrays import (EMPTY_U64, add_recent, copy_holding_gil, insert_sorted, isin_sorted,
+                            sorted_unique)
 from ndindex.errors import interrupts_deferred
 from ndindex.records import (LOG_RECORD_SPACES, SPACE_DOCS, SPACE_FPS_BY_KEY, SPACE_KEYS_BY_FP,
                              U64_BE, LogRecord)
@@ -579,7 +580,7 @@ class PendingOps:
         copy's additions are not indexed until a query needs them."""
         out = PendingOps(self._lock)
         with self._mu:
-            out._buf = self._buf[:max(self._n, 64)].copy()
+            out._buf = copy_holding_gil(self._buf[:max(self._n, 64)])
             out._n = self._n
             out._where = self._where.copy()
             out._removes = set(self._removes)

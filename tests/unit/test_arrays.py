@@ -62,3 +62,12 @@ def test_merge_unique_of_long_overlapping_runs(shapes, seed):
     want = np.setdiff1d(np.unique(np.concatenate(parts)), hidden)
     assert np.array_equal(arrays.merge_unique(parts, hidden), want)
     assert np.array_equal(arrays.merge_unique(parts[::-1], hidden), want)
+
+
+def test_copy_holding_gil_is_a_writable_copy_of_its_own():
+    from ndindex.arrays import copy_holding_gil
+    a = np.arange(5000, dtype=np.uint64) * np.uint64(3)
+    b = copy_holding_gil(a[:4000])
+    assert b.dtype == np.uint64 and b.flags.writeable and np.array_equal(b, a[:4000])
+    b[0] = 7
+    assert a[0] == 0 and len(copy_holding_gil(a[:0])) == 0
