@@ -240,7 +240,7 @@ def write_fingerprints(path, fingerprints, keys=None, *, chunk_size: int = DEFAU
     with FingerprintWriter(path, keys=keys is not None, chunk_size=chunk_size) as w:
         if keys is not None or isinstance(fingerprints, (int, np.integer, np.ndarray)) or (
                 isinstance(fingerprints, (list, tuple))
-                and not any(isinstance(v, (np.ndarray, list, tuple)) for v in fingerprints)):
+                and not (fingerprints and isinstance(fingerprints[0], (np.ndarray, list, tuple)))):
             w.write(fingerprints, keys)
         else:
             for part in fingerprints:

@@ -383,9 +383,7 @@ class Writer:
                 self.journal.close(delete=False)
         elif self.journal is not None:
             try:
-                with self.lock:
-                    self._txn_depth = 0
-                    self._savepoints.clear()
+                with self.lock:    # another thread's block ends first
                     if not self.pending and not self._ix._store.in_place():
                         # The file was deleted or moved (every write refused
                         # since): nothing to commit, nowhere to commit it.
