@@ -242,6 +242,8 @@ def claim_build(tmp: str, path: str) -> Descriptor:
         if time.monotonic() > deadline:
             raise FileExistsError(errno.EEXIST, "another process is creating it", path)
         time.sleep(0.01)
+        if _core.take_held_interrupt():   # waiting inside index_build's hold
+            raise KeyboardInterrupt
 
 
 def release_build(build: Descriptor, tmp: str) -> None:
@@ -291,22 +293,41 @@ def index_build_files(path: str, what: str) -> tuple[str, str, tuple]:
     return held, tmp, (tmp, tmp + "-lock", build_path(tmp, "creating"), build_path(tmp, "vacuum"))
 
 
-@contextlib.contextmanager
 def index_build(path: str, what: str):
-    """Hold the build name of an INDEX_BUILDS build of path; yield the name
-    to build the index under.  What a killed build left is deleted first (the
-    name is this process's now), and what remains is deleted at the end: the
-    caller renames or links its index to path before."""
+    """A with block holding the build name of an INDEX_BUILDS build of path;
+    it binds the name to build the index under.  What a killed build left is
+    deleted first (the name is this process's now), and what remains is
+    deleted at the end: the caller renames or links its index to path before.
+
+    Its beginning and end are C (_core.Block), Ctrl-C held back: as a
+    contextlib generator, a Ctrl-C as its __exit__ began left the build
+    name's flock held while the traceback lived, and a retry in the same
+    process waited for itself ("another process is creating it").  The wait
+    for another builder's name ends at a Ctrl-C all the same (claim_build).
+    """
     check_directory_of(path)
     held_name, tmp, leftovers = index_build_files(path, what)
-    build = claim_build(held_name, path)
-    try:
-        _unlink_all(leftovers)
-        yield tmp
-    finally:
-        with contextlib.suppress(OSError):  # never hiding the error that stopped the build
+    claimed = []
+
+    def begin() -> str:
+        build = claim_build(held_name, path)
+        try:
             _unlink_all(leftovers)
-        release_build(build, held_name)
+        except BaseException:
+            release_build(build, held_name)
+            raise
+        claimed.append(build)
+        return tmp
+
+    def end(*exc) -> bool:
+        try:
+            with contextlib.suppress(OSError):  # never hiding the error that stopped the build
+                _unlink_all(leftovers)
+        finally:
+            release_build(claimed.pop(), held_name)
+        return False
+
+    return _core.Block(None, begin, end)
 
 
 def _unlink_all(names) -> None:

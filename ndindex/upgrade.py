@@ -909,33 +909,41 @@ def _copy_synced(src: str, dest: str) -> None:
             os.unlink(tmp)
 
 
-@contextlib.contextmanager
 def _exclusive(path: str):
-    """Hold LMDB's lock file of path exclusively: no other process has the file open.
+    """A with block holding LMDB's lock file of path exclusively: no other
+    process has the file open.
 
     Every LMDB process holds a shared fcntl lock on byte 0 of
     ``<path>-lock`` while it has the file open (and waits for one when it
     opens), so holding an exclusive one keeps every format-1 reader and
     writer out.  The reader then opens the file without LMDB's lock: LMDB
-    would downgrade this process's lock to a shared one.
+    would downgrade this process's lock to a shared one.  Its beginning
+    and end are C (_core.Block), Ctrl-C held back: as a contextlib
+    generator, a Ctrl-C as its __exit__ began left the lock held while the
+    traceback lived.
     """
-    lock = path + "-lock"
-    try:
-        lock_file = Descriptor(lock, os.O_RDWR | os.O_CREAT)   # closed if dropped
-    except OSError as exc:
-        raise translate_error(exc, path) from exc
-    fd = lock_file.fd
-    try:
+    held = []
+
+    def take() -> None:
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+            lock_file = Descriptor(path + "-lock", os.O_RDWR | os.O_CREAT)
         except OSError as exc:
+            raise translate_error(exc, path) from exc
+        try:
+            fcntl.lockf(lock_file.fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+        except OSError as exc:
+            lock_file.close()
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise translate_error(exc, path) from exc
             raise ReadOnlyError(f"{path}: another process has the index open; close it "
                                 "first, or upgrade a copy with -o OUT") from None
-        yield
-    finally:
-        lock_file.close()   # releases the lock
+        held.append(lock_file)
+
+    def let_go(*exc) -> bool:
+        held.pop().close()   # releases the lock
+        return False
+
+    return _core.Block(None, take, let_go)
 
 
 def _clear_leftovers(src: str) -> int:

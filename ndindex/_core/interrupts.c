@@ -83,6 +83,22 @@ static PyObject *held(PyObject *unused, PyObject *args) {
 
 static PyMethodDef held_def = {"held", held, METH_VARARGS, "Count a SIGINT held back."};
 
+/* For a long wait inside a hold (claim_build's, for another process's build
+ * name): whether a Ctrl-C is held back, taken from the hold (the caller
+ * raises KeyboardInterrupt itself, having left nothing behind). */
+static PyObject *take_held_interrupt(PyObject *unused, PyObject *noargs) {
+    if (held_count > 0) {
+        held_count = 0;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef take_held_interrupt_def = {
+    "take_held_interrupt", take_held_interrupt, METH_NOARGS,
+    "True, and no longer held, if a Ctrl-C is held back by the innermost Block's hold.",
+};
+
 typedef struct {
     PyObject *previous;   /* the handler to put back; NULL: not held (not the main thread) */
     long outer_count;     /* the enclosing hold's count */
@@ -334,6 +350,11 @@ int interrupts_module_init(PyObject *m) {
     held_func = PyCFunction_New(&held_def, NULL);
     if (signal_func == NULL || sig_dfl == NULL || held_func == NULL)
         return -1;
+    PyObject *take = PyCFunction_New(&take_held_interrupt_def, NULL);
+    if (take == NULL || PyModule_AddObject(m, "take_held_interrupt", take) < 0) {
+        Py_XDECREF(take);
+        return -1;
+    }
     if (add_instance_method(m, &enter_self_def) < 0 ||
         add_instance_method(m, &exit_closing_def) < 0)
         return -1;

@@ -187,3 +187,58 @@ def test_another_signals_exception_pending_as_the_hold_ends_is_raised_as_itself(
         signal.signal(signal.SIGALRM, previous)
     assert raised.value.code == 7 and log == [SystemExit] and not lock._is_owned()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_as_an_index_build_ends_leaves_its_name_free(tmp_path):
+    # As a contextlib generator, a Ctrl-C as index_build's __exit__ began
+    # left the build name's flock held while the traceback lived: a retry in
+    # the same process waited for itself, then "another process is creating it".
+    import sys
+
+    from ndindex import store
+    path = str(tmp_path / "built.ndx")
+    sent = []
+
+    def ctrl_c_as_the_end_starts(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "end" and not sent:
+            sent.append(1)
+            sys.setprofile(None)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with store.index_build(path, "import") as tmp:
+            assert tmp.endswith(".ndx")
+            sys.setprofile(ctrl_c_as_the_end_starts)
+    sys.setprofile(None)
+    assert sent
+    with store.index_build(path, "import"):    # at once: the name is free
+        pass
+    del raised
+
+
+@pytest.mark.usefixtures("sigint_raises")
+def test_ctrl_c_ends_an_index_builds_wait_for_another_builders_name(tmp_path):
+    # The wait (up to store.BUILD_WAIT_SECONDS) runs inside the Block's
+    # hold; it looks for a Ctrl-C held back and ends with it.
+    import fcntl
+    import time
+
+    from ndindex import store
+    path = str(tmp_path / "built.ndx")
+    held_name = store.index_build_files(path, "import")[0]
+    other = os.open(held_name, os.O_RDWR | os.O_CREAT)   # another builder's name
+    fcntl.flock(other, fcntl.LOCK_EX)
+    try:
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        t = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            with store.index_build(path, "import"):
+                raise AssertionError("the name is another builder's")
+        assert time.monotonic() - t < store.BUILD_WAIT_SECONDS / 2
+        timer.join()
+    finally:
+        os.close(other)
+    with store.index_build(path, "import"):
+        pass
