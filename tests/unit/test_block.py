@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from ndindex import _core
+from tests.interrupts import ctrl_c_at_call
 
 
 class Calls:
@@ -140,20 +141,13 @@ def test_with_statements_over_descriptors_and_readers_reach_close_with_no_point_
     assert made[0].fd == -1
     # A real SIGINT as close() begins: the interrupt comes out, the
     # descriptor is closed all the same.
-    sent = []
-
-    def ctrl_c_at_close(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "close" and not sent:
-            sent.append(1)
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGINT)
-
+    hook = ctrl_c_at_call("close")
     d = descriptor()
     with pytest.raises(KeyboardInterrupt):
         with d:
-            sys.setprofile(ctrl_c_at_close)
+            sys.setprofile(hook)
     sys.setprofile(None)
-    assert sent and d.fd == -1 and d._file.closed
+    assert hook.sent and d.fd == -1 and d._file.closed
 
 
 @pytest.mark.usefixtures("sigint_raises")
@@ -198,20 +192,13 @@ def test_ctrl_c_as_an_index_build_ends_leaves_its_name_free(tmp_path):
 
     from ndindex import store
     path = str(tmp_path / "built.ndx")
-    sent = []
-
-    def ctrl_c_as_the_end_starts(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "end" and not sent:
-            sent.append(1)
-            sys.setprofile(None)
-            os.kill(os.getpid(), signal.SIGINT)
-
+    hook = ctrl_c_at_call("end")
     with pytest.raises(KeyboardInterrupt) as raised:
         with store.index_build(path, "import") as tmp:
             assert tmp.endswith(".ndx")
-            sys.setprofile(ctrl_c_as_the_end_starts)
+            sys.setprofile(hook)
     sys.setprofile(None)
-    assert sent
+    assert hook.sent
     with store.index_build(path, "import"):    # at once: the name is free
         pass
     del raised

@@ -43,6 +43,7 @@ from ndindex import (CapacityError, ClosedError, FormatError, NdindexError, Read
                      records as rec)
 from ndindex import recover
 from ndindex.index import Index
+from tests.interrupts import ctrl_c_at_call
 
 K = 3
 
@@ -1213,23 +1214,15 @@ def test_an_interrupt_as_a_transaction_ends_leaves_no_transaction_behind(
                 return real_end(self)
 
             monkeypatch.setattr(writer.Writer, "_end_transaction", end_after_ctrl_c)
-        block_done, sent = [], []
-
-        def ctrl_c_at_the_first_call(frame, event, arg):
-            if block_done and not sent and event == "call":
-                sent.append(frame.f_code.co_name)
-                sys.setprofile(None)    # a profile function that raises cuts a call short
-                os.kill(os.getpid(), signal.SIGINT)
-
+        hook = ctrl_c_at_call()
         with pytest.raises(KeyboardInterrupt):
             with index.transaction():
                 index.add(block)
                 if where != "as the end starts":
-                    sys.setprofile(ctrl_c_at_the_first_call)
-                    block_done.append(True)
+                    sys.setprofile(hook)
         sys.setprofile(None)
         monkeypatch.undo()
-        assert where == "as the end starts" or sent == ["_end_block"]
+        assert where == "as the end starts" or hook.sent == ["_end_block"]
         assert not index._writer.in_transaction
         seen = index.fingerprints()
         assert np.array_equal(seen, np.union1d(before, block)) or np.array_equal(seen, before)
@@ -1874,26 +1867,18 @@ def test_ctrl_c_as_a_compaction_step_lets_go_of_its_lease_leaves_lease_and_step_
     and the step lock, then taken inside it, too: a close() in that time (a
     with block's exit, as `ndindex compact --full` has it) waited for it for
     ever (sweep_interrupt_points).  Now the end holds Ctrl-C back."""
-    import signal
     import threading
 
     from ndindex import locks
     index = Index.open(path, background_compaction=False)    # its log: work to do
-    sent = []
-
-    def ctrl_c_as_the_lease_ends(frame, event, arg):
-        if event == "call" and frame.f_code.co_name == "_let_go_lease" and not sent:
-            sent.append(1)
-            sys.setprofile(None)    # a profile function that raises cuts a call short
-            os.kill(os.getpid(), signal.SIGINT)
-
+    hook = ctrl_c_at_call("_let_go_lease")
     closer = threading.Thread(target=index.close, daemon=True)
     try:
-        sys.setprofile(ctrl_c_as_the_lease_ends)
+        sys.setprofile(hook)
         with pytest.raises(KeyboardInterrupt) as raised:
             index.compact()
         sys.setprofile(None)
-        assert sent
+        assert hook.sent
         other = os.open(path, os.O_RDWR)
         try:
             assert not locks.held_elsewhere(other, locks.LEASE_BYTE)

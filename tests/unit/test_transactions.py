@@ -13,6 +13,7 @@ import pytest
 
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
+from tests.interrupts import ctrl_c_at_call
 from tests.oracle import check_queries
 from tests.unit.test_index import put_in_state
 
@@ -133,17 +134,9 @@ def test_ctrl_c_as_a_failed_inner_block_ends_undoes_both_blocks_and_the_writer_g
     # points, and one cut it short: the block counted for ever, every later
     # call pending, never committed (sweep_interrupt_points, savepoint-normal,
     # 1 point in 400).  Now that function is the end itself, Ctrl-C held back.
-    import os
-    import signal
     import sys
     path = str(tmp_path / "t.ndx")
-    sent = []
-
-    def ctrl_c_at_the_first_call(frame, event, arg):
-        if event == "call" and not sent:
-            sent.append(frame.f_code.co_name)
-            sys.setprofile(None)    # a profile function that raises cuts a call short
-            os.kill(os.getpid(), signal.SIGINT)
+    hook = ctrl_c_at_call()
 
     with Index.create(path, k=3, durability=durability, background_compaction=False) as ix:
         ix.add([1 << 40])
@@ -153,12 +146,12 @@ def test_ctrl_c_as_a_failed_inner_block_ends_undoes_both_blocks_and_the_writer_g
                 try:
                     with ix.transaction():
                         ix.add([3 << 40])
-                        sys.setprofile(ctrl_c_at_the_first_call)
+                        sys.setprofile(hook)
                         raise Boom
                 except Boom:
                     pass
         sys.setprofile(None)
-        assert sent == ["_end_block"] and not ix._writer.in_transaction
+        assert hook.sent == ["_end_block"] and not ix._writer.in_transaction
         # Held back to the end of the inner block's end, the interrupt lands
         # in the outer block (undone) or as its end returns (committed).
         seen = ix.fingerprints().tolist()
