@@ -37,8 +37,31 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    #: Said after "unrecognized arguments": how the command takes what was given.
+    stray_hint = ""
+
+    def parse_known_args(self, args=None, namespace=None):
+        # A subcommand's extra arguments are reported by the top parser, which
+        # knows no hint: report them here.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self.stray_hint:
+            self.error(f"unrecognized arguments: {' '.join(extras)} ({self.stray_hint})")
+        return namespace, extras
+
     def error(self, message):   # argparse would print usage and call sys.exit(2)
         raise _UsageError(message)
+
+
+def _query_fingerprint(text: str) -> int:
+    """parse_fingerprint, saying how to query a file or a text given in its place."""
+    try:
+        return parse_fingerprint(text)
+    except argparse.ArgumentTypeError as exc:
+        if os.path.exists(text):
+            raise argparse.ArgumentTypeError(f"{exc}; to query this file: --file {text}") from None
+        if any(c.isspace() for c in text):
+            raise argparse.ArgumentTypeError(f"{exc}; to query a text: --text TEXT") from None
+        raise
 
 
 _SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9, "t": 10**12}
@@ -150,7 +173,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "a near-duplicate; docs/psm.md)")
     p.add_argument("--no-fingerprinter", action="store_true",
                    help="store no fingerprinter (fingerprints only)")
-    p.add_argument("--docs", action="store_true",
+    p.add_argument("--docs", "--documents", action="store_true",
                    help="an index for documents (ndindex add --docs, similar, clusters)")
     p.add_argument("--threshold", type=float, metavar="J",
                    help="with --docs: the lowest Jaccard similarity queries may ask for "
@@ -179,7 +202,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="INDEX")
     p.add_argument("source", nargs="?", default="-", metavar="FILE",
                    help="fingerprint list (default -: stdin)")
-    p.add_argument("--docs", nargs="+", metavar="PATH",
+    p.add_argument("--docs", "--documents", nargs="+", metavar="PATH",
                    help="add these files as documents, keyed by path (directories recursively)")
     p.add_argument("--jsonl", metavar="FILE",
                    help='add the documents of JSON lines {"key": K, "text": T} from FILE '
@@ -204,7 +227,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     cli_index.cmd_query)
     p.add_argument("index", metavar="INDEX")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("fingerprint", nargs="?", type=parse_fingerprint, metavar="FINGERPRINT")
+    what.add_argument("fingerprint", nargs="?", type=_query_fingerprint, metavar="FINGERPRINT")
     what.add_argument("--text", metavar="TEXT", help="fingerprint this text")
     what.add_argument("--file", metavar="PATH", help="fingerprint this file")
     what.add_argument("--fingerprints-from", metavar="FILE",
@@ -228,6 +251,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      "ndindex remove pages.ndx --fingerprints-from added.txt",
                      "find old/ -type f | ndindex remove docs.ndx --keys-from -"],
                     cli_index.cmd_remove)
+    p.stray_hint = "name what to remove: --fingerprint FP... or --key KEY..."
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--fingerprint", type=parse_fingerprint, nargs="+", default=[], metavar="FP")
     p.add_argument("--key", nargs="+", default=[], metavar="KEY")

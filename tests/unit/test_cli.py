@@ -274,6 +274,11 @@ def test_a_dump_is_not_written_to_or_read_from_a_terminal(ix, tmp_path, argv, st
     (["query", "{tmp}/t.ndx", "0x1", "-k", "9"], "k=9 is outside 0..4"),
     (["create", "{tmp}/t.ndx"], "ndindex: {tmp}/t.ndx: already exists"),
     (["remove", "{tmp}/t.ndx"], "remove needs --fingerprint"),
+    # What a new user types first, answered with the way the command takes it.
+    (["remove", "{tmp}/t.ndx", "123"], "unrecognized arguments: 123 (name what to remove: "
+                                       "--fingerprint FP... or --key KEY...)"),
+    (["query", "{tmp}/t.ndx", "{tmp}/junk"], "; to query this file: --file {tmp}/junk"),
+    (["query", "{tmp}/t.ndx", "two words"], "; to query a text: --text TEXT"),
     (["add", "{tmp}/t.ndx", "{tmp}/nothing"], "{tmp}/nothing: No such file"),
     (["dedup", "{tmp}", "--min-size", "lots"], "not a size"),
 ])
@@ -400,6 +405,15 @@ def test_stats_names_what_the_log_holds_apart_from_the_runs(ix, capsys, monkeypa
     assert line.endswith("; 2 operations in the log, not yet compacted")
     bits = float(line.split(" bits per fingerprint")[0].rsplit(", ", 1)[1])
     assert 8 < bits < 128                   # the runs' bytes over the runs' fingerprints
+
+
+def test_documents_is_another_name_of_docs(tmp_path, capsys):
+    path, text = str(tmp_path / "d.ndx"), tmp_path / "a.txt"
+    text.write_text("the documents option is spelled as the python api spells it")
+    assert run(capsys, "create", path, "--documents")[0] == 0
+    assert run(capsys, "add", path, "--documents", str(text))[0] == 0
+    status, out, _ = run(capsys, "similar", path, str(text))
+    assert status == 0 and str(text) in out
 
 
 def test_create_says_what_it_made(tmp_path, capsys):
