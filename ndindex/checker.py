@@ -109,9 +109,9 @@ def verify(ix, progress=None) -> dict:
             raise CorruptionError(f"table {t} holds different fingerprints from table 0 "
                                   f"({digest[0]:,} against {reference[0]:,})",
                                   database=DB_CHUNKS)
-    if not ix.packs_raw:
+    if not ix._packs_raw:
         _check_plain_raw(view, man, ix._header.read_version)
-    if len(man.of(SPACE_TOMBSTONES)) > 1 and not ix.levels_tombstones:
+    if len(man.of(SPACE_TOMBSTONES)) > 1 and not ix._levels_tombstones:
         raise CorruptionError(f"{len(man.of(SPACE_TOMBSTONES))} tombstone runs in a file of "
                               f"format {ix._header.read_version} (one before format 5, [M3])",
                               database=DB_META, key=KEY_MANIFEST)

@@ -375,7 +375,7 @@ class Compactor:
             self._flush(snap)
             return True
         # A few tombstone runs at most: a query looks a candidate up in each.
-        if len(snap.tombstone_runs) > levels.TOMBSTONE_RUNS and self._ix.levels_tombstones and \
+        if len(snap.tombstone_runs) > levels.TOMBSTONE_RUNS and self._ix._levels_tombstones and \
                 self._tombstone_round(snap):
             return True
         if self._merge_round(snap, full):
@@ -386,7 +386,7 @@ class Compactor:
         # Tombstones no run can hold any more go as soon as the merges that
         # outdated them are done (not only at the next flush): every merge
         # reads the tombstones whole, and they take space.
-        if self._ix.levels_tombstones:
+        if self._ix._levels_tombstones:
             return self._tombstone_round(snap)
         if len(snap.tombstones) and self._tombstones_droppable(snap.manifest,
                                                                snap.tombstone_stamps):
@@ -541,7 +541,7 @@ class Compactor:
         t_fps, t_stamps = snap.tombstones, snap.tombstone_stamps
         back = adds[isin_sorted(adds, t_fps)]
         fps, stamps = t_fps, t_stamps
-        if not ix.levels_tombstones and (len(back) or len(log.removes)):
+        if not ix._levels_tombstones and (len(back) or len(log.removes)):
             # A file before format 5 rewrites its one tombstone run with them.
             keep = ~isin_sorted(t_fps, back)
             fps = np.concatenate([t_fps[keep], log.removes])
@@ -552,7 +552,7 @@ class Compactor:
         def hiding(run_id: int) -> np.ndarray:
             """The tombstones after the flush that hide values of run run_id:
             those stamped after it, the log's removals among them."""
-            if not ix.levels_tombstones:
+            if not ix._levels_tombstones:
                 return fps[stamps > run_id]
             newer = t_fps[t_stamps > run_id]
             if len(back):
@@ -577,7 +577,7 @@ class Compactor:
             code = codec.HuffmanCode.from_values(values, ix.coding) if kind == KIND_HUFFMAN \
                 else None
             pairs, n, last = rn.build_fp_chunks(t, rid, kind, values, code, None, True,
-                                                packed=ix.packs_raw)
+                                                packed=ix._packs_raw)
             return pairs, n, int(values[0]), last, code, values
 
         # The tables' runs are built side by side on the merge threads (550
@@ -605,7 +605,7 @@ class Compactor:
             puts += pairs
             man.runs.insert(0, Run(space, KIND_RECORDS, 0, rid, count, len(pairs),
                                    sum(len(v) for _, v in pairs)))
-        if ix.levels_tombstones:
+        if ix._levels_tombstones:
             puts_t, deletes_t = self._flush_tombstones(snap, man, back, log.removes, first_new)
         else:
             # A tombstone no run can hold any more goes (see _droppable).
@@ -756,12 +756,12 @@ class Compactor:
         low = output.last if output.chunks else None
         pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
                                                   code, low, final, whole_chunks_only=not final,
-                                                  packed=self._ix.packs_raw)
+                                                  packed=self._ix._packs_raw)
         if not final and not written and len(merged):
             # Less than a chunk's worth up to the bound: write it as a short
             # chunk rather than make no progress.
             pairs, written, last = rn.build_fp_chunks(space, output.run_id, output.kind, merged,
-                                                      code, low, False, packed=self._ix.packs_raw)
+                                                      code, low, False, packed=self._ix._packs_raw)
         if final:
             done = (1 << 64) - 1
         else:

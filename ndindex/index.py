@@ -447,21 +447,21 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         return self._header.coding
 
     @property
-    def packs_raw(self) -> bool:
+    def _packs_raw(self) -> bool:
         """Whether compaction writes packed raw blocks (FORMAT.md 5.3): in files
         of read version 4 and above, so that an older file stays readable by
         the versions that wrote it."""
         return self._header.read_version >= rec.PACKED_RAW_VERSION
 
     @property
-    def levels_tombstones(self) -> bool:
+    def _levels_tombstones(self) -> bool:
         """Whether flushes write tombstones as runs of their own (format 5,
         FORMAT.md 7.8): an older file keeps one tombstone run, which its
         readers expect, until `ndindex upgrade`."""
         return self._header.read_version >= rec.TOMBSTONE_RUNS_VERSION
 
     @property
-    def pads_log(self) -> bool:
+    def _pads_log(self) -> bool:
         """Whether log records are padded (format 5, FORMAT.md [F19]), which
         readers of older versions reject."""
         return self._header.read_version >= rec.PADDED_LOG_VERSION

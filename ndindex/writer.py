@@ -176,7 +176,7 @@ class Writer:
         """Commit record; (state, began) for Index._wrote, which may wait
         (backpressure) and so is left to the caller."""
         began = time.monotonic()
-        pad = self._ix.pads_log
+        pad = self._ix._pads_log
         return self._ix._store.write(lambda wt: commit_record(wt, record, extra, pad),
                                      sync=True), began
 
@@ -449,7 +449,7 @@ def replay_journals(index) -> int:
             record = acc.to_record()
             n = log_ops(record)
             if n:
-                commit_record(wt, record, pad=index.pads_log)
+                commit_record(wt, record, pad=index._pads_log)
             else:
                 _stamp_state(wt)
             if raw is not None:

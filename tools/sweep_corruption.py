@@ -221,7 +221,7 @@ def build_large(path: str, seed: int, options: dict) -> dict:
         man = ix._snapshot().manifest
         if not any(r.merge_into for r in man.runs):
             raise SystemExit("sweep_corruption: the large index has no merge in progress")
-        if len(ix._snapshot().tombstone_runs) < 2 and ix.levels_tombstones:
+        if len(ix._snapshot().tombstone_runs) < 2 and ix._levels_tombstones:
             raise SystemExit("sweep_corruption: the large index has fewer than two tombstone runs")
     out = subprocess.run([sys.executable, "-c", JOURNAL_CHILD, path, str(seed)],
                          capture_output=True, text=True, timeout=600)

@@ -126,7 +126,7 @@ def test_a_new_index_packs_its_small_levels_and_answers_exactly(tmp_path):
     fps = np.unique(rng.integers(0, 2**64, 150_000, dtype=np.uint64))
     with Index.create(tmp_path / "p.ndx", k=3, expected_n=len(fps),
                       background_compaction=False, log_limit=1 << 30) as ix:
-        assert ix.packs_raw and ix.stats()["format"] == 5
+        assert ix._packs_raw and ix.stats()["format"] == 5
         streamed(ix, fps)
         blocks = raw_blocks_in(ix)
         assert blocks and all(b[6] for b in blocks)   # 50,000 a flush: spans of 54-55 bits
@@ -146,14 +146,14 @@ def test_a_version_3_file_keeps_plain_blocks_until_upgraded(tmp_path):
         header = dataclasses.replace(ix._header, read_version=3, write_version=3)
         ix._store.write(lambda wt: put_header(wt, header), sync=True)
     with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
-        assert not ix.packs_raw and ix.stats()["format"] == 3
+        assert not ix._packs_raw and ix.stats()["format"] == 3
         streamed(ix, fps[:100_000], parts=2)
         assert raw_blocks_in(ix) and not any(b[6] for b in raw_blocks_in(ix))
         assert_exact(ix, fps[:100_000], rng)
     report = upgrade(path)
     assert report["upgraded"] and report["format"] == 5
     with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
-        assert ix.packs_raw and ix._header.write_version == 5
+        assert ix._packs_raw and ix._header.write_version == 5
         streamed(ix, fps[100_000:], parts=1)
         assert raw_blocks_in(ix) and all(b[6] for b in raw_blocks_in(ix))
         assert_exact(ix, fps, rng)

@@ -67,7 +67,7 @@ def built(tmp_path):
 def test_each_flush_writes_its_removals_as_a_run_of_their_own(built):
     ix, fps = built
     rng = np.random.default_rng(2)
-    assert ix.levels_tombstones and ix._header.read_version == rec.FORMAT_VERSION == 5
+    assert ix._levels_tombstones and ix._header.read_version == rec.FORMAT_VERSION == 5
     stored = fps
     for part in np.array_split(rng.permutation(fps)[:2_000], 3):
         before = {r.run_id: r for r in tomb_runs(ix)}
@@ -172,7 +172,7 @@ def test_a_format_4_file_keeps_one_tombstone_run_until_upgraded(tmp_path):
         header = dataclasses.replace(ix._header, read_version=4, write_version=4)
         ix._store.write(lambda wt: put_header(wt, header), sync=True)
     with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
-        assert not ix.levels_tombstones
+        assert not ix._levels_tombstones
         ix.add(fps)
         ix.compact(full=True)
         for part in np.array_split(fps[:1_500], 3):
@@ -186,7 +186,7 @@ def test_a_format_4_file_keeps_one_tombstone_run_until_upgraded(tmp_path):
     report = upgrade(path)
     assert report["upgraded"] and report["format"] == 5
     with Index.open(path, background_compaction=False, log_limit=1 << 30) as ix:
-        assert ix.levels_tombstones
+        assert ix._levels_tombstones
         remove_in_flushes(ix, stored[:1_000], 2)
         assert len(tomb_runs(ix)) == 2
         assert_exact(ix, stored[1_000:], rng)
