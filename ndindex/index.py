@@ -692,8 +692,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         if self.fingerprinter is None:
             if not required:
                 return None
-            raise ValueError(f"{self.path}: the index stores no fingerprinter: query "
-                             "fingerprints, or pass probabilities")
+            raise ValueError(f"{self.path}: the index stores no fingerprinter (it stores "
+                             "fingerprints only): texts need Index.create(..., "
+                             "fingerprinter=Fingerprinter()); query() takes fingerprints")
         return self._doc_config.fingerprinter
 
     def _flip_probabilities(self, probabilities, margins, rows: int | None, max_probes):
