@@ -43,6 +43,7 @@ from ndindex.cluster import clusters_from_pairs
 from ndindex.fingerprint import Fingerprinter, bottom_k, extract
 from ndindex.fingerprint import features as feature_pieces
 from ndindex.fingerprint.bands import KeyDesign, KeyMaker, min_values_for
+from ndindex.fingerprint.normalize import many_texts
 from ndindex.fingerprint.minhash import bottom_k_more
 
 __all__ = ["DocumentSketches", "NearDuplicatePairs", "NearDuplicateClusters", "PAIR_DTYPE",
@@ -211,7 +212,7 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
     """
     fingerprinter = Fingerprinter() if fingerprinter is None else fingerprinter
     design = KeyDesign() if design is None else design
-    texts = list(texts)
+    texts = list(many_texts(texts, "texts"))
     workers = _worker_count(len(texts), workers)
     if workers <= 1:
         return _sketch_texts(texts, fingerprinter, design, simhash)

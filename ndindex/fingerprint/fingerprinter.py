@@ -22,7 +22,7 @@ from ndindex.fingerprint.features import (PIECE_CHARS, FeatureSpec, FeatureStrea
 from ndindex.fingerprint.html import html_to_text
 from ndindex.fingerprint.minhash import (DEFAULT_BOTTOM_K, DEFAULT_NUM_PERM, MinHashFamily,
                                          bottom_k_jaccard, bottom_k_more, jaccard_estimate)
-from ndindex.fingerprint.normalize import decode_text
+from ndindex.fingerprint.normalize import decode_text, many_texts
 from ndindex.fingerprint.simhash import SimhashAccumulator
 from ndindex.fingerprint.volatility import DEFAULT_FLIP_MODEL, FlipModel
 from ndindex.fingerprint.weights import (WEIGHTINGS, FeatureCounts, IdfTable, weigh,
@@ -177,7 +177,7 @@ class Fingerprinter:
 
     def simhash_many(self, documents: Iterable[str | bytes]) -> np.ndarray:
         """Return the simhashes of many documents as a uint64 array."""
-        return np.fromiter((self.simhash(d) for d in documents), dtype=np.uint64)
+        return np.fromiter((self.simhash(d) for d in many_texts(documents)), dtype=np.uint64)
 
     def simhash_stream(self, pieces: Iterable[str | bytes], *, _decoded: bool = False
                        ) -> tuple[int, np.ndarray]:
@@ -229,7 +229,7 @@ class Fingerprinter:
 
     def minhash_many(self, documents: Iterable[str | bytes]) -> np.ndarray:
         """Return an (n, num_perm) uint32 array of sketches."""
-        rows = [self.minhash(d) for d in documents]
+        rows = [self.minhash(d) for d in many_texts(documents)]
         return np.stack(rows) if rows else np.empty((0, self.num_perm), np.uint32)
 
     def minhash_stream(self, pieces: Iterable[str | bytes]) -> np.ndarray:
@@ -292,7 +292,7 @@ class Fingerprinter:
     def learn_idf(self, documents: Iterable[str | bytes]) -> Fingerprinter:
         """Return a copy with weighting ``tfidf`` and an idf table learned from
         the simhash features of ``documents``."""
-        table = IdfTable.learn(self.feature_hashes(d) for d in documents)
+        table = IdfTable.learn(self.feature_hashes(d) for d in many_texts(documents))
         return dataclasses.replace(self, weighting="tfidf", idf=table)
 
     # ------------------------------------------------------------ bytes

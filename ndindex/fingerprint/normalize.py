@@ -110,6 +110,15 @@ def looks_binary(data: bytes | bytearray | memoryview) -> bool:
     return (controls + invalid) > BINARY_MAX_CONTROL_FRACTION * max(len(head), 64)
 
 
+def many_texts(documents, what: str = "documents"):
+    """documents, checked not to be one text: a str or bytes is iterable too,
+    and taken as many it would be a document per character (or byte)."""
+    if isinstance(documents, (str, bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be an iterable of texts, got one "
+                        f"{type(documents).__name__}: give [text] for a single text")
+    return documents
+
+
 def decode_text(data: str | bytes | bytearray | memoryview, *, binary: str = "raise") -> str:
     """Return ``data`` as str; bytes are decoded as UTF-8.
 

@@ -259,6 +259,17 @@ def test_bad_arguments_raise():
     assert len(near_duplicate_pairs([])) == 0
 
 
+@pytest.mark.parametrize("call", [
+    lambda t: near_duplicate_pairs(t), lambda t: near_duplicate_clusters(t),
+    lambda t: fingerprint_documents(t), lambda t: Fingerprinter().simhash_many(t),
+    lambda t: Fingerprinter().minhash_many(t), lambda t: Fingerprinter().learn_idf(t)])
+@pytest.mark.parametrize("one", ["a text of a few words here", b"a text of a few words here"])
+def test_one_text_where_many_are_asked_is_a_type_error_not_a_text_per_character(call, one):
+    # Iterated, a str is a document per character: pairs of every letter.
+    with pytest.raises(TypeError, match=r"got one (str|bytes): give \[text\]"):
+        call(one)
+
+
 def test_key_design_for_threshold_and_bytes():
     assert KeyDesign.for_threshold(0.8) == KeyDesign()
     assert KeyDesign.for_threshold(0.9) == KeyDesign()
