@@ -75,7 +75,7 @@ class QueryTables:
 
     def __init__(self, queries, k: int, plan: plans.Plan | None = None):
         self.values = sorted_unique(_as_fingerprints(queries))
-        self.k = plans._check_k(k)
+        self.k = plans.check_k(k)
         if plan is None:
             plan = plans.choose_plan(max(len(self.values), 1), self.k)
         elif plan.k < self.k:

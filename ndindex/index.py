@@ -179,7 +179,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
             return cls._open_existing(path, k, fingerprinter, durability=durability,
                                       background_compaction=background_compaction,
                                       log_limit=log_limit)
-        k = validate.planner_k(k)
+        k = plans.check_k(k)
         expected_n = validate.positive_int(expected_n, "expected_n")
         if expected_n > plans.MAX_EXPECTED_N:      # the header holds it as a u64
             plans.choose_plan(expected_n, k)        # raises, saying why

@@ -554,17 +554,17 @@ def candidate_designs(k: int) -> list[Plan]:
     one covers every set of at most k flipped bits by the pigeonhole argument.
     Raises: ValueError for k outside 0..MAX_PLANNER_K.  Cost: built once per k (under 0.1 s).
     """
-    return list(_candidates(_check_k(k)))
+    return list(_candidates(check_k(k)))
 
 
-def _check_k(k: int) -> int:
-    k = operator.index(k)
-    if k < 0:
-        raise ValueError(f"k must be >= 0, found {k}")
-    if k > MAX_PLANNER_K:
-        raise ValueError(f"k={k} is beyond the planner's limit of {MAX_PLANNER_K} "
-                         f"(designs are made and tested for k = 0..{MAX_PLANNER_K})")
-    return k
+def check_k(k) -> int:
+    """A k the planner can build tables for: an int in 0..MAX_PLANNER_K (its
+    designs are made and tested for those)."""
+    if not isinstance(k, (int, np.integer)) or isinstance(k, (bool, np.bool_)):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 0 <= k <= MAX_PLANNER_K:
+        raise ValueError(f"k must be in 0..{MAX_PLANNER_K}, got {k}")
+    return int(k)
 
 
 def _min_prefix(plan: Plan) -> int:
@@ -608,13 +608,13 @@ def choose_plan(expected_n: int, k: int, *, max_tables: int | None = None,
     Parameters: expected_n >= 1; k in 0..MAX_PLANNER_K (12); max_tables >= 1;
     max_probe_entries > 0.
     Returns: the Plan.
-    Raises: ValueError for k < 0, k > MAX_PLANNER_K (the planner's limit), expected_n < 1,
+    Raises: TypeError for a k that is not an int; ValueError for k outside 0..MAX_PLANNER_K, expected_n < 1,
     a non-positive budget, or a budget no candidate meets.
     Cost: about a millisecond the first time for given arguments, then a
     cache lookup (check_and_add_many plans each batch's self-join: a
     millisecond a call of 1,000 was a tenth of the call).
     """
-    k = _check_k(k)
+    k = check_k(k)
     _check_expected_n(expected_n)
     if max_tables is not None and max_tables < 1:
         raise ValueError(f"max_tables must be >= 1, found {max_tables}")
@@ -697,7 +697,7 @@ def psm_plan(expected_n: int, k: int, *, header_bits: int | None = None) -> Plan
     Returns: the Plan, probabilistic=True.
     Raises: ValueError for a bad expected_n, k or header_bits.
     """
-    k = _check_k(k)
+    k = check_k(k)
     p = psm_header_bits(expected_n) if header_bits is None else operator.index(header_bits)
     if not 1 <= p <= MAX_PSM_HEADER_BITS:
         raise ValueError(f"header_bits must be 1..{MAX_PSM_HEADER_BITS}, found {p}")

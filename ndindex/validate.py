@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ndindex import plan as plans
 from ndindex.records import encode_doc_key
 
 
@@ -52,15 +51,6 @@ def fingerprint(fp) -> int:
     if not 0 <= fp < 1 << 64:
         raise ValueError(f"fingerprint {fp} is outside 0..2^64-1")
     return fp
-
-
-def planner_k(k) -> int:
-    """A k the planner can build tables for (0..MAX_PLANNER_K)."""
-    if not isinstance(k, (int, np.integer)) or isinstance(k, bool):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 0 <= k <= plans.MAX_PLANNER_K:
-        raise ValueError(f"k must be in 0..{plans.MAX_PLANNER_K}, got {k}")
-    return int(k)
 
 
 def query_k(k, largest: int) -> int:

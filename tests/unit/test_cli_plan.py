@@ -59,7 +59,7 @@ def test_plan_tables_flag_prints_every_table(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "-n", "10", "-k", "13"], "planner's limit of 12"),
+    (["plan", "-n", "10", "-k", "13"], "k must be in 0..12, got 13"),
     (["plan", "-n", "0", "-k", "3"], "expected_n must be in 1..2^64-1"),
     (["plan", "-n", "1e30", "-k", "3"], "expected_n must be in 1..2^64-1"),
     (["create", "big.ndx", "-n", "1e30"], "expected_n must be in 1..2^64-1"),

@@ -273,8 +273,10 @@ def test_psm_plan_is_one_identity_table_of_psm_header_bits():
         psm_plan(1000, 3, header_bits=0)
     with pytest.raises(ValueError, match="header_bits must be 1..40"):
         psm_plan(1000, 3, header_bits=41)
-    with pytest.raises(ValueError, match="planner's limit"):
+    with pytest.raises(ValueError, match=r"k must be in 0\.\.12, got 13"):
         psm_plan(1000, MAX_PLANNER_K + 1)
+    with pytest.raises(TypeError, match="k must be an int, got float"):
+        choose_plan(1000, 3.0)
 
 
 def test_psm_header_bits_expects_psm_entries_per_header():
@@ -426,8 +428,8 @@ def test_choose_plan_budgets():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(expected_n=10, k=-1), "k must be >= 0"),
-    (dict(expected_n=10, k=13), "planner's limit of 12"),
+    (dict(expected_n=10, k=-1), r"k must be in 0\.\.12, got -1"),
+    (dict(expected_n=10, k=13), r"k must be in 0\.\.12, got 13"),
     (dict(expected_n=0, k=3), r"expected_n must be in 1\.\.2\^64-1"),
     (dict(expected_n=2**64, k=3), r"expected_n must be in 1\.\.2\^64-1"),
     (dict(expected_n=10, k=3, max_tables=3), "too few for k=3"),
