@@ -73,7 +73,11 @@ def doc_pairs(fps: np.ndarray, keys) -> list:
     if isinstance(keys, (str, bytes)):
         raise TypeError("keys must be a sequence with one key per fingerprint, not a single "
                         "str/bytes (one int fingerprint takes one key)")
-    keys = list(keys)
+    try:
+        keys = list(keys)
+    except TypeError:
+        raise TypeError(f"keys must be a sequence with one key (str, bytes or None) per "
+                        f"fingerprint, got {type(keys).__name__}") from None
     if len(keys) != len(fps):
         raise ValueError(f"got {len(keys)} keys for {len(fps)} fingerprints")
     return [(int(fp), encode_doc_key(key)) for fp, key in zip(fps.tolist(), keys) if key is not None]

@@ -156,10 +156,11 @@ def test_bad_fingerprint_batch_raises_and_writes_nothing(ix, batch, error):
     (["x" * (rec.MAX_DOC_KEY_BYTES + 1), "b"], ValueError),
     ([b"x" * (rec.MAX_DOC_KEY_BYTES + 1), "b"], ValueError),
     (["\udcff", "b"], ValueError),
+    (5, TypeError),
 ], ids=["str", "bytes", "ints", "float", "too-few", "too-many", "empty-str", "empty-bytes",
-        "long-str", "long-bytes", "lone-surrogate"])
+        "long-str", "long-bytes", "lone-surrogate", "int"])
 def test_bad_keys_raise_and_write_nothing(ix, keys, error):
-    with pytest.raises(error):
+    with pytest.raises(error, match="key"):
         ix.add([12345, 67890], keys=keys)
     assert 12345 not in ix and 67890 not in ix
     assert_intact(ix)
