@@ -24,13 +24,15 @@ crashed writer never leaves a half file under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import weakref
 
 import numpy as np
 import zstandard
 
-from ndindex import _core, validate
+from ndindex import _core, store, validate
 from ndindex.chunks import zstd_exact
 from ndindex.errors import CorruptionError, FormatError
 
@@ -95,7 +97,9 @@ class FingerprintWriter:
     """Write a fingerprint file (or a pair file) chunk by chunk.
 
     Use as a context manager; the file appears under ``path`` only when it
-    is closed without an exception.  Parameters: path; kind,
+    is closed without an exception.  Until then it is written under a hidden
+    name beside it, deleted if the block fails, close() fails (a full disk)
+    or the writer is dropped unclosed; a killed process leaves only that.  Parameters: path; kind,
     KIND_FINGERPRINTS or KIND_PAIRS; keys, whether fingerprints carry keys
     (bytes; str is stored as UTF-8, None as empty); chunk_size, entries per
     chunk (1..2^24); level, the zstd level.  Raises FileExistsError if path
@@ -114,8 +118,9 @@ class FingerprintWriter:
         if os.path.exists(self.path):
             raise FileExistsError(f"{self.path}: already exists")
         self.kind, self.keys, self.chunk_size = kind, bool(keys), int(chunk_size)
-        self._tmp = self.path + ".tmp"
-        self._file = open(self._tmp, "wb")
+        self._tmp = store.aside_name(self.path, "writing")
+        self._file = open(self._tmp, "xb")
+        self._discard = weakref.finalize(self, _discard, self._file, self._tmp)
         self._zstd = zstandard.ZstdCompressor(level=level)
         self._pending: list = []
         self._pending_n = 0
@@ -199,26 +204,28 @@ class FingerprintWriter:
         """Write the last chunk, the footer and the trailer; move the file into place."""
         if self._file is None:
             return
-        if self._pending_n:
-            self._flush(self._pending_n)
-        footer_at = self._file.tell()
-        body = FOOTER_HEAD.pack(0, 0, len(self._offsets), 0, self.count)[4:]
-        body += np.array(self._offsets, dtype="<u8").tobytes()
-        trailer = TRAILER.pack(footer_at, END_MAGIC)
-        crc = _core.crc32c(body + trailer[:8])
-        self._file.write(struct.pack("<I", crc) + body + trailer)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        os.replace(self._tmp, self.path)
+        try:
+            if self._pending_n:
+                self._flush(self._pending_n)
+            footer_at = self._file.tell()
+            body = FOOTER_HEAD.pack(0, 0, len(self._offsets), 0, self.count)[4:]
+            body += np.array(self._offsets, dtype="<u8").tobytes()
+            trailer = TRAILER.pack(footer_at, END_MAGIC)
+            crc = _core.crc32c(body + trailer[:8])
+            self._file.write(struct.pack("<I", crc) + body + trailer)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            store.publish(self._tmp, self.path)   # FileExistsError if path appeared
+        finally:
+            # Published, the hidden name is a link of its own; else the file
+            # (a full disk's half) goes.
+            self.abort()
 
     def abort(self) -> None:
         """Discard the file being written."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-            os.unlink(self._tmp)
+        self._file = None
+        self._discard()
 
     def __enter__(self):
         return self
@@ -228,6 +235,13 @@ class FingerprintWriter:
             self.close()
         else:
             self.abort()
+
+
+def _discard(file, tmp: str) -> None:
+    """Close and delete an unpublished file (its writer's finalizer)."""
+    file.close()
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
 
 
 def write_fingerprints(path, fingerprints, keys=None, *, chunk_size: int = DEFAULT_CHUNK_COUNT) -> int:

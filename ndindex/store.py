@@ -358,16 +358,22 @@ def publish(tmp: str, path: str) -> None:
     fsync_path(os.path.dirname(os.path.abspath(path)))
 
 
+def aside_name(dest: str, kind: str) -> str:
+    """A new hidden name beside dest, ``.NAME.XXXX.kind``, to write dest's file
+    under before publish() gives it its name (dest's directory checked)."""
+    full = os.path.abspath(dest)
+    check_directory_of(full)
+    return os.path.join(os.path.dirname(full),
+                        f".{os.path.basename(full)}.{os.urandom(6).hex()}.{kind}")
+
+
 @contextlib.contextmanager
 def written_aside(dest: str, kind: str):
     """Yield a new hidden name beside dest to write a file under; once the block
     ends, the file takes the name dest (publish, then the directory is synced),
     and on an exception it is deleted.  A killed writer leaves only the hidden
     ``.NAME.XXXX.kind`` file, never a part of one under dest."""
-    full = os.path.abspath(dest)
-    check_directory_of(full)
-    tmp = os.path.join(os.path.dirname(full),
-                       f".{os.path.basename(full)}.{os.urandom(6).hex()}.{kind}")
+    tmp = aside_name(dest, kind)
     try:
         yield tmp
         publish(tmp, dest)

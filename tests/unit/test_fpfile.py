@@ -1,5 +1,7 @@
 """Fingerprint files (ndindex.fpfile): round trips, keys, pairs, corruption and truncation."""
 
+import errno
+import gc
 import os
 
 import numpy as np
@@ -70,7 +72,7 @@ def test_fingerprints_and_pairs_are_checked_as_index_add_checks_them(tmp_path):
         path = tmp_path / f"bad{i}.ndfp"
         with pytest.raises(error, match=match):
             fpfile.write_fingerprints(path, fps)
-        assert not os.path.exists(path) and not os.path.exists(f"{path}.tmp")
+        assert os.listdir(tmp_path) == []
     with pytest.raises(TypeError, match="structured array with fields q, f, distance"):
         fpfile.write_pairs(tmp_path / "p.ndfp", [np.zeros(3)])
     # A list of ints is one batch, with keys too; parts of a generator are checked.
@@ -97,7 +99,35 @@ def test_writer_refuses_existing_file_and_leaves_nothing_on_error(tmp_path, valu
         with fpfile.FingerprintWriter(tmp_path / "y.ndfp") as w:
             w.write(values)
             raise RuntimeError("boom")
-    assert not os.path.exists(tmp_path / "y.ndfp") and not os.path.exists(tmp_path / "y.ndfp.tmp")
+    assert os.listdir(tmp_path) == ["x.ndfp"]
+
+
+def test_a_writer_that_cannot_finish_or_is_dropped_leaves_no_file(tmp_path, values, monkeypatch):
+    # A full disk as the file is synced: the half-written file went nowhere,
+    # under its temporary name, and held the space the disk lacked.
+    def no_space(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", no_space)
+        with pytest.raises(OSError, match="No space"):
+            fpfile.write_fingerprints(tmp_path / "full.ndfp", values)
+    assert os.listdir(tmp_path) == []
+    # A writer dropped unclosed (its with statement's end cut short, or none).
+    w = fpfile.FingerprintWriter(tmp_path / "dropped.ndfp")
+    w.write(values)
+    assert len(os.listdir(tmp_path)) == 1
+    del w
+    gc.collect()
+    assert os.listdir(tmp_path) == []
+    # Two writers of one name: the second to finish does not replace the first.
+    a, b = fpfile.FingerprintWriter(tmp_path / "z.ndfp"), fpfile.FingerprintWriter(tmp_path / "z.ndfp")
+    a.write(values[:10])
+    b.write(values[:20])
+    a.close()
+    with pytest.raises(FileExistsError):
+        b.close()
+    assert os.listdir(tmp_path) == ["z.ndfp"]
+    assert np.array_equal(fpfile.read_fingerprints(tmp_path / "z.ndfp"), values[:10])
 
 
 def test_corrupt_chunk_raises_naming_the_chunk(tmp_path, values):
