@@ -130,7 +130,7 @@ def verify(ix, progress=None) -> dict:
     _check_documents(live_keys[SPACE_DOCS], by_fp, documents_configured)
     return dict(tables=len(ix.plan.tables), runs=runs_checked, chunks=chunk_count,
                 table_entries=reference[0] if reference is not None else 0,
-                log_records=snap.state.log_next_seq - snap.state.log_first_seq,
+                log_records=snap.state.log_records,
                 log_entries=snap.state.log_ops, removed_pending=len(snap.tombstones),
                 keys=len(by_fp), lmdb=lmdb_stats)
 

@@ -321,8 +321,8 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         """Close the index: stop compaction, checkpoint the journal.  Idempotent.
 
         With background compaction on, a log of compaction.CLOSE_FLUSH_OPS
-        operations or more is flushed into runs first (about 0.1 s for
-        65,000), as SQLite checkpoints its WAL when the last connection
+        operations or FLUSH_RECORDS records or more is flushed into runs
+        first (about 0.1 s for 65,000 operations), as SQLite checkpoints its WAL when the last connection
         closes, so that the next open's first query does not read it whole.
         Ctrl-C waits for the end of it (a few tenths of a second, or the end
         of a transaction in another thread); a second one does not.  Inside
@@ -350,7 +350,9 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
                 if background:
                     # Optional work: a failure (a full disk) leaves the log as it is.
                     with contextlib.suppress(NdindexError):
-                        if self._snapshot().state.log_ops >= compaction.CLOSE_FLUSH_OPS:
+                        state = self._snapshot().state
+                        if state.log_ops >= compaction.CLOSE_FLUSH_OPS or \
+                                state.log_records >= compaction.FLUSH_RECORDS:
                             self._compactor.flush_log()
         finally:
             self._finalizer.detach()

@@ -242,7 +242,7 @@ class MaintenanceMethods:
         return dict(
             path=self.path, k=self.k, format=self._header.read_version,
             coding=codec.CODING_NAMES[self.coding], fingerprints=n, log_entries=snap.state.log_ops,
-            log_records=snap.state.log_next_seq - snap.state.log_first_seq,
+            log_records=snap.state.log_records,
             removed_pending=sum(r.entries for r in snap.tombstone_runs),
             tables=per_table,
             key_bytes=sum(r.value_bytes for r in key_runs), key_runs=len(key_runs),

@@ -177,6 +177,11 @@ class State:
     journal_id: int = 0
     journal_offset: int = 0
 
+    @property
+    def log_records(self) -> int:
+        """Records (commits) the log holds."""
+        return self.log_next_seq - self.log_first_seq
+
     def pack(self) -> bytes:
         return STATE.pack(self.txnid, self.log_first_seq, self.log_next_seq, self.log_ops,
                           self.manifest_generation, self.journal_id, self.journal_offset)
@@ -432,8 +437,10 @@ class LogRecord:
         pos = LOG_HEAD.size
         if pos + 8 * (na + nr) > len(payload):
             raise bad("counts exceed the record")
-        adds = np.frombuffer(payload, "<u8", na, pos).astype(np.uint64)
-        removes = np.frombuffer(payload, "<u8", nr, pos + 8 * na).astype(np.uint64)
+        # Views of the payload where the byte order is the machine's (read-only:
+        # nothing changes a record's arrays); a copy took a third of the time.
+        adds = np.frombuffer(payload, "<u8", na, pos).astype(np.uint64, copy=False)
+        removes = np.frombuffer(payload, "<u8", nr, pos + 8 * na).astype(np.uint64, copy=False)
         pos += 8 * (na + nr)
         pairs = []
         for _ in range(npu + nd):

@@ -238,6 +238,34 @@ def test_close_flushes_a_long_log_with_background_compaction(path, background, m
         check_queries(ix, fps, fps[:20] ^ np.uint64(5), 3)
 
 
+def test_a_log_of_many_small_commits_is_flushed_however_few_its_operations(path, monkeypatch):
+    # A writer of one item a commit, never idle a second, or a process of a
+    # commit or two each, left up to log_limit records: a fresh open's first
+    # query reads each one (20,000 made it 0.2 s).
+    monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
+    monkeypatch.setattr(compaction, "FLUSH_RECORDS", 40)
+    fps = np.random.default_rng(7).integers(0, 2**64, 120, dtype=np.uint64)
+    Index.create(path, k=3, expected_n=1000).close()
+    with Index.open(path, background_compaction=False) as ix:
+        for fp in fps[:39].tolist():
+            ix.add(fp)
+        assert ix._snapshot().state.log_records == 39
+        assert ix._compactor.step(force_flush=False) is False      # below: nothing due
+        ix.add(int(fps[39]))
+        assert ix._compactor.step(force_flush=False) is True       # at it: a flush
+        assert ix._snapshot().state.log_records == 0
+    # close() flushes such a log (with background compaction on), far below
+    # CLOSE_FLUSH_OPS operations; a shorter one stays for the next writer.
+    for batch, left in ((fps[40:45], 5), (fps[45:120], 0)):
+        with Index.open(path) as ix:
+            ix._compactor.close()              # the background thread does nothing here
+            for fp in batch.tolist():
+                ix.add(fp)
+        with Index.open(path, readonly=True) as ix:
+            assert ix._snapshot().state.log_records == left
+            check_queries(ix, fps[:45 if left else 120], fps[:20] ^ np.uint64(5), 3)
+
+
 def test_a_failed_flush_at_close_loses_nothing(path, monkeypatch):
     from ndindex.errors import CapacityError
     monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
