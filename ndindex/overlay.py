@@ -393,9 +393,8 @@ class LogOverlay:
         return fresh
 
     def _push_ops(self, record: LogRecord) -> None:
-        layer = PackedLayer.of_record(record)
-        if layer.n:
-            self.ops = self.ops.push(layer)
+        if record.key_puts or record.key_deletes or record.records:
+            self.ops = self.ops.push(PackedLayer.of_record(record))
         self.records += 1
 
 

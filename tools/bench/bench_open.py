@@ -26,6 +26,10 @@ the median is reported:
   the part that is file pages) after the imports, and after the first
   query; it should grow by what the query read, not by the file size.
   Major page faults (``getrusage``) count the pages read from disk.
+- logged-N.ndx, for the smallest N: a copy of the fresh file with
+  compaction.FLUSH_RECORDS - 1 durable one-item commits after it (compaction
+  off): the longest log of small records the flush policy leaves, which
+  the first query reads whole.  Deleted afterwards.
 - CLI: the wall time of ``ndindex query FILE 0x...`` (the console script of
   this environment, as a user runs it) on the 10M file, warm and cold,
   with ``python -X importtime`` for where the import time goes.
@@ -168,6 +172,19 @@ def build_fresh(n: int, path: str) -> None:
         ix.compact(full=True)
 
 
+def build_logged(fresh: str, path: str, n: int) -> None:
+    """fresh, then FLUSH_RECORDS - 1 one-item durable commits, left in the log."""
+    from ndindex import compaction
+    from ndindex.index import Index
+    shutil.copy(fresh, path)
+    extra = np.random.default_rng(SEED + 1).integers(0, 2**64, compaction.FLUSH_RECORDS - 1,
+                                                     dtype=np.uint64)
+    with Index.open(path, background_compaction=False) as ix:
+        for fp in extra.tolist():
+            ix.add(fp)
+        assert ix.stats()["log_records"] == len(extra)
+
+
 def load_line() -> str:
     with open("/proc/loadavg") as fh:
         return " ".join(fh.read().split()[:3])
@@ -213,7 +230,10 @@ def main(argv=None):
             build_fresh(n, fresh)
         if n == args.cli_size:
             cli_file = (fresh, fp)
-        for path in (fresh, os.path.join(args.dir, f"stream-{n}.ndx")):
+        logged = os.path.join(args.dir, f"logged-{n}.ndx")
+        if n == min(args.sizes):
+            build_logged(fresh, logged, n)
+        for path in (fresh, os.path.join(args.dir, f"stream-{n}.ndx"), logged):
             if not os.path.exists(path):
                 continue
             warm(path)
@@ -227,6 +247,9 @@ def main(argv=None):
                      f"{(m['rss_after_kb'] - m['rss_before_kb']) / 1024:>8.2f}"
                      f"{m['rss_file_kb'] / 1024:>9.2f}{m['major_faults']:>7.0f}"
                      f"{rw['total_ms']:>10.2f}  {ok}")
+        for p in (logged, logged + "-lock"):
+            if os.path.exists(p):
+                os.unlink(p)
     emit()
     if cli_file is not None:
         path, fp = cli_file
