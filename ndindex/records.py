@@ -444,6 +444,8 @@ class LogRecord:
 
     @classmethod
     def unpack(cls, payload: bytes, key: bytes) -> "LogRecord":
+        """The record of a payload (bytes: its arrays are views of them, so a
+        view of the file's map would pin it; unframe() gives bytes)."""
         def bad(why):
             return CorruptionError(f"log record: {why}", database=DB_LOG, key=key)
         if len(payload) < LOG_HEAD.size:
