@@ -13,7 +13,7 @@ Each cycle removes and adds a random 0.5-5% (some removed fingerprints come
 back, some removals name absent ones; a tenth of the new ones come with a
 document key, and some keyed ones are removed by key), runs a transaction
 of check_and_add calls (near-duplicates of stored fingerprints among
-them), and now and then reopens the index or compacts it.  After every
+them) and 20 more calls outside it (a commit each), and now and then reopens the index or compacts it.  After every
 cycle, while the compactor goes on in the background:
 
 - len() equals the oracle's count;
@@ -276,6 +276,16 @@ def soak(path: str, opts: dict, args, o: Oracle, rng, part: Part) -> int:
                                        f"{sorted(want)[:3]}")
                     if not found:  # (another writer's fingerprint may be the match)
                         added.append(fp)
+            # The same without a transaction: a commit each, the shape of log
+            # (many one-item records) that compaction.FLUSH_RECORDS flushes.
+            for fp in part.make(rng.integers(0, 2**64, 20, dtype=np.uint64)).tolist():
+                want = brute(live, fp, K) | brute(np.array(added, dtype=np.uint64), fp, K)
+                found = [m.fingerprint for m in ix.check_and_add(fp)]
+                got = set(part.own(found).tolist())
+                check(got == want, f"check_and_add({fp:#x}), no transaction: "
+                                   f"{sorted(got)[:3]} != {sorted(want)[:3]}")
+                if not found:
+                    added.append(fp)
             added = np.array(added, dtype=np.uint64)
             live = np.union1d(live, added)
             gone = np.setdiff1d(gone, added)
