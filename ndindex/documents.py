@@ -227,12 +227,9 @@ def fingerprint_documents(texts: Sequence, fingerprinter: Fingerprinter | None =
             for task in tasks:
                 task.cancel()
             raise
-    except concurrent.futures.process.BrokenProcessPool as exc:
+    except procs.WorkersDied:
         _drop_pool(workers)
-        raise RuntimeError(
-            f"the {workers} fingerprinting worker processes died; a script that fingerprints "
-            "in parallel must start its work under `if __name__ == \"__main__\":` (the workers "
-            "import the main module), or pass workers=1") from exc
+        raise
     finally:
         if procs.forked():
             # A child of fork() leaves by os._exit, as multiprocessing's

@@ -19,6 +19,7 @@ wait, and wait where an interrupt leaves nothing held.
 
 from __future__ import annotations
 
+import concurrent.futures
 import multiprocessing
 import os
 import queue
@@ -48,6 +49,20 @@ def context():
     return multiprocessing.get_context("forkserver" if server else "spawn")
 
 
+class WorkersDied(RuntimeError):
+    """The pool's worker processes died (BrokenProcessPool), said with the usual cause."""
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "WorkersDied":
+        # BrokenProcessPool's own words ("terminated abruptly") name no cause:
+        # a script without the guard below starts its work again in each
+        # worker, which imports it, and multiprocessing ends that worker.
+        return cls(f"ndindex's worker processes died ({exc}): a script that starts parallel "
+                   "work (workers or jobs above 1) must start it under `if __name__ == "
+                   "\"__main__\":` (each worker imports the main module), or pass workers=1; "
+                   "else a worker was killed (out of memory?)")
+
+
 class PoolTask:
     """fn(*args) submitted to a concurrent.futures pool, Ctrl-C held back
     while it is (a few milliseconds at most: submit may start a worker).
@@ -60,13 +75,19 @@ class PoolTask:
     def __init__(self, pool, fn, *args):
         self._done = queue.SimpleQueue()
         with interrupts_deferred():
-            self.future = pool.submit(fn, *args)
+            try:
+                self.future = pool.submit(fn, *args)
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                raise WorkersDied.of(exc) from exc
             self.future.add_done_callback(self._done.put)
 
     def result(self):
         self._done.get()
         with interrupts_deferred():     # done: takes the future's lock, never waits
-            return self.future.result()
+            try:
+                return self.future.result()
+            except concurrent.futures.process.BrokenProcessPool as exc:
+                raise WorkersDied.of(exc) from exc
 
     def cancel(self) -> None:
         with interrupts_deferred():

@@ -217,3 +217,26 @@ def test_join_and_self_join_beyond_7_equal_brute_force(k):
         brute_pairs(stored, stored, k, self_join=True)
     assert sum(len(b) for b in batch.self_join(stored, k, workers=1)) == \
         len(brute_pairs(stored, stored, k, self_join=True))
+
+
+@pytest.mark.parametrize("call", [
+    "batch.join(np.arange(10, dtype=np.uint64), [path, path], 3, workers=2)",
+    "near_duplicate_pairs(['a b c d e'] * 400, workers=2)"])
+def test_a_script_without_the_main_guard_is_told_why_its_workers_died(tmp_path, call):
+    # Each worker imports the main module: a script that starts its work at
+    # its top level starts it again there, and multiprocessing ends the
+    # worker.  BrokenProcessPool's "terminated abruptly" named no cause.
+    import subprocess
+    import sys
+    path = tmp_path / "f.ndfp"
+    fpfile.write_fingerprints(path, np.arange(100, dtype=np.uint64))
+    script = tmp_path / "script.py"
+    script.write_text("import numpy as np\nfrom ndindex import batch\n"
+                      "from ndindex.documents import near_duplicate_pairs\n"
+                      f"path = {str(path)!r}\nfor _ in {call}: pass\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 1
+    said = [line for line in done.stderr.splitlines()
+            if line.startswith("ndindex.procs.WorkersDied: ndindex's worker processes died")]
+    assert said and 'if __name__ == "__main__":' in said[0], done.stderr[-2000:]
