@@ -120,6 +120,12 @@ def _add(ix, path):
     return ix.add(_fps(5, 200), keys=[f"n{i}" for i in range(200)])
 
 
+def _long_log(ix):
+    from ndindex import compaction
+    ix._compactor.close()
+    ix.add(_fps(10, compaction.CLOSE_FLUSH_OPS + 100))
+
+
 def _transaction_large(ix, path):
     # More additions than reader.PENDING_SCAN_MAX: its queries index them
     # under the writer's lock.
@@ -199,6 +205,10 @@ SCENARIOS = {
     "sync": Scenario(lambda ix, path: ix.sync(), "normal", prepare=lambda ix: ix.add(_fps(9, 100))),
     "close": Scenario(lambda ix, path: ix.close(), "normal",
                       prepare=lambda ix: ix.add(_fps(9, 100)), again=True),
+    # close() flushing a long log into runs (background compaction on, its
+    # thread stopped first so that the flush is close()'s own).
+    "close-flush": Scenario(lambda ix, path: ix.close(), prepare=_long_log, again=True,
+                            options={"background_compaction": True}),
     "query": Scenario(lambda ix, path: [ix.query(fp, k=3) for fp in _fps(1, 5).tolist()]),
     "query_many": Scenario(lambda ix, path: ix.query_many(_fps(1, 300), k=3)),
     "add_documents": Scenario(lambda ix, path: ix.add_documents(

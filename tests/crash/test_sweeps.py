@@ -343,7 +343,8 @@ def test_each_stratum_gets_both_kinds_of_damage(n_strata):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["open-normal", "transaction-normal", "savepoint-normal",
-                                      "compact-full", "vacuum", "close", "add_documents"])
+                                      "compact-full", "vacuum", "close", "close-flush",
+                                      "add_documents"])
 def test_interrupt_points_sweep_bounded(tmp_path, scenario):
     # Ctrl-C at 40 points of one call each: the call whole or not at all,
     # the Index going on, nothing left open after close().
