@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ndindex import validate
 from ndindex.arrays import EMPTY_U64, isin_sorted
 from ndindex.reader import key_order
 from ndindex.records import SPACE_KEYS_BY_FP, U64_BE, decode_doc_key
@@ -59,8 +60,11 @@ class ContentMethods:
         One snapshot serves the whole iteration.  Memory stays bounded (a few
         MB a run) when the plan's first table keeps the fingerprints' order,
         as every plan the planner makes does; otherwise the fingerprints are
-        sorted whole first.
+        sorted whole first.  chunk: a positive int (ValueError, at the call).
         """
+        return self._items(validate.positive_int(chunk, "chunk"))
+
+    def _items(self, chunk: int):
         snap, pend = self._view()
         new, gone = self._pending_changes(snap, pend)
         keys_of = _KeysInOrder(snap, pend)
@@ -124,10 +128,16 @@ class ContentMethods:
         compacts; what changed meanwhile may be in or out.  Shares of
         slices of the runs, as they were, duplicated and missed stored
         fingerprints once a compaction came between two of them.
+        Bad arguments raise ValueError at the call.
         """
-        if not 0 <= part < parts:
-            raise ValueError(f"need 0 <= part < parts, got part={part}, parts={parts}")
-        lo, hi = share_bounds(part, parts)
+        chunk_size = validate.positive_int(chunk_size, "chunk_size")
+        parts = validate.positive_int(parts, "parts")
+        if not isinstance(part, (int, np.integer)) or isinstance(part, bool) or \
+                not 0 <= part < parts:
+            raise ValueError(f"need 0 <= part < parts, got part={part!r}, parts={parts}")
+        return self._chunks(chunk_size, *share_bounds(int(part), parts))
+
+    def _chunks(self, chunk_size: int, lo: int, hi: int):
         snap, new, gone = self._pending_view()
         design = self.plan.tables[0]
         if design.keeps_order:

@@ -1009,6 +1009,20 @@ def test_iteration_yields_every_live_fingerprint_once(path, small_steps):
         assert np.array_equal(np.concatenate([f for f, _ in items]), live)
 
 
+def test_bad_chunk_sizes_and_shares_raise_at_the_call(path):
+    # items(0) divided by zero, items(-1) yielded nothing at all, and
+    # iter_chunks(0) one chunk of everything.
+    with Index.create(path, k=3, expected_n=1000) as ix:
+        ix.add([1, 2, 3])
+        for call in (lambda: ix.items(0), lambda: ix.items(-1), lambda: ix.items(2.5),
+                     lambda: ix.iter_chunks(0), lambda: ix.iter_chunks(-5),
+                     lambda: ix.iter_chunks(10, parts=0), lambda: ix.iter_chunks(10, part=3, parts=3),
+                     lambda: ix.iter_chunks(10, part=0.5, parts=2)):
+            with pytest.raises(ValueError):
+                call()
+        assert [f.tolist() for f, _ in ix.items(2)] == [[1, 2], [3]]
+
+
 
 @pytest.mark.parametrize("state", STATES)
 def test_the_keys_items_reads_in_order_equal_those_looked_up(path, state, small_steps):
