@@ -97,7 +97,6 @@ def _key_bytes(key) -> int:
 
 def cmd_create(args) -> int:
     """ndindex create; --docs, --threshold and --bottom-k choose the document pipeline."""
-    from ndindex.codec import CODING_NAMES
     from ndindex.fingerprint import Fingerprinter
     docs = args.docs or args.threshold is not None or args.bottom_k is not None
     if docs and args.no_fingerprinter:
@@ -108,7 +107,7 @@ def cmd_create(args) -> int:
     fpr = None if args.no_fingerprinter else Fingerprinter(**options)
     with Index.create(args.index, k=args.k, expected_n=args.n, fingerprinter=fpr,
                       plan="psm" if args.psm else None,
-                      coding={name: c for c, name in CODING_NAMES.items()}[args.coding]) as ix:
+                      coding=args.coding) as ix:
         prefixes = [t.prefix_bits for t in ix.plan.tables]
         info = dict(path=args.index, k=ix.k, expected_n=args.n, tables=len(prefixes),
                     prefix_bits=[min(prefixes), max(prefixes)],

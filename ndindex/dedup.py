@@ -71,14 +71,14 @@ import struct
 import time
 from typing import Callable, Iterable, Sequence
 
-from ndindex import store as st
+from ndindex import store as st, validate
 from ndindex.cluster import clusters_from_pairs
 from ndindex.dedup_files import (KIND_BINARY, KIND_PLAIN, KIND_TEXT, KIND_UNDECODABLE,
                                  TEXT_HTML, Options, Walk, examined, tally)
 from ndindex.errors import CorruptionError, NdindexError, ReadOnlyError
 from ndindex.fingerprint import Fingerprinter
 from ndindex.index import Index
-from ndindex.plan import MAX_PLANNER_K
+from ndindex.plan import check_k
 
 #: Default size limits of the files considered, in bytes (inclusive); a
 #: compressed file's limits apply to its size and to its decompressed size.
@@ -733,8 +733,9 @@ def dedup(paths: Iterable, *, index=None, k: int | None = None, threshold: float
                          f"{min_size} and {max_size}")
     base = Fingerprinter()
     threshold = base.threshold if threshold is None else float(threshold)
-    if k is not None and not 0 <= k <= MAX_PLANNER_K:
-        raise ValueError(f"k must be in 0..{MAX_PLANNER_K}, got {k}")
+    if k is not None:
+        k = check_k(k)
+    validate.progress(progress)
     if not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     if max_candidates < 1:

@@ -157,9 +157,11 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         (else ``plan.choose_plan(expected_n, k)``), or "psm" for one table
         queried by probabilistic simhash matching (``plan.psm_plan``: p =
         ``plan.psm_header_bits(expected_n)`` prefix bits; see :meth:`query`);
-        coding, the block coding (``codec.CODING_RESTARTS``, the default,
-        makes a format-4 file; ``CODING_DELTA`` or ``CODING_XOR`` a
-        format-2 file, which ndindex before restart records can open too);
+        coding, the block coding, a ``codec.CODING_*`` constant or its name
+        as stats() gives it (``CODING_RESTARTS``, "delta+restarts", the
+        default, makes a format-5 file; ``CODING_DELTA`` or ``CODING_XOR``,
+        "delta" or "xor", a format-2 file, which ndindex before restart
+        records can open too);
         fingerprinter, a :class:`~ndindex.fingerprint.Fingerprinter` (or its
         ``to_bytes()``): the index then stores documents too
         (:meth:`add_documents`, :meth:`similar`), fingerprinted this way,
@@ -195,8 +197,7 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
             raise TypeError(f"plan must be an ndindex.plan.Plan, got {type(plan).__name__}")
         if plan.k < k:
             raise ValueError(f"plan covers k={plan.k}, below the index's k={k}")
-        if coding not in codec.CODING_NAMES:
-            raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)}, got {coding}")
+        coding = _coding(coding)
         version = rec.format_version_of(coding)
         header = Header(k, len(plan.tables), expected_n, os.urandom(16), coding, version, version)
         initial = {rec.KEY_HEADER: header.pack(), rec.KEY_PLAN: plan.to_bytes(),
@@ -1016,6 +1017,18 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         """Make every acknowledged operation durable (checkpoint the journal, flush)."""
         self._check_writable()
         self._writer.sync()
+
+def _coding(coding) -> int:
+    """A block coding: a codec.CODING_* constant, or its name (codec.CODING_NAMES)."""
+    by_name = {name: c for c, name in codec.CODING_NAMES.items()}
+    if isinstance(coding, str) and coding in by_name:
+        return by_name[coding]
+    if isinstance(coding, bool) or not isinstance(coding, (int, np.integer)) or \
+            coding not in codec.CODING_NAMES:
+        raise ValueError(f"coding must be one of {sorted(codec.CODING_NAMES)} or "
+                         f"{sorted(by_name)}, got {coding!r}")
+    return int(coding)
+
 
 def _check_durability(durability) -> None:
     if durability not in (st.DURABILITY_FULL, st.DURABILITY_NORMAL):

@@ -15,7 +15,7 @@ import functools
 import os
 import time
 
-from ndindex import _core, codec, locks, pages, records as rec, store as st
+from ndindex import _core, codec, locks, pages, records as rec, store as st, validate
 from ndindex.errors import interrupts_deferred
 
 
@@ -35,6 +35,7 @@ class MaintenanceMethods:
         merged so far against the chunks the file holds (an estimate: a
         merge that is not due leaves its chunks, a chunk may merge twice).
         """
+        validate.progress(progress)
         self._check_writable()
         t0 = time.perf_counter()
         if self._writer.durability == "normal":
@@ -273,4 +274,4 @@ class MaintenanceMethods:
         total), if given, is called as the tables are read.
         """
         from ndindex import checker
-        return checker.verify(self, progress)
+        return checker.verify(self, validate.progress(progress))

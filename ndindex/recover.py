@@ -52,7 +52,7 @@ import os
 import numpy as np
 
 from ndindex import chunks as ch, codec, journal as jr, pages, plan as plans
-from ndindex import records as rec
+from ndindex import records as rec, validate
 from ndindex.arrays import EMPTY_U64, isin_sorted, sorted_unique
 from ndindex.errors import CorruptionError, FormatError
 from ndindex.overlay import LogOverlay
@@ -865,6 +865,7 @@ def recover(source, output, *, progress=None) -> dict:
     does not; CapacityError/ReadOnlyError if output cannot be written.
     """
     source, output = os.fsdecode(source), os.fsdecode(output)
+    validate.progress(progress)
     if os.path.lexists(output):
         raise FileExistsError(errno.EEXIST, "already exists", output)
     if not os.path.exists(source):

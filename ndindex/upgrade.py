@@ -41,7 +41,7 @@ import time
 import lmdb
 import numpy as np
 
-from ndindex import _core, codec, pages, plan as plans
+from ndindex import _core, codec, pages, plan as plans, validate
 from ndindex.arrays import EMPTY_U64, merge_unique
 from ndindex.descriptors import Descriptor
 from ndindex.errors import CorruptionError, FormatError, NdindexError, ReadOnlyError
@@ -659,6 +659,7 @@ def upgrade(src, dest=None, *, backup: bool = True, progress=None) -> dict:
     of the new index.
     """
     src = os.fsdecode(src)
+    validate.progress(progress)
     t0 = time.perf_counter()
     if file_format(src) == 2:
         return _newer_blocks(src, None if dest is None else os.fsdecode(dest), progress, t0)

@@ -89,6 +89,15 @@ def positive_int(value, name: str) -> int:
     return int(value)
 
 
+def progress(callback):
+    """A progress callback, callable(phase, done, total), or None: checked at the
+    call, not at its first report, after work was done."""
+    if callback is not None and not callable(callback):
+        raise TypeError(f"progress must be a callable(phase, done, total) or None, got "
+                        f"{type(callback).__name__}")
+    return callback
+
+
 def timeout(value) -> float | None:
     """A wait in seconds: None (no limit) or a real number >= 0."""
     if value is None:

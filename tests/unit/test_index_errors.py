@@ -166,6 +166,38 @@ def test_bad_keys_raise_and_write_nothing(ix, keys, error):
     assert_intact(ix)
 
 
+def test_a_progress_that_cannot_be_called_raises_before_any_work(ix, path, tmp_path):
+    # It raised 'str' object is not callable at its first report, the work
+    # under way (compact had merged, recover had read the file).
+    from ndindex import upgrade
+    before = ix.stats()["log_records"]
+    calls = [lambda: ix.compact(progress="x"), lambda: ix.verify(progress=3),
+             lambda: recover.recover(path, str(tmp_path / "out.ndx"), progress="x"),
+             lambda: upgrade.upgrade(path, str(tmp_path / "up.ndx"), progress=1),
+             lambda: ndindex.dedup([str(tmp_path)], index=str(tmp_path / "d.ndx"), progress="x")]
+    for call in calls:
+        with pytest.raises(TypeError, match="progress must be a callable"):
+            call()
+    assert ix.stats()["log_records"] == before
+    assert sorted(os.listdir(tmp_path)) == [os.path.basename(path), os.path.basename(path) + "-lock"]
+
+
+@pytest.mark.parametrize("coding", [0, 1, 2, "xor", "delta", "delta+restarts"])
+def test_a_coding_is_its_constant_or_the_name_stats_gives_it(tmp_path, coding):
+    with Index.create(str(tmp_path / "c.ndx"), k=3, expected_n=100, coding=coding) as ix:
+        ix.add([7])
+        name = ix.stats()["coding"]
+    assert name == (coding if isinstance(coding, str) else
+                    ["xor", "delta", "delta+restarts"][coding])
+
+
+@pytest.mark.parametrize("coding", [3, True, "Delta", None, 1.0])
+def test_an_unknown_coding_is_a_value_error_naming_the_choices(tmp_path, coding):
+    with pytest.raises(ValueError, match=r"coding must be one of \[0, 1, 2\] or \['delta'"):
+        Index.create(str(tmp_path / "c.ndx"), coding=coding)
+    assert os.listdir(tmp_path) == []
+
+
 def test_longest_key_is_accepted(ix):
     key = "k" * rec.MAX_DOC_KEY_BYTES
     ix.add([42], keys=[key])
