@@ -4,8 +4,10 @@ An index file (format-spec/FORMAT.md) holds, for each of t permuted tables,
 a few sorted runs of 1 KB Huffman-delta blocks; an append log of the
 operations since the last flush; tombstones of removed fingerprints; and
 the document keys of each fingerprint as sorted record runs.  This class is
-the public face: opening, queries and writes are here, and its other
-methods in three mixins — :mod:`ndindex.index_documents` (documents),
+the public face: opening, closing and the snapshots its calls read are
+here, and its methods in five mixins — :mod:`ndindex.index_queries` (query,
+query_many, keys), :mod:`ndindex.index_writes` (add, check_and_add, remove,
+transaction), :mod:`ndindex.index_documents` (documents),
 :mod:`ndindex.index_contents` (fingerprints, items, iter_chunks) and
 :mod:`ndindex.index_maintenance` (compact, vacuum, stats, verify).  The work
 is done by:
@@ -28,60 +30,30 @@ import logging
 import os
 import threading
 import weakref
-from typing import NamedTuple
 
 import numpy as np
 
-from ndindex import _core, checked_add, codec, compaction, docstore, levels, locks, pages, \
-    plan as plans, records as rec, removal, store as st, validate
-from ndindex.arrays import EMPTY_U64, sorted_unique
+from ndindex import _core, codec, compaction, docstore, levels, locks, pages, plan as plans, \
+    records as rec, store as st, validate
+from ndindex.arrays import EMPTY_U64
 from ndindex.codec import CODING_RESTARTS
 from ndindex.dircache import DirectoryCache
-from ndindex.errors import (ClosedError, CorruptionError, FormatError, NdindexError, ReadOnlyError,
-                            interrupts_deferred)
+from ndindex.errors import CorruptionError, FormatError, NdindexError, interrupts_deferred
 from ndindex.index_contents import ContentMethods
 from ndindex.index_documents import DocumentMethods
 from ndindex.index_maintenance import MaintenanceMethods
-from ndindex.overlay import RecordOps
+from ndindex.index_queries import MATCH_DTYPE, Match, QueryMethods
+from ndindex.index_writes import WriteMethods
 from ndindex.reader import WARM_QUERIES, CountMemo, Snapshot, TombstoneMemo
 from ndindex.reaper import REAPER
-from ndindex.records import Header, LogRecord, Manifest, State
+from ndindex.records import Header, Manifest, State
 from ndindex.writer import Writer, replay_journals
 
-#: query_many splits batches of at least this many queries across threads.
-PARALLEL_QUERY_MIN = 4096
-
-#: The flip probability of every bit in a PSM query given none: any value
-#: below 1/2 orders flip sets by size, fewest flipped bits first.
-UNIFORM_FLIP_PROBABILITY = 0.25
-
-#: Most flip sets one PSM query may probe: the kernel holds them in one
-#: buffer (128 MiB), and at about a microsecond a probe more would take
-#: minutes per query.
-MAX_PROBES = 1 << 24
+#: The public names (Match and MATCH_DTYPE live in index_queries).
+__all__ = ["Index", "Match", "MATCH_DTYPE", "open"]
 
 
-class Match(NamedTuple):
-    """One query result: a stored fingerprint, its distance, its document keys."""
-
-    fingerprint: int
-    distance: int
-    keys: tuple
-
-
-#: The first queries after open ask the page cache for the pages they will
-#: read one tree level at a time (Snapshot.prefetch): on a cold file their
-#: reads then overlap, where a query's descents through four tables' runs
-#: would otherwise wait for each page in turn (65 reads one after another
-#: on a streamed and churned 30M file).  Later queries find the upper
-#: levels cached, and the prefetch's madvise calls (tens of microseconds)
-#: would cost more than they save.
-COLD_QUERIES = 8
-
-MATCH_DTYPE = np.dtype([("query", np.int64), ("fingerprint", np.uint64), ("distance", np.uint8)])
-
-
-class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
+class Index(QueryMethods, WriteMethods, DocumentMethods, ContentMethods, MaintenanceMethods):
     """A near-duplicate index in one file.  Open with :meth:`create` or :meth:`open`.
 
     Use it as a context manager, or call :meth:`close`.  Any number of
@@ -573,199 +545,6 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
 
     # -- queries ------------------------------------------------------------
 
-    def query(self, fingerprint: int, k: int | None = None, *, keys: bool = True,
-              probabilities=None, margins=None, max_probes: int | None = None) -> list[Match]:
-        """Return every stored fingerprint within Hamming distance k, nearest first.
-
-        Parameters: fingerprint, a 64-bit int; k, at most the index's k
-        (default: the index's k); keys, whether to fetch document keys.
-        Probabilistic simhash matching (PSM; ``docs/psm.md``): probabilities,
-        the 64 flip probabilities of the query's bits (p_j of bit j), or
-        margins, its simhash weight vector V (turned into probabilities by
-        the stored fingerprinter's flip model); max_probes, how many flip
-        sets to probe (default ``plan.psm_max_probes(k)``: 64 at k = 3, 256
-        at k = 10).  With either, or on an index created with plan="psm",
-        only table 0 is probed: at the prefixes of the query XOR each flip
-        set of at most k prefix bits, most probable first (without
-        probabilities: by size), up to max_probes of them; a fingerprint is
-        found when it is within k and its prefix is probed.  max_probes >=
-        ``plan.flip_set_count(p, k)`` probes every set and finds all.
-        Returns a list of Match(fingerprint, distance, keys), ordered by
-        (distance, fingerprint).  Uncommitted operations of this index's
-        open transaction (or normal-durability journal) are included.
-        Raises TypeError/ValueError for bad arguments, CorruptionError if a
-        page, chunk or block read fails its checks.  Cost: one probe per
-        run of each table (PSM: of table 0, per flip set probed), each
-        decoding about one block.
-        """
-        q = validate.fingerprint(fingerprint)
-        k = validate.query_k(k, self._header.k)
-        probs = self._flip_probabilities(probabilities, margins, None, max_probes)
-        snap, pend = self._view()
-        return _matches(snap, pend, self._found(snap, pend, q, k, probs, max_probes), keys)
-
-    def _found(self, snap, pend, q: int, k: int, probs, max_probes) -> list:
-        """(fingerprint, distance) within k of q: the tables' exact query, or PSM
-        with flip probabilities probs."""
-        if probs is None:
-            if self._queries <= COLD_QUERIES and not self._directories.warm:
-                snap.prefetch(q, k)
-            if pend is None:
-                return _core.query(snap.kernel, q, k)
-            return _core.query(snap.kernel, q, k, *pend.query_view(self.plan))
-        return snap.query_psm(q, k, probs, self._probe_budget(k, max_probes), pend)
-
-    def query_many(self, fingerprints, k: int | None = None, *, probabilities=None,
-                   margins=None, max_probes: int | None = None) -> np.ndarray:
-        """Answer query() for a batch; return one structured array of all matches.
-
-        The result has fields ``query`` (index into the batch),
-        ``fingerprint`` and ``distance``, grouped by query and ordered by
-        (distance, fingerprint) within each.  probabilities or margins, an
-        (n, 64) array (one row per query), and max_probes: as in
-        :meth:`query`.  Large batches are split across threads (the kernel
-        releases the GIL).  Use :meth:`keys` for document keys.  Raises
-        ValueError for input that is not 1-D.
-        """
-        qs = validate.fingerprints(fingerprints)
-        k = validate.query_k(k, self._header.k)
-        probs = self._flip_probabilities(probabilities, margins, len(qs), max_probes)
-        snap, pend = self._view()
-        return self._query_batch(snap, pend, qs, k, probs, max_probes)
-
-    def _query_batch(self, snap, pend, qs, k: int, probs, max_probes) -> np.ndarray:
-        """query_many's answer from snap and pend, split across threads when large."""
-        if probs is None:
-            def run(a, b):
-                return snap.query_many(qs[a:b], k, pend)
-        else:
-            budget = self._probe_budget(k, max_probes)
-
-            def run(a, b):
-                return snap.query_psm_many(qs[a:b], k, probs[a:b], budget, pend)
-        workers = min(os.cpu_count() or 1, 8)
-        if len(qs) < PARALLEL_QUERY_MIN or workers == 1:
-            return _to_matches(*run(0, len(qs)), offset=0)
-        bounds = np.linspace(0, len(qs), workers + 1).astype(np.int64)
-        with self._pool_lock:
-            futures = [self._batch_pool(workers).submit(run, a, b)
-                       for a, b in zip(bounds[:-1], bounds[1:])]
-        return np.concatenate([_to_matches(*f.result(), offset=int(a))
-                               for f, a in zip(futures, bounds[:-1])])
-
-    def _batch_pool(self, workers: int):
-        """query_many's thread pool (self._pool_lock held), made at first use.
-
-        close() in another thread sets it to False under the same lock: a
-        batch that comes after raises ClosedError, where submitting to the
-        pool raised RuntimeError ("cannot schedule new futures after
-        shutdown"), and a new pool would have outlived the index.
-        """
-        if self._pool is False:
-            raise ClosedError(f"{self.path}: index is closed")
-        if self._pool is None:
-            from ndindex.threadpool import ThreadPool  # Ctrl-C safe; see its module
-            self._pool = ThreadPool(workers, "ndindex")
-        return self._pool
-
-    def query_text(self, text, k: int | None = None, *, keys: bool = True,
-                   max_probes: int | None = None) -> list[Match]:
-        """Return the stored fingerprints within k of a text's simhash, nearest first.
-
-        The text (str or bytes) is fingerprinted by the index's stored
-        fingerprinter.  On a plan="psm" index, or when max_probes is given,
-        the query is probabilistic with the text's own flip probabilities
-        (its margins through the fingerprinter's flip model); otherwise it
-        is :meth:`query` of the simhash.  A text without a word to
-        fingerprint matches nothing (its simhash, 0, says nothing of it).
-        Raises ValueError if the index stores no fingerprinter; otherwise as
-        :meth:`query`.
-        """
-        fpr = self._fingerprinter()
-        simhash, margins = fpr.simhash_with_weights(text)
-        if not margins.any():
-            return []
-        if not self.plan.probabilistic and max_probes is None:
-            return self.query(simhash, k, keys=keys)
-        return self.query(simhash, k, keys=keys, margins=margins, max_probes=max_probes)
-
-    def _fingerprinter(self, required: bool = True):
-        """The stored Fingerprinter (parsed once, with the document configuration);
-        if there is none, ValueError when required, else None."""
-        if self.fingerprinter is None:
-            if not required:
-                return None
-            raise ValueError(f"{self.path}: the index stores no fingerprinter (it stores "
-                             "fingerprints only): texts need Index.create(..., "
-                             "fingerprinter=Fingerprinter()); query() takes fingerprints")
-        return self._doc_config.fingerprinter
-
-    def _flip_probabilities(self, probabilities, margins, rows: int | None, max_probes):
-        """The flip probabilities a PSM query uses, or None for the tables' exact query.
-
-        rows: None for one query ((64,) arrays), else the batch size ((rows, 64)).
-        """
-        if probabilities is None and margins is None and max_probes is None and \
-                not self.plan.probabilistic:
-            return None  # the common case, first: check_and_add asks per item
-        if probabilities is not None and margins is not None:
-            raise TypeError("give probabilities or margins, not both")
-        shape = (64,) if rows is None else (rows, 64)
-        if margins is not None:
-            from ndindex.fingerprint import DEFAULT_FLIP_MODEL
-            fpr = self._fingerprinter(required=False)
-            model = (fpr.flip_model if fpr is not None else None) or DEFAULT_FLIP_MODEL
-            probabilities = model.probabilities(_float_array(margins, shape, "margins"))
-        elif probabilities is None:
-            if self.plan.probabilistic:
-                # Every bit alike: flip sets come out by size, fewest bits first.
-                return np.full(shape, UNIFORM_FLIP_PROBABILITY)
-            if max_probes is not None:
-                raise ValueError("max_probes needs probabilities or margins on an index of "
-                                 "permuted tables (its plain queries are exact)")
-            return None
-        return _float_array(probabilities, shape, "probabilities")
-
-    def _probe_budget(self, k: int, max_probes) -> int:
-        """max_probes checked (default plan.psm_max_probes(k)), at most every flip set."""
-        if max_probes is None:
-            return plans.psm_max_probes(k)
-        if isinstance(max_probes, bool) or not isinstance(max_probes, (int, np.integer)):
-            raise TypeError(f"max_probes must be an int, got {type(max_probes).__name__}")
-        if max_probes < 1:
-            raise ValueError(f"max_probes must be >= 1, got {max_probes}")
-        budget = int(min(max_probes, plans.flip_set_count(self.plan.tables[0].prefix_bits, k)))
-        if budget > MAX_PROBES:
-            raise ValueError(f"max_probes {budget:,} is more than {MAX_PROBES:,} flip sets: "
-                             "probe fewer")
-        return budget
-
-    def keys(self, fingerprint: int) -> tuple:
-        """Return the document keys stored with a fingerprint (empty if none)."""
-        fp = validate.fingerprint(fingerprint)
-        snap, pend = self._view()
-        return snap.keys_of([fp], pend)[0]
-
-    def keys_many(self, fingerprints) -> list:
-        """Return keys() of each fingerprint of a batch, in order: one pass over
-        the key records (query_many's matches, say), not a lookup each."""
-        fps = validate.fingerprints(fingerprints)
-        snap, pend = self._view()
-        return snap.keys_of(fps.tolist(), pend)
-
-    def fingerprints_of(self, keys):
-        """Return the fingerprints stored with a document key (a sorted list of
-        ints, empty if none), or with each key of a list (a list of them):
-        keys() the other way.  One batched pass over the key records."""
-        one = isinstance(keys, (str, bytes))
-        raws = [rec.encode_doc_key(key) for key in ([keys] if one else list(keys))]
-        snap, pend = self._view()
-        found = snap.fps_of_keys(raws, pend)
-        return found[0] if one else found
-
-    def __contains__(self, fingerprint) -> bool:
-        return bool(self.query(validate.fingerprint(fingerprint), 0, keys=False))
-
     def __len__(self) -> int:
         """Number of distinct live fingerprints, as this Index's queries see them.
 
@@ -842,181 +621,6 @@ class Index(DocumentMethods, ContentMethods, MaintenanceMethods):
         found[np.frombuffer(snap.query_many(probe, 0, None)[0], dtype=np.int64)] = True
         return adds[~found[:len(adds)]], removes[found[len(adds):]]
 
-    # -- writes -------------------------------------------------------------
-
-    def _check_writable(self) -> None:
-        if self._writer is None:
-            raise ReadOnlyError(f"{self.path}: opened read-only")
-        if self._store._env is None:  # per call: the attribute (25 ns), not the property (60)
-            self._store.env  # raises ClosedError, before any lock (see _disown)
-
-    def add(self, fingerprints, keys=None) -> int:
-        """Add fingerprints (with optional document keys).
-
-        Parameters: fingerprints, a 1-D uint64 array or an iterable of ints
-        (or one int); keys, None or one str/bytes key per fingerprint (None
-        entries allowed; one int takes one key).  Equal fingerprints share one entry and keep all
-        their keys; adding a removed fingerprint brings it back.  Returns
-        the number of fingerprints given.  Durable when it returns with
-        durability="full" outside a transaction; see :meth:`open` and
-        :meth:`transaction` otherwise.  Never compacts: the work of merging
-        is done in the background or by :meth:`compact`.  Raises
-        TypeError/ValueError for bad input (nothing is written),
-        CapacityError if the disk is full (nothing is lost).
-        """
-        self._check_writable()
-        fps = validate.fingerprints(fingerprints)
-        if isinstance(keys, (str, bytes)) and isinstance(fingerprints, (int, np.integer)):
-            keys = [keys]                                   # ix.add(fp, keys="url")
-        pairs = validate.doc_pairs(fps, keys)
-        if not len(fps):
-            return 0
-        self._writer.apply(LogRecord(sorted_unique(fps), EMPTY_U64, sorted(set(pairs)), []))
-        return len(fps)
-
-    def check_and_add(self, fingerprint: int, key=None, k: int | None = None, *,
-                      keys: bool = True) -> list[Match]:
-        """Return the near-duplicates of fingerprint; add it only if there are none.
-
-        The crawler's call: one query within k (default: the index's k),
-        then, only when it found nothing, an add of fingerprint (with key).
-        Returns the matches found (empty means it was added), with their
-        document keys unless keys=False (a fingerprint may hold many: a
-        match of 200,000 keys took 0.3 s to return).  Atomic among the
-        threads of this process; another process may add in between.
-        Inside :meth:`transaction`, thousands of these per second commit as one.
-        """
-        fp = validate.fingerprint(fingerprint)
-        k = validate.query_k(k, self._header.k)
-        self._check_writable()
-        writer = self._writer
-        if key is None and writer.in_transaction and not self.plan.probabilistic:
-            # The crawler's loop: only the kernel and the pending additions.
-            with writer.lock:
-                ready = self._warm_kernel()
-                if ready is not None:
-                    snap, kernel = ready
-                    pend = writer.pending
-                    found = pend.check_and_add(self.plan, kernel, fp, k)
-                    # Keys of what it found: pending operations count only if
-                    # there are any (as _view() gives them).
-                    return _matches(snap, pend if pend else None, found, keys) if found else []
-        pairs = [] if key is None else [(fp, rec.encode_doc_key(key))]
-        # query() and add() without their batch-shaped validation: this is
-        # the per-item call, 100,000 a second inside a transaction.
-        with writer.lock:
-            snap, pend = self._view()
-            found = self._found(snap, pend, fp, k, self._flip_probabilities(None, None, None, None),
-                                None)
-            if not found:
-                writer.add_one_locked(fp, pairs)
-                return []
-        return _matches(snap, pend, found, keys)
-
-    def check_and_add_many(self, fingerprints, keys=None, k: int | None = None) -> np.ndarray:
-        """check_and_add() of each fingerprint in turn, as one call; return the matches.
-
-        Fingerprint i is added (with keys[i], if keys are given) exactly
-        when nothing within k (default: the index's k) is stored and no
-        fingerprint this call added before it is within k: what calling
-        check_and_add on each in order does, with the queries asked as one
-        batch (query_many) instead of one at a time.  Returns the matches as
-        :meth:`query_many` does (fields ``query``, ``fingerprint``,
-        ``distance``; grouped by query, then by (distance, fingerprint)), a
-        match being a stored fingerprint or one this call added before the
-        query's; a query with no match was added.  The additions commit as
-        one add() (inside :meth:`transaction`, with the block).  Atomic
-        among the threads of this process.  On an index of a probabilistic
-        plan (PSM) it makes the calls one by one, in one transaction.
-        Raises as add() and query_many.
-        """
-        fps = validate.fingerprints(fingerprints)
-        k = validate.query_k(k, self._header.k)
-        self._check_writable()
-        keys = None if keys is None else list(keys)
-        pairs = validate.doc_pairs(fps, keys)
-        if self.plan.probabilistic:
-            # PSM finds a near fingerprint only at the prefixes it probes, and
-            # the batch's own pairs are joined exactly: so call by call.
-            with self.transaction():
-                rows = [(i, m.fingerprint, m.distance) for i, fp in enumerate(fps.tolist())
-                        for m in self.check_and_add(fp, None if keys is None else keys[i], k)]
-            return np.array(rows, dtype=MATCH_DTYPE)
-        with self._writer.lock:
-            snap, pend = self._view()
-            stored = self._query_batch(snap, pend, fps, k, None, None)
-            hit = np.zeros(len(fps), dtype=bool)
-            hit[stored["query"]] = True
-            added, within = checked_add.in_order(fps, hit, k, MATCH_DTYPE)
-            if added.any():
-                keyed = [i for i, key in enumerate(keys) if key is not None] if keys else []
-                pairs = [pair for i, pair in zip(keyed, pairs) if added[i]]
-                self._writer.apply(LogRecord(sorted_unique(fps[added]), EMPTY_U64,
-                                             sorted(set(pairs)), []))
-        return checked_add.all_matches(stored, within)
-
-    def remove(self, fingerprints=None, keys=None) -> int:
-        """Remove fingerprints, or document keys; removed entries never return in results.
-
-        By fingerprint: the fingerprint and all its keys go.  By key: the key
-        goes, and a fingerprint whose last key went is removed too, even if
-        it was also added once without a key.  Space is reclaimed as
-        compaction merges the runs.  Returns the number of fingerprints that
-        were live and are now removed.  Unknown fingerprints or keys are
-        ignored.  Atomic among the threads of this process; it removes what
-        is live in the newest commit it reads, so a fingerprint that another
-        process adds while the call runs may stay (as in check_and_add).
-        """
-        return self._remove(fingerprints, keys)[0]
-
-    def _remove(self, fingerprints, keys) -> tuple[int, int]:
-        """remove(): (fingerprints removed, keys named that were stored), the
-        second for `ndindex remove`'s report, from the lookups remove makes."""
-        self._check_writable()
-        if fingerprints is None and keys is None:
-            raise TypeError("remove() needs fingerprints= or keys=")
-        fps = validate.fingerprints(fingerprints) if fingerprints is not None else EMPTY_U64
-        key_list = [] if keys is None else ([keys] if isinstance(keys, (str, bytes)) else list(keys))
-        raw_keys = [rec.encode_doc_key(key) for key in key_list]
-        with self._writer.lock:
-            snap = self._snapshot()
-            pend = self._writer.visible_pending()
-            deletes, gone = removal.key_deletions(snap, pend, fps.tolist(), raw_keys)
-            live = removal.live(snap, pend, gone)
-            ops = RecordOps()
-            for space, key, flag, value in docstore.removal_records(snap, pend, deletes):
-                ops.set(space, key, flag, value)
-            for fp, raws in deletes.items():
-                for raw in raws:
-                    ops.set_key(fp, raw, False)
-            _, key_deletes, records = ops.to_record_parts()
-            self._writer.apply(LogRecord(EMPTY_U64, live, [], key_deletes, records))
-        going = set().union(*deletes.values()) if raw_keys else set()
-        return len(live), sum(1 for raw in raw_keys if raw in going)
-
-    def transaction(self):
-        """Group every add/remove/check_and_add inside the block into one commit.
-
-        Queries of this index see the block's operations at once; other
-        processes see them when the block ends (with durability="full",
-        durably).  An exception in the block discards them all.  Blocks
-        nest, and the outermost one commits: an exception in an inner block
-        discards that block's operations (a savepoint; entering one copies
-        the pending operations), and the enclosing block, if it catches the
-        exception, goes on and commits its own.  Writes of other threads of this
-        index wait for the block to end.  A block may hold any number of
-        operations: past overlay.PENDING_SCAN_MAX additions, queries find
-        them through an index per table, not one by one.  They are held in
-        memory until the block ends (about 130 bytes an addition with four
-        tables).
-        """
-        self._check_writable()
-        return self._writer.transaction(self)
-
-    def sync(self) -> None:
-        """Make every acknowledged operation durable (checkpoint the journal, flush)."""
-        self._check_writable()
-        self._writer.sync()
 
 def _coding(coding) -> int:
     """A block coding: a codec.CODING_* constant, or its name (codec.CODING_NAMES)."""
@@ -1088,34 +692,6 @@ def _close_quietly(writer, compactor) -> None:
     with contextlib.suppress(Exception):
         if compactor is not None:
             compactor.close()
-
-
-def _float_array(values, shape: tuple, name: str) -> np.ndarray:
-    """values as a C-contiguous float64 array of the given shape, else ValueError."""
-    try:
-        out = np.ascontiguousarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be numbers of shape {shape}: {exc}") from None
-    if out.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {out.shape}")
-    return out
-
-
-def _matches(snap, pend, found: list, keys: bool) -> list:
-    """Match objects for found (fingerprint, distance) pairs, with keys if asked."""
-    if not found:
-        return []
-    if not keys:
-        return [Match(f, d, ()) for f, d in found]
-    return [Match(f, d, ks) for (f, d), ks in zip(found, snap.keys_of([f for f, _ in found], pend))]
-
-
-def _to_matches(qidx: bytes, fps: bytes, dists: bytes, offset: int) -> np.ndarray:
-    out = np.empty(len(dists), dtype=MATCH_DTYPE)
-    out["query"] = np.frombuffer(qidx, dtype=np.int64) + offset
-    out["fingerprint"] = np.frombuffer(fps, dtype=np.uint64)
-    out["distance"] = np.frombuffer(dists, dtype=np.uint8)
-    return out
 
 
 def _absolute(path) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 from ndindex import _core, plan as plans
 from ndindex.arrays import merge_unique, sorted_unique
 from ndindex.fpfile import PAIR_DTYPE
-from ndindex.index import MATCH_DTYPE
+from ndindex.index_queries import MATCH_DTYPE
 from ndindex.validate import fingerprints as _as_fingerprints
 
 __all__ = ["MAX_HEADER_BITS", "MAX_DIRECTORY_BITS", "default_header_bits", "flip_set_count",

@@ -602,12 +602,12 @@ def test_a_batch_that_meets_another_threads_close_raises_closed_error(tmp_path, 
     # the batch reached its thread pool: submitting raised RuntimeError
     # ("cannot schedule new futures after shutdown"), or, before the pool's
     # first use, made a new pool that outlived the index.
-    from ndindex import index as index_module
+    from ndindex import index_queries
     path = str(tmp_path / "b.ndx")
     rng = np.random.default_rng(7)
     with Index.create(path, k=3, expected_n=10_000) as ix:
         ix.add(rng.integers(0, 2**64, 5000, dtype=np.uint64))
-    qs = rng.integers(0, 2**64, index_module.PARALLEL_QUERY_MIN, dtype=np.uint64)
+    qs = rng.integers(0, 2**64, index_queries.PARALLEL_QUERY_MIN, dtype=np.uint64)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)  # the batch is split, on any machine
     for warm in (False, True):
         ix = Index.open(path, background_compaction=False)

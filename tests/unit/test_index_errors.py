@@ -421,17 +421,17 @@ def _ctrl_c(*args, **kwargs):
 def test_ctrl_c_in_a_wait_on_a_pool_is_a_keyboard_interrupt_and_the_index_goes_on(
         path, monkeypatch):
     import concurrent.futures
-    from ndindex import index as index_module, threadpool
+    from ndindex import index_queries, threadpool
     from ndindex.errors import result_of
     fps = stored_fingerprints()
     with Index.open(path) as ix:
         want = ix.query_many(fps[:4000])
-        monkeypatch.setattr(index_module, "PARALLEL_QUERY_MIN", 1)
+        monkeypatch.setattr(index_queries, "PARALLEL_QUERY_MIN", 1)
         monkeypatch.setattr(threadpool.Job, "result", _ctrl_c)
         with pytest.raises(KeyboardInterrupt):
             ix.query_many(fps[:4000])                   # its thread pool's jobs
         monkeypatch.undo()
-        monkeypatch.setattr(index_module, "PARALLEL_QUERY_MIN", 1)
+        monkeypatch.setattr(index_queries, "PARALLEL_QUERY_MIN", 1)
         assert np.array_equal(ix.query_many(fps[:4000]), want)   # and the Index goes on
     # result_of (the process pools' futures): Ctrl-C as Condition.wait takes its
     # lock back surfaces as RuntimeError "cannot release un-acquired lock".
@@ -479,7 +479,7 @@ def _child_that_must_end(script: str, *args, hung: str) -> list:
 
 _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
     import sys, threading
-    from ndindex import index as index_module
+    from ndindex import index_queries
     from ndindex.index import Index
 
     MAIN = threading.get_ident()
@@ -495,7 +495,7 @@ _CTRL_C_IN_A_CONDITION = textwrap.dedent("""
         return self
 
     enter = threading.Condition.__enter__
-    index_module.PARALLEL_QUERY_MIN = 1
+    index_queries.PARALLEL_QUERY_MIN = 1
     with Index.open(sys.argv[1], log_limit=100) as ix:
         ix.add([1 << 40])                           # the compactor runs
         ix.query_many([1, 2, 3])                    # query_many's pool runs

@@ -22,7 +22,8 @@ import pytest
 from ndindex import _core, plan as plans, vosh
 from ndindex.errors import CorruptionError
 from ndindex.fingerprint import DEFAULT_FLIP_MODEL, Fingerprinter, FlipModel
-from ndindex.index import MAX_PROBES, UNIFORM_FLIP_PROBABILITY, Index
+from ndindex.index import Index
+from ndindex.index_queries import MAX_PROBES, UNIFORM_FLIP_PROBABILITY
 from tests.oracle import brute_force, clustered, near
 from tests.unit.test_index import STATES, put_in_state, small_steps  # noqa: F401 - a fixture
 

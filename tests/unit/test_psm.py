@@ -5,7 +5,7 @@ import pytest
 
 from ndindex import _core, psm
 from ndindex.fpfile import PAIR_DTYPE
-from ndindex.index import MATCH_DTYPE
+from ndindex.index_queries import MATCH_DTYPE
 
 P = np.full(64, 0.05)
 
