@@ -85,7 +85,7 @@ RETRY_MAX_SECONDS = 30.0
 CLOSE_FLUSH_OPS = 4096
 #: A log of this many records (commits) is flushed too, in the background
 #: and by close(), whatever its operations: an open's first query reads
-#: each record (about 10 us), and a writer of one item a commit, never idle
+#: each record (about 5 us), and a writer of one item a commit, never idle
 #: for FLUSH_IDLE_SECONDS or a process of a few commits each, left up to
 #: log_limit of them: 20,000 made a fresh open's first query 0.2 s.
 FLUSH_RECORDS = 512
