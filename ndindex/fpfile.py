@@ -100,10 +100,10 @@ class FingerprintWriter:
     is closed without an exception.  Until then it is written under a hidden
     name beside it, deleted if the block fails, close() fails (a full disk)
     or the writer is dropped unclosed; a killed process leaves only that.
-    Parameters: path; kind, KIND_FINGERPRINTS or KIND_PAIRS; keys, whether fingerprints carry keys
-    (bytes; str is stored as UTF-8, None as empty); chunk_size, entries per
-    chunk (1..2^24); level, the zstd level.  Raises FileExistsError if path
-    exists.  Memory: one chunk.
+    Parameters: path; kind, KIND_FINGERPRINTS or KIND_PAIRS; keys, whether
+    fingerprints carry keys (bytes; str is stored as UTF-8, None as empty);
+    chunk_size, entries per chunk (1..2^24); level, the zstd level.  Raises
+    FileExistsError if path exists.  Memory: one chunk.
     """
 
     def __init__(self, path, *, kind: int = KIND_FINGERPRINTS, keys: bool = False,
