@@ -88,7 +88,7 @@ CLOSE_FLUSH_OPS = 4096
 #: each record (about 5 us), and a writer of one item a commit, never idle
 #: for FLUSH_IDLE_SECONDS or a process of a few commits each, left up to
 #: log_limit of them: 20,000 made a fresh open's first query 0.2 s.
-FLUSH_RECORDS = 512
+FLUSH_RECORDS = 256
 
 #: Test-only (tests/crash/test_kill_compaction.py): with
 #: NDINDEX_KILL_AT_COMPACTION="before:N" or "after:N" in the environment,
