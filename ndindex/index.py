@@ -232,7 +232,9 @@ class Index(QueryMethods, WriteMethods, DocumentMethods, ContentMethods, Mainten
           other processes see the operations once checkpointed (within ~0.1 s).
         - background_compaction: merge the log into the runs in a thread of
           this process (default); False leaves it to :meth:`compact`.
-        - log_limit: log operations that trigger a flush into the runs.
+        - log_limit: log operations that trigger a flush into the runs (a log
+          of compaction.FLUSH_RECORDS commits, 256, is flushed too, however
+          few its operations; so is one idle for a second).
         - timeout: while another process vacuums the file or upgrades it in
           place, this waits for it, then opens the new file: for at most
           timeout seconds (None, the default: as long as that takes), then
