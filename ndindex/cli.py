@@ -37,7 +37,8 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    #: Said after "unrecognized arguments": how the command takes what was given.
+    #: Said after "unrecognized arguments" or a missing required option: how
+    #: the command takes what was given.
     stray_hint = ""
 
     def parse_known_args(self, args=None, namespace=None):
@@ -49,6 +50,8 @@ class _Parser(argparse.ArgumentParser):
         return namespace, extras
 
     def error(self, message):   # argparse would print usage and call sys.exit(2)
+        if self.stray_hint and message.startswith("the following arguments are required"):
+            message += f" ({self.stray_hint})"
         raise _UsageError(message)
 
 
@@ -330,6 +333,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     ["ndindex recover pages.ndx -o pages-recovered.ndx",
                      "ndindex recover pages.ndx -o pages-recovered.ndx --json"],
                     cli_index.cmd_recover)
+    p.stray_hint = "the new index is named by -o: ndindex recover DAMAGED -o OUT"
     p.add_argument("index", metavar="DAMAGED")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="the new index (must not exist)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -340,6 +344,7 @@ def _build_parser() -> argparse.ArgumentParser:
                     ["ndindex export pages.ndx -o pages.ndxdump",
                      "ndindex export pages.ndx > pages.ndxdump"],
                     cli_index.cmd_export)
+    p.stray_hint = "the dump goes to -o FILE, or to stdout"
     p.add_argument("index", metavar="INDEX")
     p.add_argument("-o", "--output", default="-", metavar="FILE", help="dump file (default stdout)")
 

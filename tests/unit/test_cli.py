@@ -279,6 +279,9 @@ def test_a_dump_is_not_written_to_or_read_from_a_terminal(ix, tmp_path, argv, st
                                        "--fingerprint FP... or --key KEY...)"),
     (["query", "{tmp}/t.ndx", "{tmp}/junk"], "; to query this file: --file {tmp}/junk"),
     (["query", "{tmp}/t.ndx", "two words"], "; to query a text: --text TEXT"),
+    (["export", "{tmp}/t.ndx", "{tmp}/t.dump"], "(the dump goes to -o FILE, or to stdout)"),
+    (["recover", "{tmp}/t.ndx", "{tmp}/r.ndx"], "required: -o/--output (the new index is named "
+                                                 "by -o: ndindex recover DAMAGED -o OUT)"),
     (["add", "{tmp}/t.ndx", "{tmp}/nothing"], "{tmp}/nothing: No such file"),
     (["dedup", "{tmp}", "--min-size", "lots"], "not a size"),
 ])
