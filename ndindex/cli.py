@@ -339,8 +339,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
     p = subcommand(commands, "export", "write a portable zstd-compressed dump",
-                    "Write the live fingerprints, keys, plan and settings of an index as a dump "
-                    "(format-spec/dump.md); import gives back an identical index.",
+                    "Write the live fingerprints, keys, documents, plan and settings of an index "
+                    "as a dump (format-spec/dump.md); import gives back an identical index.",
                     ["ndindex export pages.ndx -o pages.ndxdump",
                      "ndindex export pages.ndx > pages.ndxdump"],
                     cli_index.cmd_export)

@@ -440,11 +440,18 @@ def cmd_export(args) -> int:
             sys.stdout.buffer.flush()
         else:
             counts = _export_to_file(ix, args.output, export_index)
-    print(f"exported {plural(counts['fingerprints'], 'fingerprint')} and "
-          f"{plural(counts['keys'], 'key')} to "
+    print(f"exported {_dump_counts(counts)} to "
           f"{'stdout' if args.output == '-' else dedup_module.display_path(args.output)}",
           file=sys.stderr)
     return EXIT_OK
+
+
+def _dump_counts(counts: dict) -> str:
+    """'N fingerprints and M keys', with the documents of a dump that holds them."""
+    said = [plural(counts["fingerprints"], "fingerprint"), plural(counts["keys"], "key")]
+    if "documents" in counts:
+        said.append(plural(counts["documents"], "document"))
+    return ", ".join(said[:-1]) + " and " + said[-1]
 
 
 def _is_terminal(stream) -> bool:
@@ -481,8 +488,7 @@ def cmd_import(args) -> int:
     if args.json:
         print_json(dict(index=args.index, **counts))
     else:
-        print(f"imported {plural(counts['fingerprints'], 'fingerprint')} and "
-              f"{plural(counts['keys'], 'key')} into {args.index}")
+        print(f"imported {_dump_counts(counts)} into {args.index}")
     return EXIT_OK
 
 

@@ -64,8 +64,9 @@ class ContentMethods:
         """
         return self._items(validate.positive_int(chunk, "chunk"))
 
-    def _items(self, chunk: int):
-        snap, pend = self._view()
+    def _items(self, chunk: int, view: tuple | None = None):
+        """items(chunk) from view, (snapshot, pending operations), or a new _view()."""
+        snap, pend = self._view() if view is None else view
         new, gone = self._pending_changes(snap, pend)
         keys_of = _KeysInOrder(snap, pend)
         held = []   # sorted pieces not yet given out, in order

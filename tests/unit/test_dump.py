@@ -149,8 +149,8 @@ def test_not_a_dump_and_newer_version_are_format_errors(index, tmp_path):   # [D
     with pytest.raises(FormatError, match="not an ndindex dump"):
         import_index(io.BytesIO(recompress(b"X" * 64)), tmp_path / "t.ndx")
     body = bytearray(body_of(dump_of(index)))
-    body[8:10] = struct.pack("<H", 2)
-    with pytest.raises(FormatError, match="dump version 2"):
+    body[8:10] = struct.pack("<H", 3)
+    with pytest.raises(FormatError, match="dump version 3"):
         import_index(io.BytesIO(recompress(bytes(body))), tmp_path / "t.ndx")
 
 
@@ -202,3 +202,121 @@ def test_a_killed_import_leaves_nothing_or_the_whole_index_under_its_name(index,
         with ndindex.open(out, readonly=True) as ix:
             assert dump_of(ix) == dumped.read_bytes()
     assert sorted(os.listdir(out.parent)) == ["b.ndx", "b.ndx-lock"]
+
+
+TEXTS = ["the quick brown fox jumps over the lazy dog and runs far away into the woods",
+         "the quick brown fox jumps over the lazy dog and runs far away into the wood",
+         "a different text about storage engines, their logs, runs and compaction steps",
+         "yet another text, of archives kept for years and moved between machines"]
+
+
+@pytest.fixture
+def documents(tmp_path):
+    """An index of documents (with data, bytes and str keys, one replaced, one
+    removed) beside plain keyed fingerprints."""
+    path = tmp_path / "docs.ndx"
+    with ndindex.Index.create(path, k=3, fingerprinter=Fingerprinter()) as ix:
+        ix.add_documents(TEXTS, keys=["a", b"b\xff", "c", "d"], data=[b"one", None, b"", b"4"])
+        ix.add_documents([TEXTS[3] + " again"], keys=["d"], data=[b"replaced"])
+        ix.add([5, 6], keys=["plain", None])
+        ix.remove(keys=["c"])
+        yield ix
+
+
+def test_documents_round_trip_with_their_sketches_and_data(documents, tmp_path):   # [D14] [D15]
+    # Dump version 1 had no place for them: an imported index listed no
+    # document, and similar() found nothing.
+    first = dump_of(documents)
+    assert struct.unpack_from("<H", body_of(first), 8)[0] == 2
+    counts = import_index(io.BytesIO(first), tmp_path / "b.ndx")
+    assert counts == {"fingerprints": 5, "keys": 4, "documents": 3}
+    with ndindex.open(tmp_path / "b.ndx") as copy:
+        assert dump_of(copy) == first
+        assert list(copy.documents()) == list(documents.documents())
+        assert copy.document_data("d") == b"replaced" and copy.document_data(b"b\xff") == b""
+        for text in TEXTS:
+            assert copy.similar(text) == documents.similar(text)
+        assert copy.near_duplicate_pairs() == documents.near_duplicate_pairs()
+        assert copy.similar(TEXTS[0])[0].key == "a" and copy.keys(5) == ("plain",)
+        copy.verify()
+        copy.remove(keys=["a"])                     # the records went in whole
+        assert "a" not in [key for key, _, _ in copy.documents()]
+    # An index without documents still makes a version 1 dump.
+    with ndindex.Index.create(tmp_path / "plain.ndx", k=3, fingerprinter=Fingerprinter()) as ix:
+        ix.add([1, 2], keys=["x", "y"])
+        assert struct.unpack_from("<H", body_of(dump_of(ix)), 8)[0] == 1
+
+
+def _documents_section(body: bytes) -> int:
+    """The offset of the first document chunk in a version-2 body."""
+    at = HEAD.size
+    at += 4 + struct.unpack_from("<I", body, at)[0]
+    at += 4 + struct.unpack_from("<I", body, at)[0] + 4
+    while True:
+        count = struct.unpack_from("<I", body, at)[0]
+        at += 4
+        if count == 0:
+            return at
+        at += 8 * count
+        for _ in range(count):
+            n = struct.unpack_from("<H", body, at)[0]
+            at += 2
+            for _ in range(n):
+                at += 2 + struct.unpack_from("<H", body, at)[0]
+        at += 4
+
+
+def _rechunk(body: bytes, docs: list) -> bytes:
+    """body with its document chunks replaced by one chunk of docs, trailer fixed."""
+    at = _documents_section(body)
+    chunk = struct.pack("<I", len(docs)) + b"".join(
+        struct.pack("<QH", fp, len(raw)) + raw + struct.pack("<I", len(value)) + value
+        for fp, raw, value in docs)
+    fps, keys = struct.unpack_from("<QQ", body, len(body) - 28)
+    trailer = struct.pack("<IQQQ", 0, fps, keys, len(docs))
+    return body[:at] + chunk + struct.pack("<I", _core.crc32c(chunk)) + trailer + \
+        struct.pack("<I", _core.crc32c(trailer))
+
+
+def test_damaged_or_inconsistent_documents_are_corruption_and_leave_no_file(documents, tmp_path):
+    body = body_of(dump_of(documents))
+    at = _documents_section(body)
+    count = struct.unpack_from("<I", body, at)[0]
+    docs, pos = [], at + 4
+    for _ in range(count):
+        fp, n = struct.unpack_from("<QH", body, pos)
+        raw = body[pos + 10:pos + 10 + n]
+        size = struct.unpack_from("<I", body, pos + 10 + n)[0]
+        docs.append((fp, raw, body[pos + 14 + n:pos + 14 + n + size]))
+        pos += 14 + n + size
+    assert _rechunk(body, docs) == body             # the helper rebuilds what export wrote
+    bad = {
+        "document chunk checksum": body[:at + 20] + bytes([body[at + 20] ^ 1]) + body[at + 21:],
+        "documents out of order": _rechunk(body, docs[::-1]),
+        "has a key the fingerprint does not hold":
+            _rechunk(body, [(docs[0][0], b"\x01zz", docs[0][2])]),
+        "bad document": _rechunk(body, [(docs[0][0], docs[0][1], b"\x07junk")]),
+        "trailer counts .* and 2 documents, the dump holds 5 and 4 and 3": _rechunk(body, docs)[:-32]
+            + (lambda t: t + struct.pack("<I", _core.crc32c(t)))(struct.pack("<IQQQ", 0, 5, 4, 2)),
+    }
+    for what, damaged in bad.items():
+        with pytest.raises(CorruptionError, match=what):
+            import_index(io.BytesIO(recompress(damaged)), tmp_path / "t.ndx")
+        assert not (tmp_path / "t.ndx").exists(), what
+    # Documents in a dump without a fingerprinter.
+    with ndindex.Index.create(tmp_path / "bare.ndx", k=3) as ix:
+        bare = body_of(dump_of(ix))
+    head_end = HEAD.size + 4 + struct.unpack_from("<I", bare, HEAD.size)[0] + 4 + 4
+    v2 = bytearray(bare[:head_end - 4])
+    v2[8:10] = struct.pack("<H", 2)
+    v2 += struct.pack("<I", _core.crc32c(bytes(v2)))
+    trailer_0 = struct.pack("<IQQQ", 0, 1, 1, 1)
+    chunk = struct.pack("<IQ", 1, 7) + struct.pack("<HH", 1, 2) + b"\x01k"
+    docs_chunk = struct.pack("<I", 1) + struct.pack("<QH", 7, 2) + b"\x01k" + \
+        struct.pack("<I", len(docs[0][2])) + docs[0][2]
+    made = bytes(v2) + chunk + struct.pack("<I", _core.crc32c(chunk)) + struct.pack("<I", 0) + \
+        docs_chunk + struct.pack("<I", _core.crc32c(docs_chunk)) + trailer_0 + \
+        struct.pack("<I", _core.crc32c(trailer_0))
+    with pytest.raises(CorruptionError, match="without a fingerprinter"):
+        import_index(io.BytesIO(recompress(made)), tmp_path / "t.ndx")
+    assert not (tmp_path / "t.ndx").exists()
