@@ -60,7 +60,21 @@ class DocumentMethods:
         self._check_writable()
         config = self._doc_config
         texts, raws, data = docstore.check_batch(texts, keys, data)
-        docs = config.fingerprint(texts, workers)
+        try:
+            docs = config.fingerprint(texts, workers)
+        except ValueError as exc:
+            from ndindex.fingerprint.normalize import BinaryDataError, looks_binary
+            if not isinstance(exc, BinaryDataError):
+                raise
+            # Which of the call's texts: the batch's error named none.
+            binary = [raw for text, raw in zip(texts, raws)
+                      if not isinstance(text, str) and looks_binary(text)]
+            if not binary:
+                raise
+            raise BinaryDataError(
+                f"document {rec.decode_doc_key(binary[0], 'documents')!r} looks binary "
+                f"({len(binary)} such text(s) in this call): documents must be text, or the "
+                "index's fingerprinter made with Fingerprinter(binary='text')") from exc
         keep = docstore.non_empty(docs, raws, skip_empty)
         if len(keep) < len(raws):
             docs = docs.take(keep)

@@ -146,5 +146,5 @@ def decode_text(data: str | bytes | bytearray | memoryview, *, binary: str = "ra
         raise BinaryDataError(
             f"input looks binary (NUL byte or >{BINARY_MAX_CONTROL_FRACTION:.0%} control or "
             f"invalid UTF-8 bytes in the first {BINARY_SNIFF_BYTES} bytes); "
-            "pass binary='text' to fingerprint it anyway")
+            "fingerprint it anyway with binary='text' (a Fingerprinter(binary='text'))")
     return bytes(data).decode("utf-8", errors="replace")

@@ -212,6 +212,12 @@ def test_document_errors(tmp_path):
             ix.add_documents([1234], ["x"])
         with pytest.raises(BinaryDataError):
             ix.add_documents([b"\x00\x01\x02binary\x00" * 20], ["bin"])
+        # In a batch, the error names the document (it named none) and the
+        # way to take binary input (add_documents has no binary= of its own).
+        with pytest.raises(BinaryDataError, match=r"document 'bin2' looks binary \(2 such .*"
+                                                  r"Fingerprinter\(binary='text'\)"):
+            ix.add_documents(["some words of text", b"\x00\x01" * 9, b"\x00zz"],
+                             ["fine", "bin2", "bin3"])
         with pytest.raises(ValueError, match="below"):
             ix.similar("ok words are here", threshold=0.5)
         with pytest.raises(TypeError):
