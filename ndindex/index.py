@@ -233,8 +233,9 @@ class Index(QueryMethods, WriteMethods, DocumentMethods, ContentMethods, Mainten
         - background_compaction: merge the log into the runs in a thread of
           this process (default); False leaves it to :meth:`compact`.
         - log_limit: log operations that trigger a flush into the runs (a log
-          of compaction.FLUSH_RECORDS commits, 256, is flushed too, however
-          few its operations; so is one idle for a second).
+          of compaction.FLUSH_RECORDS commits, 256, or FLUSH_LOG_BYTES, 1 MiB,
+          is flushed too, however few its operations; so is one idle for a
+          second).
         - timeout: while another process vacuums the file or upgrades it in
           place, this waits for it, then opens the new file: for at most
           timeout seconds (None, the default: as long as that takes), then
@@ -296,8 +297,8 @@ class Index(QueryMethods, WriteMethods, DocumentMethods, ContentMethods, Mainten
         """Close the index: stop compaction, checkpoint the journal.  Idempotent.
 
         With background compaction on, a log of compaction.CLOSE_FLUSH_OPS
-        operations or FLUSH_RECORDS records or more is flushed into runs
-        first (about 0.1 s for 65,000 operations), as SQLite checkpoints its WAL when the last connection
+        operations, FLUSH_RECORDS records or FLUSH_LOG_BYTES bytes or more is
+        flushed into runs first (about 0.1 s for 65,000 operations), as SQLite checkpoints its WAL when the last connection
         closes, so that the next open's first query does not read it whole.
         Ctrl-C waits for the end of it (a few tenths of a second, or the end
         of a transaction in another thread); a second one does not.  Inside
@@ -325,9 +326,7 @@ class Index(QueryMethods, WriteMethods, DocumentMethods, ContentMethods, Mainten
                 if background:
                     # Optional work: a failure (a full disk) leaves the log as it is.
                     with contextlib.suppress(NdindexError):
-                        state = self._snapshot().state
-                        if state.log_ops >= compaction.CLOSE_FLUSH_OPS or \
-                                state.log_records >= compaction.FLUSH_RECORDS:
+                        if compaction.log_outgrown(self._snapshot(), compaction.CLOSE_FLUSH_OPS):
                             self._compactor.flush_log()
         finally:
             self._finalizer.detach()

@@ -79,16 +79,19 @@ def metas_of(head: bytes) -> list:
 
 
 class Tree(NamedTuple):
-    """A B-tree's root page (None when empty), depth and LMDB flags."""
+    """A B-tree's root page (None when empty), depth and LMDB flags, and the
+    pages it holds (branch, leaf and overflow: its size, as LMDB counts it)."""
 
     root: int | None
     depth: int
     flags: int = 0
+    pages: int = 0
 
     @classmethod
     def from_record(cls, rec: dict) -> "Tree":
         root = rec["root"]
-        return cls(None if root == (1 << 64) - 1 else root, rec["depth"], rec["flags"])
+        return cls(None if root == (1 << 64) - 1 else root, rec["depth"], rec["flags"],
+                   rec["branch_pages"] + rec["leaf_pages"] + rec["overflow_pages"])
 
 
 class FileMap:

@@ -82,13 +82,14 @@ static PyObject *py_lmdb_meta(PyObject *self, PyObject *args) {
     return res;
 }
 
-/* A tree from a Python tuple (root, depth, flags): root None or an int. */
+/* A tree from a Python tuple (root, depth, flags[, pages]): root None or an
+ * int; pages (pages.Tree's count of the tree's pages) is not used here. */
 int ndx_tree_of(PyObject *obj, mdbp_db *db) {
-    PyObject *root;
+    PyObject *root, *pages = NULL;
     int depth;
     unsigned int flags;
     memset(db, 0, sizeof *db);
-    if (!PyArg_ParseTuple(obj, "OiI", &root, &depth, &flags))
+    if (!PyArg_ParseTuple(obj, "OiI|O", &root, &depth, &flags, &pages))
         return -1;
     if (root == Py_None) {
         db->root = MDBP_INVALID_PGNO;

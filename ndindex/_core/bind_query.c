@@ -289,23 +289,8 @@ static PyObject *py_make_snapshot(PyObject *self, PyObject *args) {
     box->nviews++;
     if (ndx_get_map(fv, psize, npages, &box->s.map) < 0)
         goto fail;
-    {
-        PyObject *root;
-        int depth;
-        unsigned int flags;
-        if (!PyArg_ParseTuple(chunks, "OiI", &root, &depth, &flags))
-            goto fail;
-        memset(&box->s.chunks, 0, sizeof box->s.chunks);
-        box->s.chunks.root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
-        if (PyErr_Occurred())
-            goto fail;
-        if (depth < 0 || depth > MDBP_MAX_DEPTH || flags > 0xFFFF) {
-            PyErr_SetString(PyExc_ValueError, "chunks tree depth or flags out of range");
-            goto fail;
-        }
-        box->s.chunks.depth = (uint16_t)depth;
-        box->s.chunks.flags = (uint16_t)flags;
-    }
+    if (ndx_tree_of(chunks, &box->s.chunks) < 0)
+        goto fail;
     Py_ssize_t total_runs = 0;
     for (Py_ssize_t t = 0; t < nt; t++) {
         PyObject *item = PySequence_Fast_GET_ITEM(fast, t);
@@ -686,22 +671,9 @@ static PyObject *py_run_directory(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "space, run id or kind out of range");
         return NULL;
     }
-    PyObject *root;
-    int depth;
-    unsigned int flags;
-    if (!PyArg_ParseTuple(chunks, "OiI", &root, &depth, &flags))
-        return NULL;
     mdbp_db tree;
-    memset(&tree, 0, sizeof tree);
-    tree.root = root == Py_None ? MDBP_INVALID_PGNO : PyLong_AsUnsignedLongLong(root);
-    if (PyErr_Occurred())
+    if (ndx_tree_of(chunks, &tree) < 0)
         return NULL;
-    if (depth < 0 || depth > MDBP_MAX_DEPTH) {
-        PyErr_SetString(PyExc_ValueError, "chunks tree depth out of range");
-        return NULL;
-    }
-    tree.depth = (uint16_t)depth;
-    tree.flags = (uint16_t)flags;
     directory_box *box = PyMem_Calloc(1, sizeof *box);
     if (!box)
         return PyErr_NoMemory();

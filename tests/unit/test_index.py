@@ -266,6 +266,33 @@ def test_a_log_of_many_small_commits_is_flushed_however_few_its_operations(path,
             check_queries(ix, fps[:45 if left else 120], fps[:20] ^ np.uint64(5), 3)
 
 
+def test_a_log_of_large_operations_is_flushed_by_its_bytes(path, monkeypatch):
+    # A document's operations carry its record (1-2 KB), a fingerprint's 8
+    # bytes: log_limit operations of documents were tens of MB, which every
+    # reader parsed at its first query (110 ms at 60,000 operations).
+    monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
+    monkeypatch.setattr(compaction, "FLUSH_LOG_BYTES", 256 * 1024)
+    fps = np.random.default_rng(8).integers(0, 2**64, 2000, dtype=np.uint64)
+    keys = [f"{i:04d}" + "k" * 300 for i in range(2000)]
+    Index.create(path, k=3, expected_n=10_000).close()
+    with Index.open(path, background_compaction=False) as ix:
+        ix.add(fps[:500], keys=keys[:500])              # about 160 KB of log
+        snap = ix._snapshot()
+        assert snap.view.trees["log"].pages * snap.view.psize < compaction.FLUSH_LOG_BYTES
+        assert ix._compactor.step(force_flush=False) is False
+        ix.add(fps[500:1000], keys=keys[500:1000])      # past it, at 1,000 operations
+        assert ix._snapshot().state.log_ops == 2000 < ix.log_limit
+        assert ix._compactor.step(force_flush=False) is True
+        assert ix._snapshot().state.log_records == 0
+        assert ix.keys(int(fps[700])) == (keys[700],)
+    with Index.open(path) as ix:                          # close() flushes such a log too
+        ix._compactor.close()
+        ix.add(fps[1000:], keys=keys[1000:])
+    with Index.open(path, readonly=True) as ix:
+        assert ix._snapshot().state.log_records == 0 and len(ix) == 2000
+        assert ix.keys(int(fps[1999])) == (keys[1999],)
+
+
 def test_a_failed_flush_at_close_loses_nothing(path, monkeypatch):
     from ndindex.errors import CapacityError
     monkeypatch.setattr(compaction, "FLUSH_IDLE_SECONDS", 3600.0)
