@@ -12,7 +12,10 @@ size and its free bytes (``stats()``), and a fresh process opens the index
 read-only while the writer holds it and times its first query and its
 first ``similar()`` (what the log and the runs cost a new reader).  The
 peer: the same content written afresh, ``vacuum_into`` a copy at the end
-(its size is what the churned file would be with no free space).
+(its size is what the churned file would be with no free space).  At the
+end, which commits grew the file over the rounds: the writer's (each
+call's log record) and the compactor's flushes and merges (what they put,
+and their largest values: a value takes contiguous overflow pages).
 
 A diagnostic: no pass/fail (the issue's size target is for fingerprint
 churn, bench_stream.py's); run it on an idle machine.
@@ -47,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", help="where the files go (default: a temporary directory)")
     ap.add_argument("--out", help="also write the report to this file")
     args = ap.parse_args(argv)
+    from ndindex import compaction
     from ndindex.fingerprint import Fingerprinter
     from ndindex.index import Index
     work = tempfile.mkdtemp(dir=args.dir)
@@ -70,6 +74,18 @@ def main(argv=None) -> int:
         return f"a fresh reader's first query {first} ms, first similar() {similar} ms"
     keys = [f"doc{i}" for i in range(args.docs)]
     per_round = max(1, int(args.docs * args.replace))
+    # Which commits grow the file: kind -> [commits, bytes grown, bytes put, largest value].
+    grew = {kind: [0, 0, 0, 0] for kind in ("add_documents", "flush", "merge")}
+    real_commit = compaction.Compactor._commit
+
+    def commit(self, snap, puts, deletes, manifest, log_done=None, *more, **named):
+        before = os.path.getsize(path)
+        real_commit(self, snap, puts, deletes, manifest, log_done, *more, **named)
+        g = grew["flush" if log_done is not None else "merge"]
+        g[0] += 1
+        g[1] += max(0, os.path.getsize(path) - before)
+        g[2] += sum(len(v) for _, v in puts)
+        g[3] = max([g[3]] + [len(v) for _, v in puts])
     try:
         with Index.create(path, k=3, fingerprinter=Fingerprinter()) as ix:
             t = time.perf_counter()
@@ -78,11 +94,14 @@ def main(argv=None) -> int:
             say(f"{args.docs:,} documents added and compacted in {time.perf_counter() - t:.1f} s: "
                 f"file {os.path.getsize(path) / 1e6:.1f} MB; {reader()}")
             slowest = 0.0
+            compaction.Compactor._commit = commit
             for r in range(1, args.rounds + 1):
                 pick = rng.sample(keys, per_round)
-                t = time.perf_counter()
+                t, before = time.perf_counter(), os.path.getsize(path)
                 ix.add_documents([text() for _ in pick], keys=pick)
                 slowest = max(slowest, time.perf_counter() - t)
+                grew["add_documents"][0] += 1
+                grew["add_documents"][1] += max(0, os.path.getsize(path) - before)
                 if r % max(1, args.rounds // 4) == 0:
                     time.sleep(1.0)
                     st = ix.stats()
@@ -91,7 +110,13 @@ def main(argv=None) -> int:
                         f"in {st['log_records']} records; {reader()}")
             ix.vacuum_into(copy)
             size = os.path.getsize(path)
+            compaction.Compactor._commit = real_commit
         say(f"slowest add_documents of {per_round:,}: {slowest * 1e3:.0f} ms")
+        say("what grew the file over the rounds:")
+        for kind, (n, grown, put, largest) in grew.items():
+            say(f"  {kind:<14}{n:5,} commits grew it {grown / 1e6:6.1f} MB" +
+                (f", put {put / 1e6:7.1f} MB, largest value {largest / 1e3:,.0f} KB"
+                 if kind != "add_documents" else ""))
         say(f"file {size / 1e6:.1f} MB against {os.path.getsize(copy) / 1e6:.1f} MB for the "
             f"same content without free space (vacuum_into): {size / os.path.getsize(copy):.2f}x")
     finally:
