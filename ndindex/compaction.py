@@ -379,7 +379,7 @@ class Compactor:
         st = snap.state
         idle = time.monotonic() - self._last_write >= FLUSH_IDLE_SECONDS
         log_due = log_outgrown(snap, self._ix.log_limit) or \
-            (st.log_first_seq < st.log_next_seq and (force_flush or idle))
+            (st.log_records > 0 and (force_flush or idle))
         # Flushing first would starve the merges of a busy writer: level-0
         # runs would pile up.  Merge first once they do, unless the log
         # itself has grown long.

@@ -391,21 +391,19 @@ def log_padding(payload_bytes: int, psize: int) -> int:
         else -(-pages // CHUNK_PAGES) * CHUNK_PAGES
     return target * psize - size
 LOG_ENTRY = struct.Struct("<BBHI")  # space, flag, key length, value length
-#: How a record's fingerprints are read: views of its payload (read-only;
-#: nothing changes a record's arrays), little-endian u64, the machine's type
-#: where that is its byte order.  A copy, a conversion and an array for an
-#: empty list took half of a one-item record's reading, which a fresh open's
-#: first query does for each record of the log.
-_LE_U64 = np.uint64 if np.dtype(np.uint64) == np.dtype("<u8") else np.dtype("<u8")
+#: An empty list of a record's fingerprints (shared, read-only).
 _NO_VALUES = np.empty(0, np.uint64)
 _NO_VALUES.flags.writeable = False
 
 
 def _u64s(payload, n: int, pos: int) -> np.ndarray:
+    """n little-endian u64 at pos: a read-only view of the payload where that is
+    the machine's order (nothing changes a record's arrays).  A copy, and an
+    array for an empty list, took half of a one-item record's reading, which
+    a fresh open's first query does for each record of the log."""
     if not n:
         return _NO_VALUES
-    values = np.frombuffer(payload, _LE_U64, n, pos)
-    return values if _LE_U64 is np.uint64 else values.astype(np.uint64)
+    return np.frombuffer(payload, "<u8", n, pos).astype(np.uint64, copy=False)
 
 
 @dataclasses.dataclass
